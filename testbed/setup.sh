@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# Builds the offline Docker test bed: engine, base image, fixture task images, hidden-test
+# blobs, submissions. Idempotent: a second run only re-checks hashes (seconds).
+# Usage: testbed/setup.sh   (as root; then `. testbed/.state/env.sh`)
+set -euo pipefail
+shopt -s nullglob
+
+TB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+STATE=$TB/.state
+IMAGE_TAG=task_cleanroom_v6
+LABEL=pytest-programbench.testbed   # NOT "pytest-programbench": the plugin sweeps that label
+PYTHON=${PB_PYTHON:-python3}        # the interpreter that has `programbench` installed
+export DOCKER_BUILDKIT=0            # the legacy builder is what docker.io 20.10 ships; same on every machine
+
+log() { printf '[setup %4ds] %s\n' "$SECONDS" "$*"; }
+die() { printf '[setup %4ds] ERROR: %s\n' "$SECONDS" "$*" >&2; exit 1; }
+trap 'die "command failed (line $LINENO): $BASH_COMMAND"' ERR
+
+[ "$(id -u)" = 0 ] || die "run as root (dockerd, debootstrap and docker import need it)"
+mkdir -p "$STATE"
+
+# ---------------------------------------------------------------- a. Docker engine
+ensure_docker() {
+  if docker info >/dev/null 2>&1; then log "docker engine: running"; return; fi
+  if ! command -v dockerd >/dev/null || ! command -v docker >/dev/null; then
+    log "docker engine: installing docker.io via apt"
+    apt-get update -qq || die "apt-get update failed"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null || die "apt-get install docker.io failed"
+  fi
+  # No registry and no network here: no bridge, no iptables rules. Written BEFORE the first start.
+  mkdir -p /etc/docker
+  local want='{"bridge": "none", "iptables": false}'
+  if [ "$(cat /etc/docker/daemon.json 2>/dev/null)" != "$want" ]; then
+    [ -f /etc/docker/daemon.json ] && cp /etc/docker/daemon.json "/etc/docker/daemon.json.pb-backup.$(date +%s)"
+    printf '%s\n' "$want" >/etc/docker/daemon.json
+  fi
+  local pid
+  pid=$(cat "$STATE/dockerd.pid" 2>/dev/null || true)
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && grep -q dockerd "/proc/$pid/comm" 2>/dev/null; then
+    log "docker engine: our dockerd (pid $pid) is still starting"
+  else
+    log "docker engine: starting dockerd (log: /var/log/pb-dockerd.log)"
+    # setsid: the daemon must outlive this script and ignore its Ctrl-C.
+    setsid nohup dockerd >>/var/log/pb-dockerd.log 2>&1 </dev/null &
+    pid=$!
+    echo "$pid" >"$STATE/dockerd.pid"
+  fi
+  local i
+  for i in $(seq 60); do
+    docker info >/dev/null 2>&1 && { log "docker engine: up after ${i}s (pid $pid)"; return; }
+    kill -0 "$pid" 2>/dev/null || { tail -n 20 /var/log/pb-dockerd.log >&2; die "dockerd (pid $pid) exited"; }
+    sleep 1
+  done
+  tail -n 20 /var/log/pb-dockerd.log >&2
+  die "docker info still failing after 60 s"
+}
+
+# ---------------------------------------------------------------- b. base image
+ensure_base() {
+  # shellcheck source=base.recipe
+  . "$TB/base.recipe"
+  local hash
+  hash=$(sha256sum "$TB/base.recipe" | cut -c1-12)
+  BASE_REF=pb-testbed-base:$hash
+  if docker image inspect "$BASE_REF" >/dev/null 2>&1; then
+    log "base image: $BASE_REF exists"
+  else
+    command -v debootstrap >/dev/null || {
+      log "base image: installing debootstrap via apt"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null \
+        || die "apt-get install debootstrap failed"
+    }
+    local root
+    root=$(mktemp -d /tmp/pb-testbed-rootfs.XXXXXX)
+    # The rootfs is big and root-owned: never leave it behind, whatever happens.
+    trap 'rm -rf --one-file-system "'"$root"'"' EXIT
+    log "base image: debootstrap $BASE_SUITE into $root (a few minutes)"
+    build_base_rootfs "$root" >"$STATE/debootstrap.log" 2>&1 \
+      || { tail -n 20 "$STATE/debootstrap.log" >&2; die "debootstrap failed (full log: $STATE/debootstrap.log)"; }
+    local changes=() c
+    for c in "${BASE_CHANGES[@]}"; do changes+=(--change "$c"); done
+    log "base image: docker import -> $BASE_REF"
+    tar --numeric-owner -C "$root" -c . | docker import "${changes[@]}" - "$BASE_REF" >/dev/null \
+      || die "docker import failed"
+    rm -rf --one-file-system "$root"
+    trap - EXIT
+  fi
+  docker tag "$BASE_REF" pb-testbed-base:latest
+}
+
+# ---------------------------------------------------------------- c. fixture images
+image_ref() { echo "programbench/${1//__/_1776_}:$IMAGE_TAG"; }
+
+# $1 instance id, $2 build context (a task dir or testbed/images/<id>)
+ensure_image() {
+  local id=$1 ctx=$2 ref chash have
+  ref=$(image_ref "$id")
+  # Hash what the build can see (hidden tests and metadata are excluded, also via .dockerignore)
+  # plus the base tag, so a new base recipe rebuilds every fixture.
+  chash=$( { echo "$BASE_REF"
+             cd "$ctx" && find . -type f ! -path './tests/*' ! -path '*/__pycache__/*' \
+               ! -name tests.json ! -name task.yaml -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+           } | sha256sum | cut -c1-16)
+  have=$(docker image inspect -f "{{index .Config.Labels \"$LABEL\"}}" "$ref" 2>/dev/null || true)
+  if [ "$have" = "$chash" ]; then log "image: $ref up to date"; return; fi
+  log "image: building $ref"
+  docker build -q --network none --build-arg "BASE=$BASE_REF" --label "$LABEL=$chash" -t "$ref" "$ctx" \
+    >"$STATE/build-$id.log" 2>&1 || { tail -n 30 "$STATE/build-$id.log" >&2; die "docker build of $ref failed"; }
+}
+
+# ---------------------------------------------------------------- d/e. deterministic archives
+# $1 source dir (becomes the archive root), $2 output .tar.gz. Rewritten only when the bytes change;
+# PACKED=1 then. (Always returns 0: `set -e` must stay effective inside.)
+pack() {
+  local src=$1 out=$2 tmp
+  PACKED=0
+  mkdir -p "$(dirname "$out")"
+  tmp=$(mktemp "$out.XXXXXX"); chmod 644 "$tmp"
+  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --mode=u+rwX,go=rX \
+      --exclude=__pycache__ --exclude='*.pyc' --exclude=.pytest_cache --exclude=results.xml \
+      -C "$src" -cf - . | gzip -n -9 >"$tmp"
+  if cmp -s "$tmp" "$out"; then rm -f "$tmp"; else mv "$tmp" "$out"; PACKED=1; fi
+}
+
+ensure_archives() {
+  local pkg calc n_new=0 n_all=0 id d b v
+  pkg=$("$PYTHON" -c 'import programbench, os; print(os.path.dirname(programbench.__file__))' 2>/dev/null) \
+    || die "'$PYTHON' cannot import programbench (set PB_PYTHON to the right interpreter)"
+  calc=testorg__calculator.abc1234
+  # Hidden test blobs: every fixture's tests/<branch>/ (ignored branches too) + the packaged calculator.
+  for d in "$TB"/tasks/*/ "$pkg/data/tasks/$calc/"; do
+    id=$(basename "$d")
+    for b in "$d"tests/*/; do
+      n_all=$((n_all + 1))
+      pack "$b" "$STATE/blobs/$id/tests/$(basename "$b").tar.gz"; n_new=$((n_new + PACKED))
+    done
+  done
+  log "blobs: $n_all branch archives ($n_new rewritten) in $STATE/blobs"
+  # Submissions: one run directory per variant: good/ from solutions/, <variant>/ from bad/<id>/<variant>/.
+  n_all=0 n_new=0
+  for d in "$TB"/solutions/*/; do
+    id=$(basename "$d"); n_all=$((n_all + 1))
+    pack "$d" "$STATE/submissions/good/$id/submission.tar.gz"; n_new=$((n_new + PACKED))
+  done
+  for d in "$TB"/bad/*/*/; do
+    v=$(basename "$d"); id=$(basename "$(dirname "$d")"); n_all=$((n_all + 1))
+    pack "$d" "$STATE/submissions/$v/$id/submission.tar.gz"; n_new=$((n_new + PACKED))
+  done
+  log "submissions: $n_all archives ($n_new rewritten) in $STATE/submissions/<variant>/<id>/"
+  CALC_PKG_DIR=$pkg/data/tasks/$calc
+}
+
+# ---------------------------------------------------------------- main
+log "testbed: $TB"
+ensure_docker
+ensure_base
+for d in "$TB"/tasks/*/; do ensure_image "$(basename "$d")" "$d"; done
+ensure_image testorg__calculator.abc1234 "$TB/images/testorg__calculator.abc1234"
+ensure_archives
+
+cat >"$STATE/env.sh" <<EOF
+# Written by testbed/setup.sh. Source it: . $STATE/env.sh
+export BLOB_DIR=$STATE/blobs
+export TASKS_DIR=$TB/tasks
+export SUBMISSIONS=$STATE/submissions/good
+export BASE=$BASE_REF
+# Same values under collision-free names, plus the root holding the bad variants' run dirs.
+export PB_TESTBED_BLOB_DIR=$STATE/blobs
+export PB_TESTBED_TASKS_DIR=$TB/tasks
+export PB_TESTBED_SUBMISSIONS=$STATE/submissions/good
+export PB_TESTBED_BASE=$BASE_REF
+export PB_TESTBED_RUNS=$STATE/submissions
+export PB_TESTBED_CALCULATOR_TASK_DIR=$CALC_PKG_DIR
+EOF
+log "wrote $STATE/env.sh"
+echo "testbed ready: BLOB_DIR=$STATE/blobs TASKS_DIR=$TB/tasks SUBMISSIONS=$STATE/submissions/good BASE=$BASE_REF"

@@ -1,0 +1,3 @@
+#!/bin/bash
+cp calculator.sh executable
+chmod +x executable
