@@ -1,0 +1,168 @@
+"""Step 1 of the pipeline: the task catalogue.
+
+The 200 benchmark tasks come from the official ``programbench`` package; ``--pb-tasks-dir`` adds tasks in the same
+on-disk layout. Collection reads only ``task.yaml`` (cheap); ``tests.json`` is read when an item runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FIXTURE_PREFIX = "testorg__"
+
+# Canonical language names; task.yaml uses the short forms (rs, hs).
+LANGUAGE_ALIASES: Mapping[str, str] = {
+    "rs": "rust", "rust": "rust", "hs": "haskell", "haskell": "haskell", "c": "c", "cpp": "cpp", "c++": "cpp",
+    "go": "go", "golang": "go", "java": "java",
+}
+CORE_LANGUAGES = ("c", "cpp", "go", "rust", "haskell", "java")
+DIFFICULTIES = ("easy", "medium", "hard", "unset")
+
+
+class CatalogueError(Exception):
+    """A task on disk that cannot be read: names the file and the field."""
+
+
+def canonical_language(raw: str) -> str:
+    lowered = raw.strip().lower()
+    return LANGUAGE_ALIASES.get(lowered, lowered)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One ProgramBench task as the plugin sees it. Plain data: cheap to build for 200 tasks at collection."""
+
+    instance_id: str
+    language: str
+    difficulty: str
+    image_name: str
+    task_dir: Path
+    packaged: bool
+    overridden: bool = False
+    eval_clean_hashes: tuple[str, ...] = ()
+    repository: str = ""
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def is_fixture(self) -> bool:
+        return self.instance_id.startswith(FIXTURE_PREFIX)
+
+    @property
+    def dockerfile(self) -> Path | None:
+        path = self.task_dir / "Dockerfile"
+        return path if path.is_file() else None
+
+    def load_instance(self) -> dict[str, Any]:
+        """The official instance dict, tests.json included (what ``load_all_instances`` gives)."""
+        instance = dict(self.raw)
+        tests_file = self.task_dir / "tests.json"
+        if tests_file.exists():
+            try:
+                data = json.loads(tests_file.read_text())
+            except (OSError, ValueError) as exc:
+                raise CatalogueError(f"{tests_file}: not valid JSON ({exc})") from exc
+            if not isinstance(data, dict) or not isinstance(data.get("branches", {}), dict):
+                raise CatalogueError(f"{tests_file}: field 'branches' must be a mapping of branch -> info")
+            instance.update(data)
+        instance.setdefault("branches", {})
+        for branch, info in instance["branches"].items():
+            if not isinstance(info, dict) or not isinstance(info.get("tests", []), list):
+                raise CatalogueError(f"{tests_file}: branch {branch!r} needs a 'tests' list")
+        return instance
+
+
+def _task_from_config(config: Mapping[str, Any], task_dir: Path, *, packaged: bool) -> Task:
+    from programbench.constants import image_name_from_instance_id
+
+    yaml_path = task_dir / "task.yaml"
+    language = config.get("language")
+    if not isinstance(language, str) or not language.strip():
+        raise CatalogueError(f"{yaml_path}: field 'language' is missing or not a string")
+    difficulty = config.get("difficulty")
+    if difficulty is None:
+        difficulty = "unset"
+    if not isinstance(difficulty, str) or difficulty not in DIFFICULTIES:
+        raise CatalogueError(f"{yaml_path}: field 'difficulty' is {difficulty!r}; expected one of "
+                             f"{', '.join(d for d in DIFFICULTIES if d != 'unset')} or absent")
+    hashes = config.get("eval_clean_hashes") or []
+    if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
+        raise CatalogueError(f"{yaml_path}: field 'eval_clean_hashes' must be a list of sha256 strings")
+    instance_id = task_dir.name
+    raw = {**config, "instance_id": instance_id, "image_name": image_name_from_instance_id(instance_id)}
+    return Task(
+        instance_id=instance_id,
+        language=canonical_language(language),
+        difficulty=difficulty,
+        image_name=raw["image_name"],
+        task_dir=task_dir,
+        packaged=packaged,
+        eval_clean_hashes=tuple(hashes),
+        repository=str(config.get("repository", "")),
+        raw=raw,
+    )
+
+
+def _read_task_yaml(task_dir: Path) -> dict[str, Any]:
+    yaml_path = task_dir / "task.yaml"
+    try:
+        config = yaml.load(yaml_path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+    except (OSError, yaml.YAMLError) as exc:
+        raise CatalogueError(f"{yaml_path}: cannot be read as YAML ({exc})") from exc
+    if not isinstance(config, dict):
+        raise CatalogueError(f"{yaml_path}: expected a mapping of fields, got {type(config).__name__}")
+    return config
+
+
+def load_tasks_dir(root: Path) -> list[Task]:
+    """Tasks in the official layout under ``root`` (``<id>/task.yaml``)."""
+    dirs = sorted(d for d in root.iterdir() if d.is_dir() and (d / "task.yaml").is_file())
+    return [_task_from_config(_read_task_yaml(d), d, packaged=False) for d in dirs]
+
+
+def load_packaged() -> list[Task]:
+    from programbench.constants import TASKS_DIR
+    from programbench.utils.load_data import load_all_instances
+
+    instances = load_all_instances(TASKS_DIR, include_tests=False)
+    return [_task_from_config(i, TASKS_DIR / i["instance_id"], packaged=True) for i in instances]
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    tasks: tuple[Task, ...]
+
+    @classmethod
+    def load(cls, tasks_dirs: Iterable[str | Path] = (), *, include_fixtures: bool = False) -> Catalogue:
+        by_id: dict[str, Task] = {}
+        for task in load_packaged():
+            if task.is_fixture and not include_fixtures:
+                continue
+            by_id[task.instance_id] = task
+        for root in tasks_dirs:
+            for task in load_tasks_dir(Path(root)):
+                replaced = by_id.get(task.instance_id)
+                overridden = replaced is not None and replaced.packaged
+                by_id[task.instance_id] = _replace(task, overridden=True) if overridden else task
+        return cls(tuple(sorted(by_id.values(), key=lambda t: t.instance_id)))
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        return tuple(sorted({*CORE_LANGUAGES, *(t.language for t in self.tasks)}))
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.tasks)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+
+def _replace(task: Task, **changes: Any) -> Task:
+    from dataclasses import replace
+
+    return replace(task, **changes)

@@ -1,0 +1,305 @@
+"""Collection, selection and opt-in, through real pytest sessions (pytester)."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from programbench.constants import TASKS_DIR
+from programbench.utils.instance_filters import filter_instances
+from programbench.utils.load_data import load_all_instances
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+
+def collected_ids(pytester: pytest.Pytester, *args: str) -> list[str]:
+    result = pytester.runpytest("--co", "-q", "-p", "no:cacheprovider", *args)
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    return [line for line in result.outlines if line.startswith("programbench::")]
+
+
+def task_ids(ids: list[str]) -> list[str]:
+    return [i.removeprefix("programbench::") for i in ids]
+
+
+@pytest.mark.parametrize(
+    ("language", "count"), [("rust", 107), ("go", 46), ("c", 33), ("cpp", 12), ("haskell", 1), ("java", 1)]
+)
+def test_language_counts(pytester: pytest.Pytester, language: str, count: int) -> None:
+    assert len(collected_ids(pytester, "--pb-language", language)) == count
+
+
+@pytest.mark.parametrize(("level", "count"), [("easy", 27), ("medium", 120), ("hard", 18), ("unset", 35)])
+def test_difficulty_counts(pytester: pytest.Pytester, level: str, count: int) -> None:
+    assert len(collected_ids(pytester, "--pb-difficulty", level)) == count
+
+
+def test_aliases_repeats_and_commas(pytester: pytest.Pytester) -> None:
+    ids = collected_ids(pytester, "--pb-language", "rs,hs", "--pb-language", "go")
+    assert len(ids) == 107 + 1 + 46
+
+
+def test_all_benchmark_tasks_without_fixtures(pytester: pytest.Pytester) -> None:
+    ids = task_ids(collected_ids(pytester, "--pb-filter", ".*"))
+    assert len(ids) == 200
+    assert not [i for i in ids if i.startswith("testorg__")]
+    with_fixtures = task_ids(collected_ids(pytester, "--pb-include-fixtures"))
+    assert "testorg__calculator.abc1234" in with_fixtures
+    assert len(with_fixtures) == 201
+
+
+def test_keyword_selection(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\npb_enable = true\n")
+    assert collected_ids(pytester, "-k", "pandoc") == ["programbench::jgm__pandoc.5caad90"]
+
+
+def test_markers_under_strict_markers(pytester: pytest.Pytester) -> None:
+    ids = task_ids(collected_ids(pytester, "--pb-language", "go", "--strict-markers", "-m",
+                                 "lang_go and difficulty_easy"))
+    expected = sorted(i["instance_id"] for i in load_all_instances(include_tests=False)
+                      if i["language"] == "go" and i.get("difficulty") == "easy")
+    assert sorted(ids) == expected
+    assert ids
+
+
+def test_markers_select_across_languages(pytester: pytest.Pytester) -> None:
+    ids = collected_ids(pytester, "--pb-filter", ".", "-m", "lang_haskell or lang_java", "--strict-markers")
+    assert len(ids) == 2
+
+
+def test_shuffle_is_reproducible_and_seeded(pytester: pytest.Pytester) -> None:
+    first = collected_ids(pytester, "--pb-shuffle", "7")
+    again = collected_ids(pytester, "--pb-shuffle", "7")
+    other = collected_ids(pytester, "--pb-shuffle", "8")
+    assert first == again
+    assert first != other
+    assert sorted(first) == sorted(other)
+
+
+def test_filter_slice_shuffle_match_official_semantics(pytester: pytest.Pytester) -> None:
+    """Seed 42 is the official one, so the official function gives the expected order (fixtures included)."""
+    official = filter_instances(load_all_instances(TASKS_DIR, include_tests=False), filter_spec="[a-m]",
+                                slice_spec="3:17", shuffle=True)
+    ours = task_ids(collected_ids(pytester, "--pb-include-fixtures", "--pb-shuffle", "42", "--pb-filter", "[a-m]",
+                                  "--pb-slice", "3:17"))
+    assert ours == [i["instance_id"] for i in official]
+    assert len(ours) == 14
+
+
+def test_node_ids_and_header(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--co", "--pb-language", "java,go")
+    result.stdout.fnmatch_lines([
+        "programbench 1.2.5: 47 tasks selected (go 46, java 1)",
+        "programbench run *: */pb-runs/*-*",
+    ])
+    run_line = next(line for line in result.outlines if line.startswith("programbench run "))
+    run_id = re.match(r"programbench run (\w+): ", run_line)
+    assert run_id
+    assert run_line.endswith("-" + run_id.group(1))
+    assert "<ProgramBenchItem ajeetdsouza__zoxide.67ca1bc>" not in result.stdout.str()  # rust is not selected
+    assert not (pytester.path / "pb-runs").exists(), "--co must not create a run directory"
+
+
+# -- opt-in ---------------------------------------------------------------------------------------------------
+
+
+def test_installed_but_not_opted_in_sees_nothing(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_plain="def test_one():\n    pass\n")
+    result = pytester.runpytest("--co", "-q")
+    assert "programbench::" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["test_plain.py::test_one", "1 test collected*"])
+    assert "programbench 1.2.5" not in pytester.runpytest("--co").stdout.str()
+
+
+def test_ini_opt_in_without_path_collects_only_the_benchmark(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\npb_enable = true\n")
+    pytester.makepyfile(test_plain="def test_one():\n    pass\n")
+    ids = pytester.runpytest("--co", "-q").outlines
+    assert "test_plain.py::test_one" not in ids
+    assert len([i for i in ids if i.startswith("programbench::")]) == 200
+
+
+def test_ini_opt_in_with_explicit_path_collects_only_the_path(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\npb_enable = true\n")
+    pytester.makepyfile(test_plain="def test_one():\n    pass\n")
+    result = pytester.runpytest("--co", "-q", "test_plain.py")
+    assert "programbench::" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["test_plain.py::test_one"])
+
+
+def test_flag_with_explicit_path_collects_both(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_plain="def test_one():\n    pass\n")
+    ids = pytester.runpytest("--co", "-q", "test_plain.py", "--pb-language", "java").outlines
+    assert "test_plain.py::test_one" in ids
+    assert "programbench::" + next(i["instance_id"] for i in load_all_instances(include_tests=False)
+                                   if i["language"] == "java") in ids
+
+
+def test_ini_opt_in_from_a_subdirectory_does_not_collect(pytester: pytest.Pytester,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makeini("[pytest]\npb_enable = true\n")
+    sub = pytester.mkdir("sub")
+    (sub / "test_sub.py").write_text("def test_sub():\n    pass\n")
+    monkeypatch.chdir(sub)
+    result = pytester.runpytest("--co", "-q", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["sub/test_sub.py::test_sub"])
+    assert "programbench::" not in result.stdout.str()
+
+
+def test_every_option_has_an_ini_twin(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\npb_enable = true\npb_language = haskell\npb_difficulty = hard medium unset easy\n")
+    ids = collected_ids(pytester)
+    assert ids == ["programbench::jgm__pandoc.5caad90"]
+
+
+def test_command_line_beats_ini(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\npb_enable = true\npb_language = haskell\n")
+    assert len(collected_ids(pytester, "--pb-language", "java")) == 1
+    assert collected_ids(pytester, "--pb-language", "java") != ["programbench::jgm__pandoc.5caad90"]
+
+
+# -- tasks dir ------------------------------------------------------------------------------------------------
+
+
+def write_task(root: Path, instance_id: str, *, language: str = "c", difficulty: str | None = "easy",
+               tests_json: str | None = None) -> Path:
+    task = root / instance_id
+    task.mkdir(parents=True)
+    lines = ["repository: example/example", "commit: 0123456789abcdef", f"language: {language}"]
+    if difficulty is not None:
+        lines.append(f"difficulty: {difficulty}")
+    (task / "task.yaml").write_text("\n".join(lines) + "\n")
+    if tests_json is not None:
+        (task / "tests.json").write_text(tests_json)
+    return task
+
+
+def test_tasks_dir_adds_and_overrides(pytester: pytest.Pytester) -> None:
+    extra = pytester.mkdir("extra")
+    write_task(extra, "someone__tool.1234567", language="zig")
+    write_task(extra, "jgm__pandoc.5caad90", language="hs", difficulty="hard")
+    result = pytester.runpytest("--co", "-q", "--pb-tasks-dir", str(extra), "--pb-filter", "someone|jgm",
+                                "--strict-markers", "-m", "lang_zig or difficulty_hard")
+    assert result.ret == 0, result.stdout.str()
+    ids = [line for line in result.outlines if line.startswith("programbench::")]
+    assert ids == ["programbench::jgm__pandoc.5caad90", "programbench::someone__tool.1234567"]
+    header = pytester.runpytest("--co", "--pb-tasks-dir", str(extra), "--pb-filter", "someone|jgm")
+    header.stdout.fnmatch_lines(["programbench overridden by --pb-tasks-dir: jgm__pandoc.5caad90"])
+
+
+def test_language_choices_include_languages_of_the_tasks_dir(pytester: pytest.Pytester) -> None:
+    extra = pytester.mkdir("extra")
+    write_task(extra, "someone__tool.1234567", language="zig")
+    assert task_ids(collected_ids(pytester, "--pb-tasks-dir", str(extra), "--pb-language", "zig")) == [
+        "someone__tool.1234567"]
+
+
+# -- usage errors ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pb-language", "klingon"], "*--pb-language: unknown language 'klingon'; choose from c, cpp, go, haskell, "
+                                        "java, rust*"),
+        (["--pb-difficulty", "brutal"], "*--pb-difficulty: unknown difficulty 'brutal'; choose from easy, medium, "
+                                        "hard, unset*"),
+        (["--pb-filter", "foo("], "*--pb-filter: 'foo(' is not a valid regex*"),
+        (["--pb-slice", "1-3"], "*--pb-slice: '1-3' is not a slice; write A:B*"),
+        (["--pb-slice", "a:b"], "*--pb-slice: 'a:b' is not a slice*"),
+        (["--pb-tasks-dir", "/nonexistent/tasks"], "*--pb-tasks-dir: /nonexistent/tasks is not a directory*"),
+        (["--pb-filter", "zzz_nothing"], "*no ProgramBench task matched: --pb-filter 'zzz_nothing' matched none of "
+                                         "200 tasks*"),
+        (["--pb-language", "java", "--pb-slice", "5:9"], "*no ProgramBench task matched: --pb-slice '5:9' left "
+                                                         "nothing of 1 tasks*"),
+        (["--pb-shuffle", "seven"], "*--pb-shuffle: 'seven' is not an integer*"),
+        (["--pb-pull", "always"], "*--pb-pull: 'always' is not one of: never, missing*"),
+        (["--pb-min-score", "2"], "*--pb-min-score: 2.0 is out of range (minimum 0.0, maximum 1.0)*"),
+        (["--pb-memory", "lots"], "*--pb-memory: 'lots' is not a size*"),
+    ],
+)
+def test_usage_errors(pytester: pytest.Pytester, args: list[str], message: str) -> None:
+    result = pytester.runpytest("--co", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_malformed_task_names_file_and_field(pytester: pytest.Pytester) -> None:
+    extra = pytester.mkdir("extra")
+    task = write_task(extra, "bad__task.0000000", difficulty="impossible")
+    result = pytester.runpytest("--co", "--pb-tasks-dir", str(extra))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*malformed task: {task / 'task.yaml'}: field 'difficulty' is 'impossible'*"])
+    (task / "task.yaml").write_text("repository: x\n")
+    result = pytester.runpytest("--co", "--pb-tasks-dir", str(extra))
+    result.stderr.fnmatch_lines([f"*{task / 'task.yaml'}: field 'language' is missing*"])
+    (task / "task.yaml").write_text("language: [unclosed\n")
+    result = pytester.runpytest("--co", "--pb-tasks-dir", str(extra))
+    result.stderr.fnmatch_lines([f"*{task / 'task.yaml'}: cannot be read as YAML*"])
+
+
+def test_running_with_nothing_to_run_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--pb-language", "go")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*nothing to run: pass --pb-agent CMD*--pb-submissions DIR*"])
+    assert "skipped" not in result.stdout.str()
+
+
+def test_the_counts_add_up() -> None:
+    instances = [i for i in load_all_instances(include_tests=False) if not i["instance_id"].startswith("testorg__")]
+    assert Counter(i["language"] for i in instances) == {"rs": 107, "go": 46, "c": 33, "cpp": 12, "hs": 1,
+                                                        "java": 1}
+
+
+# -- xdist ----------------------------------------------------------------------------------------------------
+
+
+def test_xdist_workers_collect_identical_lists(pytester: pytest.Pytester) -> None:
+    """A real ``-n 2`` session (xdist is off under --co): same node ids, same order, on both workers.
+
+    The conftest records each worker's list and stops items from running: this test is about collection only.
+    """
+    extra = pytester.mkdir("extra")
+    write_task(extra, "someone__tool.1234567", language="zig")
+    pytester.makeconftest(textwrap.dedent("""
+        import json, os
+        import pytest
+
+        def pytest_collection_finish(session):
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+            with open(f"ids-{worker}.json", "w") as f:
+                json.dump([item.nodeid for item in session.items], f)
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtest_protocol(item, nextitem):
+            return True  # collection-only test: never run the pipeline
+    """))
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "--pb-shuffle", "7",
+                                           "--pb-tasks-dir", str(extra), "--pb-agent", "true")
+    output = result.stdout.str() + result.stderr.str()
+    assert "Different tests were collected" not in output
+    import json
+
+    gw0 = json.loads((pytester.path / "ids-gw0.json").read_text())
+    gw1 = json.loads((pytester.path / "ids-gw1.json").read_text())
+    assert gw0 == gw1
+    assert len(gw0) == 201
+    assert "programbench::someone__tool.1234567" in gw0
+    assert gw0 != sorted(gw0), "--pb-shuffle 7 must shuffle"
+
+
+def test_project_collection_never_enters_the_testbed() -> None:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "."],
+                          cwd=repo, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    collected = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert collected, proc.stdout
+    assert not [line for line in collected if not line.startswith("tests/")]
+    assert (repo / "testbed" / "tasks").is_dir(), "the fixture tasks live in testbed/tasks"
