@@ -7,17 +7,23 @@ runs none of these hooks.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections import Counter
 from collections.abc import Generator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_programbench import options
-from pytest_programbench.catalogue import Catalogue, CatalogueError
+from pytest_programbench.catalogue import Catalogue, CatalogueError, Task
+from pytest_programbench.items import ProgramBenchItem
 from pytest_programbench.markers import register_languages
 from pytest_programbench.run_identity import RunIdentity
 from pytest_programbench.selection import Selection, select
+
+if TYPE_CHECKING:
+    from pytest_programbench.submissions import SubmissionsDir
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +32,25 @@ NOTHING_TO_RUN = (
     "the ProgramBench suite is selected but there is nothing to run: pass --pb-agent CMD to run an agent, or "
     "--pb-submissions DIR to evaluate existing submissions (add --co to only list the tasks)"
 )
+
+
+class ProgramBenchWarning(pytest.PytestWarning):
+    """Something about the run the user should see, that does not stop it."""
+
+
+# Slack above the sum of an item's own clocks for container start-up, image and blob work, packing.
+TIMEOUT_MARGIN = 600
+
+
+def item_timeout(task: Task, settings: options.Settings) -> int:
+    """Every clock the item may legitimately wait on, plus a margin: the outer backstop must never fire first."""
+    try:
+        branches = max(1, sum(1 for info in task.load_instance()["branches"].values() if not info.get("ignored")))
+    except CatalogueError:
+        branches = 1  # the pipeline reports the malformed tests.json itself
+    rounds = -(-branches // settings.branch_workers) * (1 + settings.branch_retries)
+    agent = settings.agent_timeout if settings.agent else 0
+    return agent + settings.compile_timeout + rounds * settings.test_timeout + TIMEOUT_MARGIN
 
 
 def is_worker(config: pytest.Config) -> bool:
@@ -45,6 +70,8 @@ class ProgramBenchSession:
         self.collect_only = bool(config.option.collectonly)
         self.explicit_paths = config.args_source == pytest.Config.ArgsSource.ARGS
         self.worker_id: str = getattr(config, "workerinput", {}).get("workerid", "controller")
+        self.submissions: SubmissionsDir | None = None
+        self.without_submission: list[str] = []
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> ProgramBenchSession:
@@ -85,6 +112,38 @@ class ProgramBenchSession:
             # With no explicit path the session is the benchmark alone; with paths, the benchmark joins them.
             report.result = [*report.result, suite] if self.explicit_paths else [suite]
         return report
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if self.settings.submissions:
+            from pytest_programbench.submissions import SubmissionsDir
+
+            self.submissions = SubmissionsDir(Path(self.settings.submissions), self.catalogue)
+            for unknown in self.submissions.unknown_ids:
+                warnings.warn(ProgramBenchWarning(
+                    f"{self.submissions.root / unknown}: {unknown!r} is not a known task; ignored"), stacklevel=1)
+            if not self.settings.require_all:
+                missing = [i for i in items if isinstance(i, ProgramBenchItem) and not self.submissions.has(i.name)]
+                if missing:
+                    self.without_submission = [i.name for i in missing]
+                    drop = set(map(id, missing))
+                    items[:] = [i for i in items if id(i) not in drop]
+                    config.hook.pytest_deselected(items=missing)
+
+    def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str]:
+        if not self.without_submission:
+            return []
+        shown = ", ".join(self.without_submission[:20])
+        more = f" (+{len(self.without_submission) - 20} more)" if len(self.without_submission) > 20 else ""
+        return [f"programbench: {len(self.without_submission)} selected tasks have no submission in "
+                f"{self.settings.submissions} and were deselected: {shown}{more}"]
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        # Before pytest-timeout reads the item's markers: the outer backstop above the sum of the item's clocks.
+        if isinstance(item, ProgramBenchItem) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(item_timeout(item.task, self.settings), method="signal"))
+        return (yield)
 
     # -- xdist ------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,91 @@
+"""Step 8 of the pipeline: the verdict. An item passes when its official score reaches ``--pb-min-score`` and no
+integrity flag is raised (unless ``--pb-allow-flags``). Its JUnit properties are plain builtins (xdist ships them)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pytest
+
+
+class InfrastructureError(Exception):
+    """Something outside the agent's and the submission's windows broke: reported as an error, never a score."""
+
+
+class VerdictFailure(Exception):
+    """The task was scored and did not pass; the message says why."""
+
+
+@dataclass
+class TaskOutcome:
+    """What an item reports, whatever produced it (evaluation only, or an agent run first)."""
+
+    instance_id: str
+    score: float
+    n_passed: int
+    n_tests: int
+    error_code: str | None = None
+    failing_branches: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    branch_errors: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    flags: Sequence[str] = ()
+    clock_fired: str | None = None
+    executable_hash: str | None = None
+    compile_seconds: float | None = None
+    test_seconds: float | None = None
+    reruns: bool | None = None
+    notes: Sequence[str] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["failing_branches"] = {k: list(v) for k, v in self.failing_branches.items()}
+        data["branch_errors"] = {k: list(v) for k, v in self.branch_errors.items()}
+        data["flags"] = list(self.flags)
+        data["notes"] = list(self.notes)
+        return data
+
+
+def junit_properties(outcome: TaskOutcome) -> list[tuple[str, Any]]:
+    def plain(value: Any) -> Any:
+        return value if value is None or isinstance(value, bool | int | float | str) else str(value)
+
+    return [
+        ("score", round(outcome.score, 6)),
+        ("n_passed", outcome.n_passed),
+        ("n_tests", outcome.n_tests),
+        ("error_code", plain(outcome.error_code)),
+        ("executable_hash", plain(outcome.executable_hash)),
+        ("failed_branches", ",".join(sorted({*outcome.failing_branches, *outcome.branch_errors}))),
+        ("compile_seconds", plain(outcome.compile_seconds)),
+        ("test_seconds", plain(outcome.test_seconds)),
+        ("integrity_flags", ",".join(outcome.flags)),
+        ("clock_fired", plain(outcome.clock_fired)),
+        ("reruns", plain(outcome.reruns)),
+    ]
+
+
+def failure_message(outcome: TaskOutcome, min_score: float, *, flagged: bool) -> str:
+    lines = [f"{outcome.instance_id}: score {outcome.score:.4f} ({outcome.n_passed}/{outcome.n_tests} tests passed)"
+             + (f", below --pb-min-score {min_score:g}" if outcome.score < min_score else "")]
+    if outcome.error_code:
+        lines.append(f"error code: {outcome.error_code}")
+    if outcome.clock_fired:
+        lines.append(f"clock fired: {outcome.clock_fired}")
+    for branch, errors in sorted(outcome.branch_errors.items()):
+        lines.append(f"branch {branch}: {', '.join(errors)}")
+    for branch, tests in sorted(outcome.failing_branches.items()):
+        shown = ", ".join(tests[:5]) + (f" (+{len(tests) - 5} more)" if len(tests) > 5 else "")
+        lines.append(f"branch {branch} failing: {shown}")
+    if flagged:
+        lines.append(f"integrity flags: {', '.join(outcome.flags)} (the score is official; pass --pb-allow-flags "
+                     "to accept it, or --pb-strict to evaluate with the flagged files neutralised)")
+    lines.extend(outcome.notes)
+    return "\n".join(lines)
+
+
+def assert_verdict(item: pytest.Item, outcome: TaskOutcome, *, min_score: float, allow_flags: bool) -> None:
+    item.user_properties.extend(junit_properties(outcome))
+    flagged = bool(outcome.flags) and not allow_flags
+    if outcome.score < min_score or flagged:
+        raise VerdictFailure(failure_message(outcome, min_score, flagged=flagged))
