@@ -6,6 +6,7 @@ runs none of these hooks.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections import Counter
@@ -24,6 +25,7 @@ from pytest_programbench.selection import Selection, select
 
 if TYPE_CHECKING:
     from pytest_programbench.submissions import SubmissionsDir
+    from pytest_programbench.summary import RunSummary
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +72,16 @@ class ProgramBenchSession:
         self.collect_only = bool(config.option.collectonly)
         self.explicit_paths = config.args_source == pytest.Config.ArgsSource.ARGS
         self.worker_id: str = getattr(config, "workerinput", {}).get("workerid", "controller")
+        self.summary: RunSummary | None = None
         self.submissions: SubmissionsDir | None = None
         self.without_submission: list[str] = []
+        if settings.submissions:
+            from pytest_programbench.submissions import SubmissionsDir
+
+            self.submissions = SubmissionsDir(Path(settings.submissions), catalogue)
+            if not settings.require_all:
+                self.without_submission = [t.instance_id for t in selection.tasks
+                                           if not self.submissions.has(t.instance_id)]
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> ProgramBenchSession:
@@ -115,20 +125,50 @@ class ProgramBenchSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        if self.settings.submissions:
-            from pytest_programbench.submissions import SubmissionsDir
+        if self.submissions is None:
+            return
+        for unknown in self.submissions.unknown_ids:
+            warnings.warn(ProgramBenchWarning(
+                f"{self.submissions.root / unknown}: {unknown!r} is not a known task; ignored"), stacklevel=1)
+        missing = [i for i in items if isinstance(i, ProgramBenchItem) and i.name in self.without_submission]
+        if missing:
+            drop = set(map(id, missing))
+            items[:] = [i for i in items if id(i) not in drop]
+            config.hook.pytest_deselected(items=missing)
 
-            self.submissions = SubmissionsDir(Path(self.settings.submissions), self.catalogue)
-            for unknown in self.submissions.unknown_ids:
-                warnings.warn(ProgramBenchWarning(
-                    f"{self.submissions.root / unknown}: {unknown!r} is not a known task; ignored"), stacklevel=1)
-            if not self.settings.require_all:
-                missing = [i for i in items if isinstance(i, ProgramBenchItem) and not self.submissions.has(i.name)]
-                if missing:
-                    self.without_submission = [i.name for i in missing]
-                    drop = set(map(id, missing))
-                    items[:] = [i for i in items if id(i) not in drop]
-                    config.hook.pytest_deselected(items=missing)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._start_summary([i.nodeid for i in session.items])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self._start_summary(ids)
+
+    def _start_summary(self, node_ids: list[str]) -> None:
+        if self.summary is not None or self.collect_only or is_worker(self.config):
+            return
+        from importlib.metadata import version
+
+        from pytest_programbench.summary import RunSummary
+
+        by_id = {t.instance_id: t for t in self.selection.tasks}
+        chosen = [by_id[n.removeprefix("programbench::")] for n in node_ids if n.removeprefix("programbench::")
+                  in by_id and n.startswith("programbench::")]
+        self.summary = RunSummary(
+            self.identity.path / "summary.json",
+            {
+                "run_id": self.identity.run_id,
+                "run_dir": self.identity.run_dir,
+                "plugin_version": version("pytest-programbench"),
+                "programbench_version": version("programbench"),
+                "settings": dataclasses.asdict(self.settings),
+            },
+            {t.instance_id: (t.language, t.difficulty) for t in chosen},
+        )
+        self.summary.write()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.summary is not None:
+            self.summary.record(report)
 
     def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str]:
         if not self.without_submission:

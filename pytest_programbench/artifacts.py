@@ -1,0 +1,78 @@
+"""What a task leaves in the run directory: ``<id>/submission.tar.gz``, ``<id>/<id>.eval.json`` (official schema),
+``<id>/pb-meta.json``, ``<id>/agent.log``, ``<id>/binary-calls.jsonl``. Writes are atomic, so an interrupted run
+never leaves a half-written file that a resume or ``programbench info`` would trust."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_copy(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if source.resolve() == target.resolve():
+        return
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class TaskArtifacts:
+    def __init__(self, run_dir: Path, instance_id: str) -> None:
+        self.instance_id = instance_id
+        self.dir = run_dir / instance_id
+
+    @property
+    def submission(self) -> Path:
+        return self.dir / "submission.tar.gz"
+
+    @property
+    def eval_json(self) -> Path:
+        return self.dir / f"{self.instance_id}.eval.json"
+
+    @property
+    def meta_json(self) -> Path:
+        return self.dir / "pb-meta.json"
+
+    @property
+    def agent_log(self) -> Path:
+        return self.dir / "agent.log"
+
+    @property
+    def binary_calls(self) -> Path:
+        return self.dir / "binary-calls.jsonl"
+
+    def write_eval_json(self, result: Any) -> None:
+        """The official ``EvaluationResult`` as the official code dumps it: no extra fields."""
+        atomic_write_text(self.eval_json, result.model_dump_json(indent=2))
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        atomic_write_text(self.meta_json, json.dumps(meta, indent=2, sort_keys=True, default=str))
+
+    def read_meta(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.meta_json.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
