@@ -46,7 +46,8 @@ def test_reference_at_workspace_executable_only(docker_client: Any, testbed: Tes
     output = run_probe(docker_client, FIXTURE_IMAGES[instance_id])
     lines = output.strip().splitlines()
     assert lines[0] == "111 root", output
-    assert lines[1].startswith("hash ") and len(lines[1]) == len("hash ") + 64
+    assert lines[1].startswith("hash ")
+    assert len(lines[1]) == len("hash ") + 64
     assert lines[2:] == [], f"copies of the reference elsewhere in the image:\n{output}"
 
 
@@ -65,7 +66,7 @@ def test_blob_dir_has_every_branch(testbed: Testbed) -> None:
 def test_network_guard_fails_non_loopback_connections() -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        with pytest.raises(NonLoopbackConnection, match="10.255.255.1"):
+        with pytest.raises(NonLoopbackConnection, match=r"10\.255\.255\.1"):
             sock.connect(("10.255.255.1", 9))  # the guard raises before any packet leaves
         with pytest.raises(NonLoopbackConnection):
             sock.connect_ex(("192.0.2.1", 9))
