@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from pytest_programbench.catalogue import Task
+from pytest_programbench.verdict import TaskOutcome
 from pytest_programbench.markers import SUITE, difficulty_marker, language_marker
 
 
@@ -27,6 +28,7 @@ class ProgramBenchItem(pytest.Item):
     def __init__(self, *, task: Task, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.task = task
+        self.outcome: TaskOutcome | None = None
         self.add_marker(SUITE)
         self.add_marker(language_marker(task.language))
         self.add_marker(difficulty_marker(task.difficulty))
@@ -37,9 +39,20 @@ class ProgramBenchItem(pytest.Item):
         self.outcome = run_item_pipeline(self)
 
     def runtest(self) -> None:
+        from pytest_programbench.plugin import SESSION_PLUGIN
         from pytest_programbench.verdict import assert_verdict
 
-        assert_verdict(self, self.outcome)
+        settings = self.config.pluginmanager.get_plugin(SESSION_PLUGIN).settings
+        assert self.outcome is not None, "setup ran the pipeline"
+        assert_verdict(self, self.outcome, min_score=settings.min_score, allow_flags=settings.allow_flags)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | Any:
+        from pytest_programbench.verdict import InfrastructureError, VerdictFailure
+
+        # Our own verdicts and infrastructure errors are messages, not tracebacks.
+        if isinstance(excinfo.value, VerdictFailure | InfrastructureError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[str, int | None, str]:
         return "programbench", None, f"programbench::{self.task.instance_id}"
