@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from pytest_programbench.catalogue import Task
-from pytest_programbench.verdict import TaskOutcome
 from pytest_programbench.markers import SUITE, difficulty_marker, language_marker
+from pytest_programbench.verdict import TaskOutcome
 
 
 class ProgramBenchSuite(pytest.Collector):

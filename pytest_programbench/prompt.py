@@ -43,8 +43,9 @@ def render_prompt(context: PromptContext, template: Path | None = None) -> str:
     if len(readme) > README_CAP:
         readme = readme[:README_CAP] + f"\n\n[... README truncated at {README_CAP} characters; see the docs ...]"
     try:
-        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,  # noqa: S701
-                                 autoescape=False)
+        # A Markdown prompt for an agent, not HTML: escaping would corrupt it.
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                                 autoescape=False)  # noqa: S701
         return env.from_string(source).render(
             task=context.task, language=context.task.language, doc_files=context.doc_files, readme=readme,
             binary=BINARY, docs=DOCS, src=SRC, model_relay=context.model_relay, **context.extra,
