@@ -1,0 +1,516 @@
+"""Step 7 of the pipeline: evaluate one submission the official way and say what happened.
+
+:func:`evaluate` drives the official ``programbench.eval.eval.Evaluator`` (1.2.5) on the Docker-SDK container layer
+(:mod:`pytest_programbench.container_layer`), with the inputs resolved beforehand (image id, blob set), and returns
+an :class:`EvaluationOutcome`:
+
+* ``result`` — the unfiltered official ``EvaluationResult`` (what ``<id>.eval.json`` holds; official schema);
+* ``score`` — ``result.for_branches(get_active_branches(instance)).without_ignored(get_ignored_tests(instance))
+  .score``, through the official functions only; ``n_passed`` / ``n_tests`` of that filtered result;
+* what failed (branches with their first failing tests, the error code), integrity flags, reruns on/off and why,
+  timings and which clock fired;
+* ``infra_error`` — set only for infrastructure failures outside the submission's windows (engine unreachable,
+  image or blob missing, a harness self-check). Everything that happens inside the compile and test containers is
+  scored the official way, including a crash of the official pipeline there (score 0, as ``programbench eval``
+  reports it).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+import os
+import tarfile
+import threading
+import time
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from programbench.eval.eval import EvaluationResult, Evaluator
+from programbench.exceptions import EvalStepError
+from programbench.utils.load_data import get_active_branches, get_ignored_branches, get_ignored_tests
+
+from pytest_programbench import integrity
+from pytest_programbench.blobs import BlobSet
+from pytest_programbench.catalogue import CatalogueError, Task
+from pytest_programbench.container_layer import (
+    COMPILE_STEP,
+    DEFAULT_OUTPUT_CAP,
+    INSTALL_RERUNS_STEP,
+    HarnessError,
+    LayerConfig,
+    SdkContainerEnvironment,
+    SdkEvaluator,
+    StepHooks,
+)
+from pytest_programbench.docker_engine import EngineUnavailable, Labels
+from pytest_programbench.integrity import IntegrityFlag
+from pytest_programbench.rerunfailures import CONTAINER_WHEEL_DIR, RerunWheels, ensure_wheels, pip_environment
+
+if TYPE_CHECKING:
+    import docker
+
+    from pytest_programbench.options import Settings
+
+log = logging.getLogger(__name__)
+
+SOLUTION_BRANCH = "submission"  # what `programbench eval` records for run-directory submissions
+NO_SUBMISSION = "no_submission"  # eval_batch's code for a missing archive
+INVALID_ARCHIVE = "invalid_submission_archive"
+STRICT_FAILED = "strict_neutralise_failed"
+FIRST_FAILING = 3
+# Exceptions the official pipeline itself can raise from inside the submission's containers; `programbench eval`
+# turns them into a 0 score for the instance. Anything else escaping the evaluator is a harness problem.
+SCORED_CRASHES = (RuntimeError, UnicodeDecodeError, EvalStepError, FileNotFoundError)
+DISK_FULL = "no space left on device"
+
+
+def _cores() -> int:
+    return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """The evaluation knobs, plain and frozen (built from the plugin's Settings)."""
+
+    cpus: int = field(default_factory=lambda: min(10, _cores()))
+    memory: int | None = None
+    branch_workers: int = 1
+    branch_retries: int = 1
+    compile_timeout: int = 900
+    test_timeout: int = 3600
+    strict: bool = False
+    image_tag: str = "task_cleanroom_v6"
+    reruns: bool = True  # provide pytest-rerunfailures 16.4 offline (False: the install step fails, reruns off)
+    output_cap: int = DEFAULT_OUTPUT_CAP
+    cache_dir: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> EvalSettings:
+        values: dict[str, Any] = {
+            "cpus": settings.cpus, "memory": settings.memory, "branch_workers": settings.branch_workers,
+            "branch_retries": settings.branch_retries, "compile_timeout": settings.compile_timeout,
+            "test_timeout": settings.test_timeout, "strict": settings.strict, "image_tag": settings.image_tag,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    @property
+    def outer_timeout(self) -> int:
+        """A wall clock above everything the evaluation may legitimately take (for pytest-timeout)."""
+        return self.compile_timeout + 2 * (self.branch_retries + 1) * self.test_timeout + 1800
+
+
+@dataclass
+class EvaluationOutcome:
+    """What one evaluation produced. ``result`` is the official, unfiltered result (None on infra errors)."""
+
+    instance_id: str
+    result: EvaluationResult | None = None
+    score: float = 0.0
+    n_passed: int = 0
+    n_tests: int = 0
+    failing_branches: dict[str, list[str]] = field(default_factory=dict)
+    branch_errors: dict[str, list[str]] = field(default_factory=dict)
+    error_code: str | None = None
+    error_details: str | None = None
+    executable_hash: str | None = None
+    integrity_flags: list[IntegrityFlag] = field(default_factory=list)
+    strict: bool = False
+    neutralised: list[str] = field(default_factory=list)
+    reruns: bool = False
+    reruns_reason: str = ""
+    compile_seconds: float | None = None
+    test_seconds: float = 0.0
+    total_seconds: float = 0.0
+    timeouts: list[str] = field(default_factory=list)
+    infra_error: str | None = None
+    image: str = ""
+    blob_sha256: dict[str, str] = field(default_factory=dict)
+    submission_sha256: str | None = None
+    reference_hash: str | None = None
+
+    @property
+    def clock_fired(self) -> str | None:
+        """``"compile"``, ``"test"`` or None: the first evaluation clock that ran out."""
+        if not self.timeouts:
+            return None
+        return "compile" if "compile" in self.timeouts else "test"
+
+    @property
+    def flagged(self) -> bool:
+        return bool(self.integrity_flags)
+
+    def message(self) -> str:
+        """The failure message: score, passed/total, failing branches with first failing tests, error, clocks."""
+        if self.infra_error:
+            return f"{self.instance_id}: infrastructure error: {self.infra_error}"
+        lines = [f"{self.instance_id}: score {self.score:.4f} ({self.n_passed}/{self.n_tests} tests passed)"]
+        if self.error_code:
+            details = (self.error_details or "").strip().splitlines()
+            lines.append(f"error: {self.error_code}" + (f" — {details[-1][:300]}" if details else ""))
+        for branch, tests in self.failing_branches.items():
+            errs = self.branch_errors.get(branch)
+            suffix = f" [branch errors: {', '.join(errs)}]" if errs else ""
+            lines.append(f"branch {branch}: {', '.join(tests) or '(no test results)'}{suffix}")
+        if self.timeouts:
+            lines.append(f"clock fired: {', '.join(self.timeouts)}")
+        for flag in self.integrity_flags:
+            lines.append(f"integrity flag {flag}")
+        if self.strict and self.neutralised:
+            lines.append(f"--pb-strict neutralised before the hidden tests: {', '.join(self.neutralised)}")
+        lines.append(f"reruns: {'on' if self.reruns else 'off'}" + (f" ({self.reruns_reason})"
+                                                                     if self.reruns_reason else ""))
+        return "\n".join(lines)
+
+    def properties(self) -> dict[str, str | int | float | bool | None]:
+        """JUnit properties: plain builtins only."""
+        return {
+            "score": self.score,
+            "n_passed": self.n_passed,
+            "n_tests": self.n_tests,
+            "error_code": self.error_code or "",
+            "executable_hash": self.executable_hash or "",
+            "failed_branches": ",".join(self.failing_branches),
+            "compile_seconds": round(self.compile_seconds, 3) if self.compile_seconds is not None else -1.0,
+            "test_seconds": round(self.test_seconds, 3),
+            "clock_fired": self.clock_fired or "",
+            "integrity_flags": "; ".join(str(f) for f in self.integrity_flags),
+            "reruns": self.reruns,
+            "infra_error": self.infra_error or "",
+        }
+
+    def meta(self) -> dict[str, Any]:
+        """The evaluation's part of ``pb-meta.json`` (JSON-serialisable)."""
+        return {
+            "instance_id": self.instance_id,
+            "image": self.image,
+            "blob_sha256": dict(self.blob_sha256),
+            "submission_sha256": self.submission_sha256,
+            "score": self.score,
+            "n_passed": self.n_passed,
+            "n_tests": self.n_tests,
+            "error_code": self.error_code,
+            "executable_hash": self.executable_hash,
+            "reference_hash": self.reference_hash,
+            "failing_branches": self.failing_branches,
+            "branch_errors": self.branch_errors,
+            "integrity_flags": [f.as_dict() for f in self.integrity_flags],
+            "strict": self.strict,
+            "neutralised": list(self.neutralised),
+            "reruns": "on" if self.reruns else "off",
+            "reruns_reason": self.reruns_reason,
+            "timings": {"compile_seconds": self.compile_seconds, "test_seconds": self.test_seconds,
+                        "total_seconds": self.total_seconds},
+            "clock_fired": self.clock_fired,
+            "timeouts": list(self.timeouts),
+            "infra_error": self.infra_error,
+        }
+
+
+# --------------------------------------------------------------------------------------------- archive check
+
+
+@dataclass
+class ArchiveCheck:
+    problem: str | None = None
+    error_code: str | None = None
+    flags: list[IntegrityFlag] = field(default_factory=list)
+    sha256: str | None = None
+
+
+def check_archive(path: Path) -> ArchiveCheck:
+    """Host-side: the archive exists and is a readable gzip tar (fully decompressed: CRC checked); its flags."""
+    if not path.exists():
+        return ArchiveCheck(f"no submission archive at {path}", NO_SUBMISSION)
+    if not path.is_file():
+        return ArchiveCheck(f"{path} is not a file", INVALID_ARCHIVE)
+    digest = hashlib.sha256()
+    contents: dict[str, bytes] = {}
+    members: list[tarfile.TarInfo] = []
+    try:
+        with path.open("rb") as raw:
+            if raw.read(2) != b"\x1f\x8b":
+                return ArchiveCheck(f"{path} is not gzip-compressed (the evaluator unpacks it with tar -xzf)",
+                                    INVALID_ARCHIVE)
+        with path.open("rb") as raw:
+            for chunk in iter(lambda: raw.read(1 << 20), b""):
+                digest.update(chunk)
+        with gzip.open(path, mode="rb") as gz:
+            with tarfile.open(fileobj=gz, mode="r|") as tar:
+                for member in tar:
+                    members.append(member)
+                    name = member.name.rstrip("/").rsplit("/", 1)[-1]
+                    if name in integrity.SECTIONED_CONFIG_NAMES and member.isfile() and member.size < 1 << 20:
+                        f = tar.extractfile(member)
+                        if f is not None:
+                            contents[member.name] = f.read()
+            while gz.read(1 << 20):  # to the end: the gzip CRC and length are verified
+                pass
+    except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:
+        return ArchiveCheck(f"{path} is not a readable gzip tar: {type(exc).__name__}: {exc}", INVALID_ARCHIVE)
+    flags = integrity.scan_members(members, lambda m: contents.get(m.name))
+    return ArchiveCheck(flags=flags, sha256=digest.hexdigest())
+
+
+# --------------------------------------------------------------------------------------------- harness probes
+
+_reference_hashes: dict[str, str | None] = {}
+_reference_lock = threading.Lock()
+
+
+class _Probe:
+    """The harness's own work around official steps: reference hash, compile diff, strict mode, reruns wheels."""
+
+    def __init__(self, *, image: str, strict: bool, wheels: RerunWheels, eval_clean_hashes: list[str]) -> None:
+        self.image = image
+        self.strict = strict
+        self.wheels = wheels
+        self.eval_clean_hashes = eval_clean_hashes
+        self.reference_hash: str | None = None
+        self.before: list[dict[str, Any]] | None = None
+        self.compile_flags: list[IntegrityFlag] = []
+        self.neutralised: list[str] = []
+        self.wheels_copied = False
+
+    def hooks(self) -> StepHooks:
+        return StepHooks(before_step=self.before_step, after_step=self.after_step, step_env=self.step_env)
+
+    def before_step(self, step: str, env: SdkContainerEnvironment) -> None:
+        if step == "wipe_workspace":
+            self.reference_hash = self._reference_hash(env)
+        elif step == COMPILE_STEP:
+            self.before = env.diff()
+        elif step == INSTALL_RERUNS_STEP and self.wheels.available:
+            env.put_files("/tmp", self.wheels.files(), subdir=CONTAINER_WHEEL_DIR.rsplit("/", 1)[-1])
+            self.wheels_copied = True
+
+    def step_env(self, step: str, env: SdkContainerEnvironment) -> dict[str, str] | None:
+        if step == INSTALL_RERUNS_STEP:
+            return pip_environment(self.wheels)
+        return None
+
+    def after_step(self, step: str, env: SdkContainerEnvironment, result: dict[str, Any]) -> None:
+        if step == COMPILE_STEP:
+            after = env.diff()
+            self.compile_flags = integrity.scan_compile(self.before or [], after, lambda rel: _read(env, rel))
+            if self.strict:
+                self._neutralise(env)
+        elif step == INSTALL_RERUNS_STEP and self.wheels_copied:
+            cleanup = env.execute(f"rm -rf {CONTAINER_WHEEL_DIR}", timeout=60)
+            if cleanup["returncode"] != 0:
+                log.warning("could not remove the wheel directory: %s", cleanup["output"].strip())
+
+    def _neutralise(self, env: SdkContainerEnvironment) -> None:
+        planned = integrity.neutralise_command(self.compile_flags)
+        if planned is None:
+            return
+        command, paths = planned
+        r = env.execute(command, timeout=120)
+        if r["returncode"] != 0:
+            raise EvalStepError(STRICT_FAILED, f"--pb-strict could not remove {paths}: {r['output'].strip()}")
+        self.neutralised = paths
+
+    def _reference_hash(self, env: SdkContainerEnvironment) -> str | None:
+        with _reference_lock:
+            if self.image in _reference_hashes:
+                return _reference_hashes[self.image]
+        rc, payload = env.read_file("/workspace/executable", timeout=120)
+        value = hashlib.sha256(payload).hexdigest() if rc == 0 and isinstance(payload, bytes) else None
+        with _reference_lock:
+            _reference_hashes[self.image] = value
+        return value
+
+
+def _read(env: SdkContainerEnvironment, rel: str) -> bytes | None:
+    rc, payload = env.read_file(f"/workspace/{rel}", timeout=60)
+    return payload if rc == 0 and isinstance(payload, bytes) else None
+
+
+# --------------------------------------------------------------------------------------------- scoring
+
+
+def _official_not_run(instance_id: str, branches: list[str], tests_by_branch: dict[str, list[str]], *,
+                      error_code: str, error_details: str, log_entries: list[dict[str, Any]] | None = None
+                      ) -> EvaluationResult:
+    """An official result where every branch is ``not_run`` with ``error_code`` (built by the official code)."""
+    shell = Evaluator(tests_branches=branches, tests_by_branch=tests_by_branch, solution_branch=SOLUTION_BRANCH,
+                      instance_id=instance_id)
+    shell.result.error_code = error_code
+    shell.result.error_details = error_details
+    if log_entries:
+        shell.result.log = list(log_entries)
+    for branch in branches:
+        shell._inject_not_run(branch, error_code)
+    return shell.result
+
+
+def fill_scores(outcome: EvaluationOutcome, result: EvaluationResult, instance: Mapping[str, Any]) -> None:
+    """Score and summaries from the official filtering functions only."""
+    inst = dict(instance)
+    filtered = result.for_branches(get_active_branches(inst)).without_ignored(get_ignored_tests(inst))
+    outcome.result = result
+    outcome.score = filtered.score
+    outcome.n_passed = filtered.n_resolved
+    outcome.n_tests = len(filtered)
+    outcome.error_code = result.error_code
+    outcome.error_details = result.error_details
+    outcome.executable_hash = result.executable_hash
+    failing: dict[str, list[str]] = {}
+    for test in filtered.test_results:
+        if not test.is_resolved:
+            names = failing.setdefault(test.branch, [])
+            if len(names) < FIRST_FAILING:
+                names.append(f"{test.name} ({test.status})")
+    outcome.branch_errors = {b: [e.error_code for e in errs] for b, errs in filtered.test_branch_errors.items()}
+    for branch in outcome.branch_errors:
+        failing.setdefault(branch, [])
+    outcome.failing_branches = failing
+    for entry in result.log:
+        if entry.get("step") == COMPILE_STEP:
+            outcome.compile_seconds = float(entry.get("wall_time", 0.0))
+        elif entry.get("step") == "run_tests":
+            outcome.test_seconds += float(entry.get("wall_time", 0.0))
+
+
+def _reruns_reason(evaluator: SdkEvaluator, wheels: RerunWheels) -> str:
+    entries = [e for e in evaluator.result.log if e.get("step") == INSTALL_RERUNS_STEP]
+    if not entries:
+        return "not reached (the compile phase ended before the install step)"
+    if not wheels.available:
+        return f"no pytest-rerunfailures wheels on this host: {wheels.reason}"
+    if entries[-1].get("returncode") != 0:
+        tail = str(entries[-1].get("output", "")).strip().splitlines()[-1:] or [""]
+        return (f"pip3 could not install pytest-rerunfailures==16.4 in this image (the official run would fail "
+                f"the same way): {tail[0][:200]}")
+    return ""
+
+
+# --------------------------------------------------------------------------------------------- entry point
+
+
+def evaluate(
+    task: Task,
+    submission: Path,
+    *,
+    blobs: BlobSet,
+    image: str,
+    labels: Labels,
+    settings: EvalSettings,
+    workdir: Path,
+    engine: docker.DockerClient | None = None,
+) -> EvaluationOutcome:
+    """Evaluate ``submission`` (a ``submission.tar.gz``) for ``task`` on ``image`` (an id, resolved beforehand)."""
+    started = time.monotonic()
+    outcome = EvaluationOutcome(task.instance_id, image=image, blob_sha256=dict(blobs.sha256),
+                                strict=settings.strict)
+    try:
+        return _evaluate(task, submission, blobs=blobs, image=image, labels=labels, settings=settings,
+                         workdir=workdir, engine=engine, outcome=outcome)
+    finally:
+        outcome.total_seconds = time.monotonic() - started
+
+
+def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, labels: Labels, settings: EvalSettings,
+              workdir: Path, engine: docker.DockerClient | None, outcome: EvaluationOutcome) -> EvaluationOutcome:
+    try:
+        instance = task.load_instance()
+    except CatalogueError as exc:
+        outcome.infra_error = f"task metadata: {exc}"
+        return outcome
+    active = get_active_branches(instance)
+    if not active:
+        outcome.infra_error = f"{task.instance_id} has no active test branches: nothing can be scored"
+        return outcome
+    missing = [b for b in active if b not in blobs.sha256]
+    if missing:
+        outcome.infra_error = f"hidden tests not resolved for branch(es) {', '.join(missing)}"
+        return outcome
+    branches_data = instance.get("branches", {})
+    tests_by_branch = {b: list(branches_data[b].get("tests", [])) for b in active if b in branches_data}
+
+    archive = check_archive(submission)
+    outcome.submission_sha256 = archive.sha256
+    if archive.problem is not None:
+        assert archive.error_code is not None
+        result = _official_not_run(task.instance_id, active, tests_by_branch, error_code=archive.error_code,
+                                   error_details=archive.problem)
+        fill_scores(outcome, result, instance)
+        outcome.reruns_reason = "not reached (no readable submission archive)"
+        return outcome
+
+    wheels = (ensure_wheels(Path(settings.cache_dir) / "wheels" if settings.cache_dir else None)
+              if settings.reruns else RerunWheels(None, reason="disabled for this evaluation"))
+    remove_hashes = list(instance.get("eval_clean_hashes", []) or [])
+    probe = _Probe(image=image, strict=settings.strict, wheels=wheels, eval_clean_hashes=remove_hashes)
+    try:
+        if engine is None:
+            from pytest_programbench.docker_engine import client
+
+            engine = client()
+    except EngineUnavailable as exc:
+        outcome.infra_error = str(exc)
+        return outcome
+    task_labels = labels if labels.task else labels.for_task(task.instance_id)
+    evaluator = SdkEvaluator(
+        layer=LayerConfig(
+            engine=engine, image=image, labels=task_labels.as_dict(), memory=settings.memory,
+            compile_timeout=settings.compile_timeout, test_timeout=settings.test_timeout,
+            output_cap=settings.output_cap, hooks=probe.hooks(),
+        ),
+        image_name=task.image_name,
+        solution_branch=SOLUTION_BRANCH,
+        submission_archive=submission,
+        blob_dir=blobs.directory,
+        tests_branches=active,
+        remove_hashes=remove_hashes,
+        image_tag=settings.image_tag,
+        tests_by_branch=tests_by_branch,
+        ignored_tests=get_ignored_tests(instance),
+        ignored_branches=get_ignored_branches(instance),
+        instance_id=task.instance_id,
+        docker_cpus=settings.cpus,
+        branch_workers=settings.branch_workers,
+        branch_retries=settings.branch_retries,
+    )
+    try:
+        result = evaluator.run()
+    except (EngineUnavailable, HarnessError) as exc:
+        outcome.infra_error = str(exc)
+        return outcome
+    except SCORED_CRASHES as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        if not evaluator.compile_env_started:
+            outcome.infra_error = f"could not start the compile container from {image}: {text}"
+            return outcome
+        if DISK_FULL in text.lower():
+            outcome.infra_error = f"the Docker host ran out of disk space: {text}"
+            return outcome
+        # `programbench eval` scores an instance whose pipeline raised as 0 with the exception's type as error.
+        log.warning("%s: the official pipeline raised inside the submission's containers: %s", task.instance_id, text)
+        result = _official_not_run(task.instance_id, active, tests_by_branch, error_code=type(exc).__name__,
+                                   error_details=str(exc), log_entries=evaluator.result.log)
+        result.executable_hash = evaluator.result.executable_hash
+    except Exception as exc:
+        log.exception("%s: harness error during evaluation", task.instance_id)
+        outcome.infra_error = f"harness error: {type(exc).__name__}: {exc}"
+        return outcome
+    finally:
+        evaluator.cleanup_all()
+
+    fill_scores(outcome, result, instance)
+    outcome.timeouts = list(evaluator.timed_out)
+    outcome.reruns = bool(evaluator._has_rerunfailures)
+    outcome.reruns_reason = _reruns_reason(evaluator, wheels)
+    outcome.reference_hash = probe.reference_hash
+    outcome.neutralised = list(probe.neutralised)
+    outcome.integrity_flags = integrity.merge(
+        archive.flags,
+        probe.compile_flags,
+        integrity.executable_flags(result.executable_hash, remove_hashes, probe.reference_hash),
+    )
+    return outcome
