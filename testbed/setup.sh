@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the offline Docker test bed: engine, base image, fixture task images, hidden-test
 # blobs, submissions. Idempotent: a second run only re-checks hashes (seconds).
-# Usage: testbed/setup.sh   (as root; then `. testbed/.state/env.sh`)
+# Usage: testbed/setup.sh [--engine-only]   (as root; then `. testbed/.state/env.sh`)
+#   --engine-only: just make sure a Docker engine runs (e.g. for CI before anything else).
 set -euo pipefail
 shopt -s nullglob
 
@@ -65,11 +66,12 @@ ensure_base() {
   if docker image inspect "$BASE_REF" >/dev/null 2>&1; then
     log "base image: $BASE_REF exists"
   else
-    command -v debootstrap >/dev/null || {
+    if ! command -v debootstrap >/dev/null; then
       log "base image: installing debootstrap via apt"
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null \
+      apt-get update -qq || die "apt-get update failed"
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null \
         || die "apt-get install debootstrap failed"
-    }
+    fi
     local root
     root=$(mktemp -d /tmp/pb-testbed-rootfs.XXXXXX)
     # The rootfs is big and root-owned: never leave it behind, whatever happens.
@@ -86,6 +88,11 @@ ensure_base() {
     trap - EXIT
   fi
   docker tag "$BASE_REF" pb-testbed-base:latest
+  # Untag bases of older recipes (layers stay while older images still use them).
+  local tag
+  for tag in $(docker images pb-testbed-base --format '{{.Tag}}'); do
+    case $tag in "$hash" | latest) ;; *) docker rmi "pb-testbed-base:$tag" >/dev/null 2>&1 || true ;; esac
+  done
 }
 
 # ---------------------------------------------------------------- c. fixture images
@@ -93,7 +100,7 @@ image_ref() { echo "programbench/${1//__/_1776_}:$IMAGE_TAG"; }
 
 # $1 instance id, $2 build context (a task dir or testbed/images/<id>)
 ensure_image() {
-  local id=$1 ctx=$2 ref chash have
+  local id=$1 ctx=$2 ref chash have old
   ref=$(image_ref "$id")
   # Hash what the build can see (hidden tests and metadata are excluded, also via .dockerignore)
   # plus the base tag, so a new base recipe rebuilds every fixture.
@@ -103,9 +110,12 @@ ensure_image() {
            } | sha256sum | cut -c1-16)
   have=$(docker image inspect -f "{{index .Config.Labels \"$LABEL\"}}" "$ref" 2>/dev/null || true)
   if [ "$have" = "$chash" ]; then log "image: $ref up to date"; return; fi
+  old=$(docker image inspect -f '{{.Id}}' "$ref" 2>/dev/null || true)
   log "image: building $ref"
   docker build -q --network none --build-arg "BASE=$BASE_REF" --label "$LABEL=$chash" -t "$ref" "$ctx" \
     >"$STATE/build-$id.log" 2>&1 || { tail -n 30 "$STATE/build-$id.log" >&2; die "docker build of $ref failed"; }
+  # Drop the image this one replaced, if it was ours and nothing uses it any more (best effort).
+  if [ -n "$have" ] && [ -n "$old" ]; then docker rmi "$old" >/dev/null 2>&1 || true; fi
 }
 
 # ---------------------------------------------------------------- d/e. deterministic archives
@@ -153,6 +163,7 @@ ensure_archives() {
 # ---------------------------------------------------------------- main
 log "testbed: $TB"
 ensure_docker
+[ "${1:-}" = --engine-only ] && exit 0
 ensure_base
 for d in "$TB"/tasks/*/; do ensure_image "$(basename "$d")" "$d"; done
 ensure_image testorg__calculator.abc1234 "$TB/images/testorg__calculator.abc1234"
