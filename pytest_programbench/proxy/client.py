@@ -1,0 +1,163 @@
+#!/usr/bin/python3 -IS
+"""pb-proxy client, Python fallback of ``client.c`` (same protocol; used when no static C client can be built).
+
+Installed as ``/workspace/binary`` with the container's own interpreter in the shebang. Python's start-up alone
+costs ~20 ms per call, which is why the static C client is preferred; behaviour is otherwise the same: stdin,
+stdout, stderr and the working directory travel as descriptors, signals are forwarded, and the exit status (or
+the death by signal) of the reference is reproduced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import struct
+import sys
+
+DEFAULT_SOCKET = "/run/pb-proxy/proxy.sock"
+HEADER = struct.Struct("<4sIIIIIIIQQII")
+REPLY = struct.Struct("<4siiI")
+REPLY_SIGNAL = 1
+NLIMITS = 16
+RLIM_INFINITY_WIRE = (1 << 64) - 1
+FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH", "SIGTSTP", "SIGCONT")
+
+
+def _fail(code: int, message: str) -> None:
+    try:
+        os.write(2, message.encode("utf-8", "replace"))
+    finally:
+        os._exit(code)
+
+
+def _rlimits() -> bytes:
+    try:
+        import resource
+    except ImportError:
+        return struct.pack("<QQ", RLIM_INFINITY_WIRE, RLIM_INFINITY_WIRE) * NLIMITS
+    out = []
+    for number in range(NLIMITS):
+        try:
+            soft, hard = resource.getrlimit(number)
+        except (OSError, ValueError):
+            soft = hard = resource.RLIM_INFINITY
+        out.append(struct.pack("<QQ", *(RLIM_INFINITY_WIRE if v == resource.RLIM_INFINITY else v
+                                        for v in (soft, hard))))
+    return b"".join(out)
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def main() -> None:
+    path = os.environ.get("PB_PROXY_SOCKET") or DEFAULT_SOCKET
+    ignored = 0
+    for sig in range(1, 65):
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                ignored |= 1 << (sig - 1)
+        except (OSError, ValueError):
+            pass
+    # Python itself ignores SIGPIPE and SIGXFSZ at start-up: what the caller had is unknown here, assume default.
+    ignored &= ~((1 << (signal.SIGPIPE - 1)) | (1 << (signal.SIGXFSZ - 1)))
+    blocked = 0
+    for sig in signal.pthread_sigmask(signal.SIG_BLOCK, []):
+        blocked |= 1 << (int(sig) - 1)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    fds: list[int] = []
+    fdmask = 0
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        fds.append(fd)
+        fdmask |= 1 << fd
+    try:
+        cwd: int | None = os.open(".", os.O_PATH | os.O_DIRECTORY)
+    except OSError:
+        cwd = None
+    if cwd is not None:
+        fds.append(cwd)
+        fdmask |= 8
+    # A script never sees the argv[0] it was called with (the kernel passes the path instead): use that path.
+    argv = [os.fsencode(a) for a in sys.argv]
+    env = [k + b"=" + v for k, v in os.environb.items()]
+    strings = b"".join(s + b"\0" for s in [*argv, *env])
+    header = HEADER.pack(b"PBX1", 1, fdmask, 0, len(argv), len(env), mask, NLIMITS, ignored, blocked, len(strings), 0)
+
+    pending: list[int] = []
+    for name in FORWARDED:
+        number = getattr(signal, name)
+        if ignored >> (number - 1) & 1:
+            continue
+        signal.signal(number, lambda sig, _frame: pending.append(sig))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as exc:
+        _fail(126, f"binary: the reference proxy is not running ({path}: {exc.strerror})\n")
+    try:
+        sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
+        sock.sendall(_rlimits() + strings)
+    except OSError as exc:
+        _fail(126, f"binary: cannot reach the reference proxy: {exc.strerror}\n")
+    if cwd is not None:
+        os.close(cwd)
+
+    import select
+
+    reply = b""
+    while True:
+        while pending:
+            sig = pending.pop(0)
+            with contextlib.suppress(OSError):
+                sock.sendall(bytes([sig]))
+            if sig == signal.SIGTSTP:
+                signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGSTOP)
+                signal.signal(signal.SIGTSTP, lambda s, _f: pending.append(s))
+        try:
+            readable, _, _ = select.select([sock], [], [], 0.5)
+        except InterruptedError:
+            continue
+        if readable:
+            got = _recv_exact(sock, REPLY.size)
+            if got is None:
+                break
+            reply = got
+            break
+    if len(reply) != REPLY.size or reply[:4] != b"PBR1":
+        _fail(125, "binary: the reference proxy closed the connection without a result\n")
+    _magic, kind, value, length = REPLY.unpack(reply)
+    if length:
+        message = _recv_exact(sock, min(length, 4096))
+        if message:
+            os.write(2, message)
+    if kind == REPLY_SIGNAL:
+        try:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+        except (ImportError, OSError, ValueError):
+            pass
+        signal.signal(value, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [value])
+        os.kill(os.getpid(), value)
+        os._exit(128 + value)
+    sys.stdout.flush()
+    os._exit(value & 0xFF)
+
+
+if __name__ == "__main__":
+    main()
