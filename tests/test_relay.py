@@ -1,0 +1,985 @@
+"""The model relay, host side, and its in-sandbox bridge run as a host process.
+
+Everything here is real: a scripted upstream HTTP server on 127.0.0.1 replays fixed bodies, the relay listens on a
+Unix socket and on loopback TCP, clients are ``http.client`` and raw sockets, the bridge is a subprocess.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_programbench.relay import (
+    BRIDGE_SCRIPT,
+    PLACEHOLDER_KEY,
+    ModelRelay,
+    RelayConfigError,
+    RelayRecord,
+    RelayStats,
+    SSEDecoder,
+    Upstream,
+    bridge_command,
+    relay_env,
+    usage_from_mapping,
+)
+
+# -- the scripted upstream ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    """What the upstream answers: status, headers, and the body as pieces (sent one by one when ``chunked``)."""
+
+    chunks: Sequence[bytes]
+    status: int = 200
+    content_type: str = "application/json"
+    chunked: bool = False
+    headers: Sequence[tuple[str, str]] = ()
+    gate: threading.Event | None = None  # when set: wait for it after the first piece
+    break_after: int | None = None  # close the connection after this many pieces, mid-body
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    header_items: list[tuple[str, str]]
+    body: bytes
+
+
+@dataclass
+class ScriptedUpstream:
+    routes: dict[tuple[str, str], Reply] = field(default_factory=dict)
+    received: list[Received] = field(default_factory=list)
+    connections: int = 0
+
+    def __post_init__(self) -> None:
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                upstream.connections += 1
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _any(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                upstream.received.append(Received(self.command, self.path,
+                                                  {k.lower(): v for k, v in self.headers.items()},
+                                                  list(self.headers.items()), body))
+                reply = upstream.routes.get((self.command, self.path.split("?")[0]))
+                if reply is None:
+                    reply = Reply([b'{"error": "no such route"}'], status=404)
+                self.send_response(reply.status)
+                self.send_header("Content-Type", reply.content_type)
+                for name, value in reply.headers:
+                    self.send_header(name, value)
+                if reply.chunked:
+                    self.send_header("Transfer-Encoding", "chunked")
+                else:
+                    self.send_header("Content-Length", str(len(reply.body)))
+                self.end_headers()
+                if self.command == "HEAD" or reply.status in (204, 304):
+                    return
+                for index, piece in enumerate(reply.chunks):
+                    if reply.break_after is not None and index == reply.break_after:
+                        self.close_connection = True
+                        self.wfile.flush()
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return
+                    if reply.chunked:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    else:
+                        self.wfile.write(piece)
+                    self.wfile.flush()
+                    if index == 0 and reply.gate is not None:
+                        assert reply.gate.wait(20), "the client never saw the first piece"
+                if reply.chunked:
+                    self.wfile.write(b"0\r\n\r\n")
+
+            do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = _any
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
+        self.thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def route(self, method: str, path: str, reply: Reply) -> None:
+        self.routes[(method, path)] = reply
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def upstream() -> Iterator[ScriptedUpstream]:
+    server = ScriptedUpstream()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def connects(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every address any socket of this process connects to during the test (on top of the network guard)."""
+    seen: list[Any] = []
+    original = socket.socket.connect  # already the guarded one
+
+    def spy(self: socket.socket, address: Any) -> Any:
+        seen.append(address)
+        return original(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", spy)
+    return seen
+
+
+def settled(relay: ModelRelay, count: int) -> list[RelayRecord]:
+    """The records once ``count`` exist: a record is written just after the client got the last byte."""
+    deadline = time.monotonic() + 10
+    while len(records := relay.records()) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(records) == count, records
+    return records
+
+
+def settled_stats(relay: ModelRelay, count: int) -> RelayStats:
+    settled(relay, count)
+    return relay.stats()
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path, timeout: float = 30) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = str(path)
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.unix_path)
+        self.sock = sock
+
+
+def unix_client(relay: ModelRelay) -> UnixHTTPConnection:
+    assert relay.socket_path is not None
+    return UnixHTTPConnection(relay.socket_path)
+
+
+def tcp_client(relay: ModelRelay) -> http.client.HTTPConnection:
+    assert relay.tcp_address is not None
+    return http.client.HTTPConnection(*relay.tcp_address, timeout=30)
+
+
+def post_json(conn: http.client.HTTPConnection, path: str, payload: dict[str, Any],
+              headers: dict[str, str] | None = None) -> tuple[int, bytes, http.client.HTTPResponse]:
+    conn.request("POST", path, body=json.dumps(payload).encode(),
+                 headers={"Content-Type": "application/json", **(headers or {})})
+    response = conn.getresponse()
+    return response.status, response.read(), response
+
+
+def raw_request(address: Any, request: bytes, family: int = socket.AF_INET) -> bytes:
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(address)
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+# -- fixed bodies, as the real APIs send them -----------------------------------------------------------------
+
+
+def sse(*events: tuple[str | None, Any]) -> list[bytes]:
+    pieces = []
+    for name, data in events:
+        text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+        pieces.append((f"event: {name}\n" if name else "").encode() + f"data: {text}\n\n".encode())
+    return pieces
+
+
+CHAT_USAGE = {"prompt_tokens": 19, "completion_tokens": 10, "total_tokens": 29,
+              "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+              "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0}}
+CHAT_BODY = json.dumps({
+    "id": "chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT", "object": "chat.completion", "created": 1741569952,
+    "model": "gpt-4.1-2025-04-14", "system_fingerprint": "fp_1", "service_tier": "default",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello! How can I help?", "refusal": None,
+                                         "annotations": []}, "logprobs": None, "finish_reason": "stop"}],
+    "usage": CHAT_USAGE,
+}, indent=2).encode()
+
+
+def chat_chunk(delta: dict[str, Any], finish: str | None = None, usage: Any = None,
+               choices: bool = True) -> dict[str, Any]:
+    return {"id": "chatcmpl-123", "object": "chat.completion.chunk", "created": 1694268190,
+            "model": "gpt-4o-mini", "system_fingerprint": "fp_44709d6fcb",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}] if choices else [],
+            "usage": usage}
+
+
+CHAT_STREAM_USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+CHAT_STREAM = sse(
+    (None, chat_chunk({"role": "assistant", "content": ""})),
+    (None, chat_chunk({"content": "Hel"})),
+    (None, chat_chunk({"content": "lo"})),
+    (None, chat_chunk({}, finish="stop")),
+    (None, chat_chunk({}, usage=CHAT_STREAM_USAGE, choices=False)),
+    (None, "[DONE]"),
+)
+CHAT_STREAM_NO_USAGE = sse(
+    (None, chat_chunk({"role": "assistant", "content": ""})),
+    (None, chat_chunk({"content": "Hello"})),
+    (None, chat_chunk({}, finish="stop")),
+    (None, "[DONE]"),
+)
+
+RESPONSES_USAGE = {"input_tokens": 36, "input_tokens_details": {"cached_tokens": 4}, "output_tokens": 87,
+                   "output_tokens_details": {"reasoning_tokens": 20}, "total_tokens": 123}
+RESPONSE_OBJECT = {
+    "id": "resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b", "object": "response", "created_at": 1741476542,
+    "status": "completed", "error": None, "incomplete_details": None, "instructions": None,
+    "model": "gpt-4.1-2025-04-14",
+    "output": [{"type": "message", "id": "msg_67ccd2bf17f0819081ff3bb2cf6508e6", "status": "completed",
+                "role": "assistant", "content": [{"type": "output_text", "text": "Hi.", "annotations": []}]}],
+    "parallel_tool_calls": True, "store": True, "temperature": 1.0, "tool_choice": "auto", "tools": [],
+    "usage": RESPONSES_USAGE,
+}
+RESPONSES_BODY = json.dumps(RESPONSE_OBJECT).encode()
+RESPONSES_STREAM = sse(
+    ("response.created", {"type": "response.created", "sequence_number": 0,
+                          "response": {**RESPONSE_OBJECT, "status": "in_progress", "output": [], "usage": None}}),
+    ("response.in_progress", {"type": "response.in_progress", "sequence_number": 1,
+                              "response": {**RESPONSE_OBJECT, "status": "in_progress", "output": [], "usage": None}}),
+    ("response.output_text.delta", {"type": "response.output_text.delta", "sequence_number": 2, "item_id": "msg_1",
+                                    "output_index": 0, "content_index": 0, "delta": "Hi."}),
+    ("response.completed", {"type": "response.completed", "sequence_number": 3, "response": RESPONSE_OBJECT}),
+)
+
+ANTHROPIC_USAGE = {"input_tokens": 2095, "output_tokens": 503}
+ANTHROPIC_BODY = json.dumps({
+    "id": "msg_013Zva2CMHLNnXjNJJKqJ2EF", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+    "content": [{"type": "text", "text": "Hi! My name is Claude."}], "stop_reason": "end_turn",
+    "stop_sequence": None, "usage": ANTHROPIC_USAGE,
+}).encode()
+ANTHROPIC_STREAM = sse(
+    ("message_start", {"type": "message_start", "message": {
+        "id": "msg_1nZdL29xx5MUA1yADyHTEsnR8uuvGzszyY", "type": "message", "role": "assistant", "content": [],
+        "model": "claude-sonnet-4-5", "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 472, "output_tokens": 2}}}),
+    ("content_block_start", {"type": "content_block_start", "index": 0,
+                             "content_block": {"type": "text", "text": ""}}),
+    ("ping", {"type": "ping"}),
+    ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                             "delta": {"type": "text_delta", "text": "Hello"}}),
+    ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                             "delta": {"type": "text_delta", "text": "!"}}),
+    ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+    ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                       "usage": {"output_tokens": 15}}),
+    ("message_stop", {"type": "message_stop"}),
+)
+NO_USAGE_BODY = json.dumps({"id": "chatcmpl-x", "object": "chat.completion", "model": "local",
+                            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                         "finish_reason": "stop"}]}).encode()
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    path: str
+    request: dict[str, Any]
+    reply: Reply
+    usage: tuple[int | None, int | None, int | None] | None  # what the server sent: input, output, total
+    raw: dict[str, Any] | None
+    api: str
+
+
+MESSAGES = [{"role": "user", "content": "Say hello"}]
+SHAPES = [
+    Shape("chat", "/v1/chat/completions", {"model": "gpt-4.1", "messages": MESSAGES},
+          Reply([CHAT_BODY]), (19, 10, 29), CHAT_USAGE, "chat.completions"),
+    Shape("chat-stream-include-usage", "/v1/chat/completions",
+          {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}},
+          Reply(CHAT_STREAM, content_type="text/event-stream", chunked=True), (12, 3, 15), CHAT_STREAM_USAGE,
+          "chat.completions"),
+    Shape("chat-stream-without-usage", "/v1/chat/completions",
+          {"model": "gpt-4o-mini", "messages": MESSAGES, "stream": True},
+          Reply(CHAT_STREAM_NO_USAGE, content_type="text/event-stream", chunked=True), None, None,
+          "chat.completions"),
+    Shape("chat-without-usage", "/v1/chat/completions", {"model": "local", "messages": MESSAGES},
+          Reply([NO_USAGE_BODY]), None, None, "chat.completions"),
+    Shape("responses", "/v1/responses", {"model": "gpt-4.1", "input": "Say hello"},
+          Reply([RESPONSES_BODY]), (36, 87, 123), RESPONSES_USAGE, "responses"),
+    Shape("responses-stream", "/v1/responses", {"model": "gpt-4.1", "input": "Say hello", "stream": True},
+          Reply(RESPONSES_STREAM, content_type="text/event-stream", chunked=True), (36, 87, 123), RESPONSES_USAGE,
+          "responses"),
+    Shape("anthropic", "/v1/messages", {"model": "claude-sonnet-4-5", "max_tokens": 1024, "messages": MESSAGES},
+          Reply([ANTHROPIC_BODY]), (2095, 503, 2598), ANTHROPIC_USAGE, "anthropic.messages"),
+    Shape("anthropic-stream", "/v1/messages",
+          {"model": "claude-sonnet-4-5", "max_tokens": 1024, "messages": MESSAGES, "stream": True},
+          Reply(ANTHROPIC_STREAM, content_type="text/event-stream", chunked=True), (472, 15, 487),
+          {"input_tokens": 472, "output_tokens": 15}, "anthropic.messages"),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[shape.name for shape in SHAPES])
+def test_api_shape_through_the_unix_socket(upstream: ScriptedUpstream, shape: Shape, tmp_path: Path) -> None:
+    upstream.route("POST", shape.path, shape.reply)
+    records = tmp_path / "task" / "model-requests.jsonl"
+    with ModelRelay(upstream.url, records_path=records) as relay:
+        status, body, response = post_json(unix_client(relay), shape.path, shape.request)
+        assert status == 200
+        assert body == shape.reply.body  # byte-identical, streamed or not
+        if shape.reply.chunked:
+            assert response.getheader("Transfer-Encoding") == "chunked"
+            assert response.getheader("Content-Type") == "text/event-stream"
+        [record] = settled(relay, 1)
+        stats = relay.stats()
+    assert upstream.received[0].body == json.dumps(shape.request).encode()
+    assert record.status == 200
+    assert record.error is None
+    assert record.api == shape.api
+    assert record.model == shape.request["model"]
+    assert record.stream is shape.request.get("stream")
+    assert record.listener == "unix"
+    assert record.response_bytes == len(shape.reply.body)
+    assert record.first_byte_s is not None
+    assert 0 <= record.first_byte_s <= record.total_s
+    if shape.usage is None:
+        assert record.usage is None
+        assert (stats.input_tokens, stats.output_tokens, stats.total_tokens) == (None, None, None)
+    else:
+        assert record.usage is not None
+        assert (record.usage.input_tokens, record.usage.output_tokens, record.usage.total_tokens) == shape.usage
+        assert dict(record.usage.raw) == shape.raw
+        assert (stats.input_tokens, stats.output_tokens, stats.total_tokens) == shape.usage
+    [line] = records.read_text().splitlines()
+    written = json.loads(line)
+    assert written == json.loads(json.dumps(record.as_dict()))
+    assert written["usage"] is None if shape.usage is None else written["usage"]["input_tokens"] == shape.usage[0]
+    assert stats.requests == 1
+    assert stats.errors == 0
+
+
+def test_stream_is_passed_on_before_it_ends(upstream: ScriptedUpstream) -> None:
+    """The upstream holds back the rest of the stream until the client has seen the first event."""
+    gate = threading.Event()
+    reply = Reply(CHAT_STREAM, content_type="text/event-stream", chunked=True, gate=gate)
+    upstream.route("POST", "/v1/chat/completions", reply)
+    with ModelRelay(upstream.url, tcp=True) as relay:
+        conn = tcp_client(relay)
+        conn.request("POST", "/v1/chat/completions", body=b'{"model": "m", "stream": true}',
+                     headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200
+        seen = b""
+        while len(seen) < len(CHAT_STREAM[0]):
+            seen += response.read1(65536)
+        assert seen == CHAT_STREAM[0]
+        gate.set()
+        rest = response.read()
+        assert seen + rest == reply.body
+        [record] = settled(relay, 1)
+    assert record.usage is not None
+    assert record.usage.total_tokens == 15
+    assert record.listener == "tcp"
+    assert record.first_byte_s is not None
+    assert record.first_byte_s < record.total_s
+
+
+def test_keep_alive_client_and_pooled_upstream(upstream: ScriptedUpstream) -> None:
+    upstream.route("POST", "/v1/chat/completions", Reply([CHAT_BODY]))
+    upstream.route("POST", "/v1/messages", Reply(ANTHROPIC_STREAM, content_type="text/event-stream", chunked=True))
+    with ModelRelay(upstream.url, tcp=True) as relay:
+        conn = tcp_client(relay)
+        for _ in range(3):
+            assert post_json(conn, "/v1/chat/completions", {"model": "a"})[1] == CHAT_BODY
+            assert post_json(conn, "/v1/messages", {"model": "b", "stream": True})[1] == b"".join(ANTHROPIC_STREAM)
+        stats = settled_stats(relay, 6)
+    assert stats.requests == 6
+    assert stats.errors == 0
+    assert stats.input_tokens == 3 * (19 + 472)
+    assert stats.output_tokens == 3 * (10 + 15)
+    assert stats.total_tokens == 3 * (29 + 487)
+    assert stats.requests_with_usage == 6
+    assert upstream.connections == 1  # one upstream connection, reused
+
+
+def test_aggregate_counts_only_reported_usage(upstream: ScriptedUpstream) -> None:
+    upstream.route("POST", "/v1/chat/completions", Reply([NO_USAGE_BODY]))
+    upstream.route("POST", "/v1/responses", Reply([RESPONSES_BODY]))
+    with ModelRelay(upstream.url, tcp=True) as relay:
+        conn = tcp_client(relay)
+        post_json(conn, "/v1/chat/completions", {"model": "a"})
+        assert settled_stats(relay, 1).input_tokens is None
+        post_json(conn, "/v1/responses", {"model": "a"})
+        post_json(conn, "/v1/unknown", {"model": "a"})  # the upstream's 404 is passed on, and counted an error
+        stats = settled_stats(relay, 3)
+    assert stats.as_dict() == {"requests": 3, "errors": 1, "requests_with_usage": 1, "input_tokens": 36,
+                               "output_tokens": 87, "total_tokens": 123, "latency_s": stats.as_dict()["latency_s"]}
+    assert stats.latency_s > 0
+
+
+# -- only the configured upstream -----------------------------------------------------------------------------
+
+
+def test_key_from_the_host_environment(upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch,
+                                       tmp_path: Path) -> None:
+    secret = "sk-host-only-6f1d2a"
+    monkeypatch.setenv("PB_TEST_MODEL_KEY", secret)
+    upstream.route("POST", "/v1/chat/completions", Reply([CHAT_BODY]))
+    upstream.route("POST", "/v1/messages", Reply([ANTHROPIC_BODY]))
+    records = tmp_path / "records.jsonl"
+    with ModelRelay(upstream.url, api_key_env="PB_TEST_MODEL_KEY", records_path=records, tcp=True) as relay:
+        env = relay.agent_env()
+        assert secret not in json.dumps(env)
+        assert env["OPENAI_API_KEY"] == env["ANTHROPIC_API_KEY"] == PLACEHOLDER_KEY
+        conn = tcp_client(relay)
+        post_json(conn, "/v1/chat/completions", {"model": "a"}, {"Authorization": f"Bearer {PLACEHOLDER_KEY}"})
+        post_json(conn, "/v1/messages", {"model": "b"},
+                  {"x-api-key": PLACEHOLDER_KEY, "anthropic-version": "2023-06-01"})
+        post_json(conn, "/v1/chat/completions", {"model": "a"})  # a client that sends no key at all
+    openai, anthropic, keyless = upstream.received
+    assert openai.headers["authorization"] == f"Bearer {secret}"
+    assert "x-api-key" not in openai.headers
+    assert anthropic.headers["x-api-key"] == secret
+    assert "authorization" not in anthropic.headers
+    assert anthropic.headers["anthropic-version"] == "2023-06-01"
+    assert keyless.headers["authorization"] == f"Bearer {secret}"
+    for received in upstream.received:
+        assert PLACEHOLDER_KEY not in str(received.header_items)
+        assert [name for name, _ in received.header_items].count("Host") == 1
+    assert secret not in records.read_text()
+
+
+def test_key_style_forced(upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PB_TEST_MODEL_KEY", "k1")
+    upstream.route("POST", "/v1/messages", Reply([ANTHROPIC_BODY]))
+    with ModelRelay(upstream.url, api_key_env="PB_TEST_MODEL_KEY", key_style="x-api-key", tcp=True) as relay:
+        post_json(tcp_client(relay), "/v1/messages", {"model": "b"}, {"Authorization": "Bearer agent-made-up"})
+    [received] = upstream.received
+    assert received.headers["x-api-key"] == "k1"
+    assert "authorization" not in received.headers
+
+
+def test_missing_key_variable_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PB_TEST_MODEL_KEY", raising=False)
+    relay = ModelRelay("https://api.example.invalid/v1", api_key_env="PB_TEST_MODEL_KEY", tcp=True)
+    with pytest.raises(RelayConfigError, match=r"\$PB_TEST_MODEL_KEY"):
+        relay.start()
+    relay.close()
+
+
+def test_client_keys_pass_through_without_injection(upstream: ScriptedUpstream) -> None:
+    upstream.route("POST", "/v1/chat/completions", Reply([CHAT_BODY]))
+    with ModelRelay(upstream.url, tcp=True) as relay:
+        assert "OPENAI_API_KEY" not in relay.agent_env()
+        post_json(tcp_client(relay), "/v1/chat/completions", {"model": "a"}, {"Authorization": "Bearer mine"})
+    assert upstream.received[0].headers["authorization"] == "Bearer mine"
+
+
+REFUSED = [
+    ("absolute URI, other host", b"GET http://203.0.113.9/v1/models HTTP/1.1\r\nHost: 203.0.113.9\r\n\r\n", 403,
+     "forwards only to"),
+    ("absolute URI, upstream host other port", b"GET http://127.0.0.1:1/v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 403,
+     "forwards only to"),
+    ("absolute https URI", b"POST https://api.openai.com/v1/chat/completions HTTP/1.1\r\nHost: api.openai.com\r\n"
+     b"Content-Length: 2\r\n\r\n{}", 403, "api.openai.com"),
+    ("CONNECT", b"CONNECT 203.0.113.9:443 HTTP/1.1\r\nHost: 203.0.113.9:443\r\n\r\n", 405, "CONNECT"),
+    ("outside the prefix", b"GET /admin HTTP/1.1\r\nHost: x\r\n\r\n", 404, "outside the model endpoint"),
+    ("dot segments", b"GET /api/v1/../../admin HTTP/1.1\r\nHost: x\r\n\r\n", 400, "dot segments"),
+    ("encoded dot segments", b"GET /api/v1/%2e%2E/admin HTTP/1.1\r\nHost: x\r\n\r\n", 400, "dot segments"),
+    ("encoded slash", b"GET /api/v1/..%2fadmin HTTP/1.1\r\nHost: x\r\n\r\n", 400, "dot segments"),
+    ("asterisk", b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", 400, "malformed"),
+    ("request body too large", b"POST /api/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n"
+     b"\r\n", 413, "limit"),
+]
+
+
+@pytest.mark.parametrize(("request_bytes", "status", "message"), [case[1:] for case in REFUSED],
+                         ids=[case[0] for case in REFUSED])
+def test_refused_without_connecting_anywhere(upstream: ScriptedUpstream, connects: list[Any], request_bytes: bytes,
+                                             status: int, message: str) -> None:
+    with ModelRelay(f"{upstream.url}/api/v1", tcp=True) as relay:
+        assert relay.tcp_address is not None
+        raw = raw_request(relay.tcp_address, request_bytes)
+        [record] = settled(relay, 1)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status} ".encode()), raw
+    error = json.loads(body)["error"]
+    assert message in error["message"]
+    assert error["type"] == "pb_relay_error"
+    assert record.status == status
+    assert record.error is not None
+    assert message in record.error
+    assert upstream.received == []
+    assert upstream.connections == 0
+    assert connects == [relay.tcp_address]  # the client's own connection, and nothing else
+
+
+def test_host_header_and_absolute_uri_to_the_upstream(upstream: ScriptedUpstream) -> None:
+    upstream.route("GET", "/api/v1/models", Reply([b'{"data": []}']))
+    with ModelRelay(f"{upstream.url}/api/v1", tcp=True) as relay:
+        assert relay.tcp_address is not None
+        spoofed = raw_request(relay.tcp_address, b"GET /api/v1/models HTTP/1.1\r\nHost: evil.example\r\n"
+                                                 b"Connection: close\r\n\r\n")
+        absolute = raw_request(relay.tcp_address, f"GET {upstream.url}/api/v1/models?x=1 HTTP/1.1\r\n"
+                                                  f"Host: whatever\r\nConnection: close\r\n\r\n".encode())
+    assert spoofed.startswith(b"HTTP/1.1 200 ")
+    assert absolute.startswith(b"HTTP/1.1 200 ")
+    assert [r.headers["host"] for r in upstream.received] == [f"127.0.0.1:{upstream.port}"] * 2
+    assert [r.path for r in upstream.received] == ["/api/v1/models", "/api/v1/models?x=1"]
+
+
+def test_upstream_down_is_a_recorded_502(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    records = tmp_path / "r.jsonl"
+    with ModelRelay(f"http://127.0.0.1:{port}/v1", records_path=records, tcp=True) as relay:
+        status, body, _ = post_json(tcp_client(relay), "/v1/chat/completions", {"model": "gpt", "stream": True})
+        [record] = settled(relay, 1)
+        stats = relay.stats()
+    assert status == 502
+    assert "unreachable" in json.loads(body)["error"]["message"]
+    assert record.status == 502
+    assert record.error is not None
+    assert "unreachable" in record.error
+    assert record.model == "gpt"
+    assert record.usage is None
+    assert stats.errors == 1
+    assert stats.input_tokens is None
+    assert json.loads(records.read_text())["status"] == 502
+
+
+def test_upstream_breaking_off_a_stream(upstream: ScriptedUpstream) -> None:
+    reply = Reply(ANTHROPIC_STREAM, content_type="text/event-stream", chunked=True, break_after=3)
+    upstream.route("POST", "/v1/messages", reply)
+    with ModelRelay(upstream.url, tcp=True) as relay:
+        conn = tcp_client(relay)
+        conn.request("POST", "/v1/messages", body=b"{}")
+        response = conn.getresponse()
+        with pytest.raises(http.client.IncompleteRead) as caught:
+            response.read()
+        assert caught.value.partial == b"".join(ANTHROPIC_STREAM[:3])
+        [record] = settled(relay, 1)
+    assert record.status == 200
+    assert record.error is not None
+    assert "broke off" in record.error
+    assert record.failed
+    assert record.usage is not None  # what was seen before the break: message_start's counts
+    assert record.usage.input_tokens == 472
+
+
+def test_chunked_request_body_and_gzip_response(upstream: ScriptedUpstream) -> None:
+    compressed = gzip.compress(CHAT_BODY)
+    upstream.route("POST", "/v1/chat/completions",
+                   Reply([compressed[:10], compressed[10:]], chunked=True, headers=[("Content-Encoding", "gzip")]))
+    payload = json.dumps({"model": "gpt-4.1", "messages": MESSAGES}).encode()
+    with ModelRelay(upstream.url, tcp=True) as relay:
+        conn = tcp_client(relay)
+        conn.request("POST", "/v1/chat/completions", body=iter([payload[:7], payload[7:]]),
+                     headers={"Content-Type": "application/json", "Accept-Encoding": "gzip, br"},
+                     encode_chunked=True)
+        response = conn.getresponse()
+        assert response.read() == compressed
+        assert response.getheader("Content-Encoding") == "gzip"
+        [record] = settled(relay, 1)
+    [received] = upstream.received
+    assert received.body == payload
+    assert received.headers["content-length"] == str(len(payload))
+    assert received.headers["accept-encoding"] == "identity"
+    assert record.model == "gpt-4.1"
+    assert record.usage is not None
+    assert record.usage.total_tokens == 29
+
+
+def test_head_and_no_content(upstream: ScriptedUpstream) -> None:
+    upstream.route("HEAD", "/v1/models", Reply([b"0123456789"]))
+    upstream.route("DELETE", "/v1/files/1", Reply([b""], status=204))
+    with ModelRelay(upstream.url, tcp=True) as relay:
+        conn = tcp_client(relay)
+        conn.request("HEAD", "/v1/models")
+        head = conn.getresponse()
+        assert head.status == 200
+        assert head.getheader("Content-Length") == "10"
+        assert head.read() == b""
+        conn.request("DELETE", "/v1/files/1")
+        deleted = conn.getresponse()
+        assert (deleted.status, deleted.read()) == (204, b"")
+        conn.request("HEAD", "/v1/models")
+        assert conn.getresponse().status == 200
+        assert settled_stats(relay, 3).errors == 0
+
+
+def test_client_going_away_mid_stream(upstream: ScriptedUpstream) -> None:
+    gate = threading.Event()
+    upstream.route("POST", "/v1/messages",
+                   Reply(ANTHROPIC_STREAM * 200, content_type="text/event-stream", chunked=True, gate=gate))
+    with ModelRelay(upstream.url, tcp=True) as relay:
+        conn = tcp_client(relay)
+        conn.request("POST", "/v1/messages", body=b"{}")
+        response = conn.getresponse()
+        assert response.read1(16)
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        conn.close()
+        gate.set()
+        deadline = time.monotonic() + 10
+        while not relay.records() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [record] = relay.records()
+    assert record.error is not None
+    assert "client" in record.error
+
+
+def test_close_cuts_in_flight_streams(upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    gate = threading.Event()
+    upstream.route("POST", "/v1/messages", Reply(ANTHROPIC_STREAM, content_type="text/event-stream", chunked=True,
+                                                 gate=gate))
+    relay = ModelRelay(upstream.url, tcp=True, records_path=tmp_path / "r.jsonl").start()
+    socket_path = relay.socket_path
+    assert socket_path is not None
+    assert socket_path.is_socket()
+    conn = tcp_client(relay)
+    conn.request("POST", "/v1/messages", body=b"{}")
+    assert conn.getresponse().read1(16)
+    started = time.monotonic()
+    relay.close()
+    gate.set()
+    assert time.monotonic() - started < 8
+    assert not socket_path.exists()
+    assert not socket_path.parent.exists()  # the private temporary directory is gone too
+    relay.close()  # idempotent
+
+
+def test_socket_path_and_mode(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    path = tmp_path / "s" / "relay.sock"
+    path.parent.mkdir()
+    path.write_text("not a socket")
+    with pytest.raises(RelayConfigError, match="not a socket"):
+        ModelRelay(upstream.url, socket_path=path).start()
+    path.unlink()
+    with ModelRelay(upstream.url, socket_path=path, socket_mode=0o660) as relay:
+        assert relay.socket_dir == path.parent
+        assert path.stat().st_mode & 0o777 == 0o660
+    assert not path.exists()
+    assert path.parent.exists()  # the caller's directory stays
+    with pytest.raises(RelayConfigError, match="longer"):
+        ModelRelay(upstream.url, socket_path=tmp_path / ("x" * 120)).start()
+
+
+# -- configuration and env ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("https://api.openai.com/v1", Upstream("https", "api.openai.com", 443, "/v1")),
+    ("https://api.anthropic.com", Upstream("https", "api.anthropic.com", 443, "")),
+    ("http://127.0.0.1:4000/", Upstream("http", "127.0.0.1", 4000, "")),
+    ("HTTPS://OpenRouter.ai/api/v1/", Upstream("https", "openrouter.ai", 443, "/api/v1")),
+    ("http://[::1]:8080/v1", Upstream("http", "::1", 8080, "/v1")),
+])
+def test_upstream_parsing(url: str, expected: Upstream) -> None:
+    assert Upstream.parse(url) == expected
+
+
+def test_upstream_host_header() -> None:
+    assert Upstream.parse("http://[::1]:8080/v1").host_header == "[::1]:8080"
+    assert Upstream.parse("https://api.openai.com:443/v1").host_header == "api.openai.com"
+    assert Upstream.parse("https://api.openai.com/v1").url == "https://api.openai.com/v1"
+
+
+@pytest.mark.parametrize("url", ["ftp://x/v1", "https://user:pw@api.openai.com/v1", "https://x/v1?key=1",
+                                 "https:///v1", "http://x:99999/", "https://x/v1/../admin", "api.openai.com/v1"])
+def test_bad_endpoints(url: str) -> None:
+    with pytest.raises(RelayConfigError):
+        ModelRelay(url)
+
+
+def test_needs_a_listener() -> None:
+    with pytest.raises(RelayConfigError):
+        ModelRelay("http://127.0.0.1:1", unix=False, tcp=False)
+
+
+@pytest.mark.parametrize(("prefix", "openai", "anthropic"), [
+    ("", "http://127.0.0.1:9/v1", "http://127.0.0.1:9"),
+    ("/v1", "http://127.0.0.1:9/v1", "http://127.0.0.1:9"),
+    ("/api/v1", "http://127.0.0.1:9/api/v1", "http://127.0.0.1:9/api"),
+    ("/openai", "http://127.0.0.1:9/openai", "http://127.0.0.1:9/openai"),
+])
+def test_relay_env(prefix: str, openai: str, anthropic: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NO_PROXY", "corp.example")
+    monkeypatch.delenv("no_proxy", raising=False)
+    env = relay_env("http://127.0.0.1:9/", prefix)
+    assert env["OPENAI_BASE_URL"] == env["OPENAI_API_BASE"] == openai
+    assert env["ANTHROPIC_BASE_URL"] == anthropic
+    assert env["PB_MODEL_RELAY_URL"] == "http://127.0.0.1:9" + prefix
+    assert env["NO_PROXY"] == "corp.example,127.0.0.1,localhost,::1"
+    assert env["no_proxy"] == "127.0.0.1,localhost,::1"
+    assert "OPENAI_API_KEY" not in env
+
+
+def test_sandbox_env_and_bridge_command(upstream: ScriptedUpstream) -> None:
+    relay = ModelRelay(f"{upstream.url}/v1")
+    assert relay.sandbox_env()["OPENAI_BASE_URL"] == "http://127.0.0.1:47801/v1"
+    with pytest.raises(RelayConfigError):
+        relay.agent_env()  # no TCP listener: the caller must say where the agent reaches the relay
+    assert bridge_command(5000, "/run/x.sock") == [
+        "python3", "-I", "-S", "/usr/local/lib/pb-relay/relay_bridge.py", "--listen", "127.0.0.1:5000",
+        "--unix", "/run/x.sock", "--daemon"]
+
+
+def test_openai_sdk_paths_meet_the_prefix(upstream: ScriptedUpstream) -> None:
+    """What an SDK builds from the env (base + its own suffix) is exactly what the upstream gets."""
+    upstream.route("POST", "/api/v1/chat/completions", Reply([CHAT_BODY]))
+    upstream.route("POST", "/api/v1/messages", Reply([ANTHROPIC_BODY]))
+    with ModelRelay(f"{upstream.url}/api/v1", tcp=True) as relay:
+        env = relay.agent_env()
+        for url, payload in ((env["OPENAI_BASE_URL"] + "/chat/completions", {"model": "a"}),
+                             (env["ANTHROPIC_BASE_URL"] + "/v1/messages", {"model": "b"})):
+            path = "/" + url.split("/", 3)[3]
+            assert post_json(tcp_client(relay), path, payload)[0] == 200
+    assert [r.path for r in upstream.received] == ["/api/v1/chat/completions", "/api/v1/messages"]
+
+
+# -- usage parsing, unit level --------------------------------------------------------------------------------
+
+
+def test_usage_normalisation() -> None:
+    anthropic = usage_from_mapping({"input_tokens": 10, "cache_creation_input_tokens": 5,
+                                    "cache_read_input_tokens": 100, "output_tokens": 7})
+    assert anthropic is not None
+    assert (anthropic.input_tokens, anthropic.output_tokens, anthropic.total_tokens) == (115, 7, 122)
+    assert anthropic.cached_input_tokens == 100
+    chat = usage_from_mapping(CHAT_USAGE)
+    assert chat is not None
+    assert (chat.cached_input_tokens, chat.reasoning_tokens) == (0, 0)
+    responses = usage_from_mapping(RESPONSES_USAGE)
+    assert responses is not None
+    assert (responses.cached_input_tokens, responses.reasoning_tokens) == (4, 20)
+    partial = usage_from_mapping({"output_tokens": 3})
+    assert partial is not None
+    assert (partial.input_tokens, partial.output_tokens, partial.total_tokens) == (None, 3, None)
+    assert usage_from_mapping({}) is None
+    assert usage_from_mapping({"prompt_tokens": None, "completion_tokens": "x"}) is None
+
+
+def test_sse_decoder_any_split_and_line_ending() -> None:
+    stream = b"".join(ANTHROPIC_STREAM)
+    for ending in (b"\n", b"\r\n", b"\r"):
+        data = stream.replace(b"\n", ending)
+        for size in (1, 2, 3, 7, 64, len(data)):
+            decoder = SSEDecoder()
+            events = [event for start in range(0, len(data), size) for event in decoder.feed(data[start:start + size])]
+            events += list(decoder.close())
+            assert [json.loads(event)["type"] for event in events] == [
+                "message_start", "content_block_start", "ping", "content_block_delta", "content_block_delta",
+                "content_block_stop", "message_delta", "message_stop"], (ending, size)
+
+
+def test_sse_decoder_multiline_data_and_oversized_events() -> None:
+    decoder = SSEDecoder(max_event_bytes=10)
+    events = list(decoder.feed(b"data: a\ndata: b\n: comment\nid: 1\n\ndata: " + b"x" * 50 + b"\n\ndata: ok\n\n"))
+    assert events == ["a\nb", "ok"]
+
+
+# -- the bridge, run on the host ------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def interpreters() -> list[str]:
+    found = [sys.executable]
+    oldest = Path.home() / ".pyenv" / "versions"
+    found += sorted(str(path) for path in oldest.glob("3.7*/bin/python3.7"))  # the oldest the bridge supports
+    return found
+
+
+@pytest.fixture
+def bridge_proc() -> Iterator[Any]:
+    started: list[subprocess.Popen[str]] = []
+
+    def start(unix_path: Path, port: int, python: str = sys.executable) -> subprocess.Popen[str]:
+        proc = subprocess.Popen([python, "-I", "-S", str(BRIDGE_SCRIPT), "--listen", f"127.0.0.1:{port}",
+                                 "--unix", str(unix_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        started.append(proc)
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "listening\n", proc.stderr.read() if proc.stderr else ""
+        return proc
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("python", interpreters(), ids=lambda path: Path(path).name)
+def test_bridge_to_the_relay(upstream: ScriptedUpstream, bridge_proc: Any, python: str) -> None:
+    upstream.route("POST", "/v1/chat/completions", Reply(CHAT_STREAM, content_type="text/event-stream", chunked=True))
+    upstream.route("POST", "/v1/messages", Reply([ANTHROPIC_BODY]))
+    with ModelRelay(upstream.url) as relay:
+        assert relay.socket_path is not None
+        port = free_port()
+        bridge_proc(relay.socket_path, port, python)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for _ in range(2):  # keep-alive through the bridge
+            status, body, _ = post_json(conn, "/v1/chat/completions", {"model": "a", "stream": True})
+            assert (status, body) == (200, b"".join(CHAT_STREAM))
+        # several clients at once
+        results: list[bytes] = []
+
+        def one() -> None:
+            results.append(post_json(http.client.HTTPConnection("127.0.0.1", port, timeout=30), "/v1/messages",
+                                     {"model": "b"})[1])
+
+        threads = [threading.Thread(target=one) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert results == [ANTHROPIC_BODY] * 8
+        # a client that half-closes after its request still gets the whole answer
+        raw = raw_request(("127.0.0.1", port), b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        assert raw.startswith(b"HTTP/1.1 200 ")
+        assert raw.endswith(ANTHROPIC_BODY)
+        stats = settled_stats(relay, 11)
+    assert stats.requests == 11
+    assert stats.errors == 0
+    assert {record.listener for record in relay.records()} == {"unix"}
+    assert stats.total_tokens == 2 * 15 + 9 * 2598
+
+
+@pytest.mark.parametrize("python", interpreters(), ids=lambda path: Path(path).name)
+def test_bridge_full_duplex_and_half_close(tmp_path: Path, bridge_proc: Any, python: str) -> None:
+    """Against a Unix echo server that answers only after EOF: the half-close must pass through the bridge."""
+    path = tmp_path / "echo.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+
+    def echo_after_eof() -> None:
+        conn, _ = server.accept()
+        with conn:
+            data = b""
+            while chunk := conn.recv(65536):
+                data += chunk
+            conn.sendall(data[::-1])
+
+    thread = threading.Thread(target=echo_after_eof, daemon=True)
+    thread.start()
+    port = free_port()
+    bridge_proc(path, port, python)
+    payload = os.urandom(300_000)  # larger than any socket buffer: both directions must flow
+    assert raw_request(("127.0.0.1", port), payload) == payload[::-1]
+    thread.join(5)
+    server.close()
+
+
+def test_bridge_without_relay_closes_the_client(tmp_path: Path, bridge_proc: Any) -> None:
+    path = tmp_path / "gone.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    port = free_port()
+    bridge_proc(path, port)  # a socket file nobody listens on: every connect is refused
+    try:
+        answer = raw_request(("127.0.0.1", port), b"GET / HTTP/1.1\r\n\r\n")
+    except ConnectionResetError:  # closed with the request unread: a reset
+        answer = b""
+    assert answer == b""
+    listener.close()
+
+
+def test_bridge_refuses_bad_setups(tmp_path: Path) -> None:
+    script = str(BRIDGE_SCRIPT)
+    sock = tmp_path / "s.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock))
+    try:
+        for args, message in (
+            (["--listen", "0.0.0.0:4000", "--unix", str(sock)], "non-loopback"),
+            (["--listen", "10.1.2.3:4000", "--unix", str(sock)], "non-loopback"),
+            (["--listen", "127.0.0.1:4000", "--unix", str(tmp_path / "missing.sock")], "cannot reach"),
+            (["--listen", "127.0.0.1:4000", "--unix", str(tmp_path)], "not a socket"),
+            (["--listen", "127.0.0.1", "--unix", str(sock)], "HOST:PORT"),
+        ):
+            result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=30)
+            assert result.returncode == 2, (args, result.stderr)
+            assert message in result.stderr
+    finally:
+        listener.close()
+
+
+def test_bridge_daemon_mode(upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    upstream.route("POST", "/v1/responses", Reply([RESPONSES_BODY]))
+    pidfile = tmp_path / "bridge.pid"
+    with ModelRelay(upstream.url) as relay:
+        assert relay.socket_path is not None
+        port = free_port()
+        result = subprocess.run([sys.executable, str(BRIDGE_SCRIPT), "--listen", f"127.0.0.1:{port}",
+                                 "--unix", str(relay.socket_path), "--daemon", "--pidfile", str(pidfile)],
+                                capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, result.stderr
+        pid = int(pidfile.read_text())
+        try:
+            assert post_json(http.client.HTTPConnection("127.0.0.1", port, timeout=30), "/v1/responses",
+                             {"model": "m"})[1] == RESPONSES_BODY
+        finally:
+            os.kill(pid, 15)
+        deadline = time.monotonic() + 10
+        while alive(pid):
+            if time.monotonic() > deadline:
+                pytest.fail("the daemonized bridge ignored SIGTERM")
+            time.sleep(0.05)
+        assert settled_stats(relay, 1).output_tokens == 87
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie (the daemon's parent is init, which may be slow to reap, or not reap, here)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
