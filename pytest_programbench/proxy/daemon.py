@@ -71,6 +71,7 @@ CLIENT_PATH = WORKSPACE + "/binary"
 STAGED_CLIENT = PROXY_DIR + "/client"
 AGENT_NAME = "pbagent"
 AGENT_UID = 1777
+SUID_DUMPABLE = "/proc/sys/fs/suid_dumpable"  # 1 would make execute-only programs dumpable: refuse to serve
 
 # ---------------------------------------------------------------------------------------------- wire protocol
 MAGIC_REQUEST = b"PBX1"
@@ -878,8 +879,7 @@ def worker_main(cfg: Config, listener: socket.socket, ref_fd: int, kind: str, no
 
 
 def serve(cfg: Config, ready_fd: int | None = None) -> int:
-    dumpable = _read_text("/proc/sys/fs/suid_dumpable")
-    if dumpable == "1":
+    if _read_text(SUID_DUMPABLE) == "1":
         _log_error("fs.suid_dumpable is 1: execute-only programs would be dumpable; refusing to serve")
         return 3
     ref_fd = os.open(cfg.reference, os.O_PATH | os.O_CLOEXEC)
@@ -1060,7 +1060,7 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
     if os.geteuid() != 0:
         raise SystemExit("pb-proxy setup must run as root")
     report: dict[str, Any] = {}
-    if _read_text("/proc/sys/fs/suid_dumpable") == "1":
+    if _read_text(SUID_DUMPABLE) == "1":
         raise SystemExit("fs.suid_dumpable is 1 on this host: an execute-only reference would be dumpable and "
                          "readable by the agent; set it to 0 (or 2) with `sysctl fs.suid_dumpable=0`")
     uid, gid, home = _ensure_agent(args.agent_name, args.agent_uid)
@@ -1121,7 +1121,9 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
         serve_args += ["--allow-uid", str(extra)]
     report["daemon_pid"] = _spawn_daemon(serve_args)
     report["socket"] = SOCKET_PATH
-    report["suid_dumpable"] = _read_text("/proc/sys/fs/suid_dumpable")
+    report["suid_dumpable"] = _read_text(SUID_DUMPABLE)
+    report["python"] = sys.executable
+    report["timeout_command"] = shutil.which("timeout") or ""
     return report
 
 

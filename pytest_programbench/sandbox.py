@@ -1,0 +1,619 @@
+"""Step 4 of the pipeline: the agent's sandbox, with the reference binary behind the proxy.
+
+A container from the task image (its id checked), with no network, CPU/memory/pids limits, ``no-new-privileges``,
+a reduced capability set, the run's labels and a lifetime after which it stops (and is removed) by itself. Inside:
+
+- the agent is the unprivileged user ``pbagent`` (uid 1777) working in ``/workspace/src`` (empty, its own);
+- everything the image had in ``/workspace`` except the executable is in ``/workspace/docs``, read-only;
+- the reference is in ``/var/lib/pb-proxy`` (0700, root), mode 111; a root-owned daemon serves it through
+  ``/workspace/binary`` (see ``proxy/daemon.py`` for the protocol and the security argument);
+- hidden tests are never copied in.
+
+The object is a context manager; ``close()`` removes the container by id on every path, and the controller's
+label sweep (``docker_engine.sweep``) backs it up when a worker dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import shlex
+import socket
+import tarfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any
+
+from pytest_programbench.docker_engine import EngineUnavailable, Labels, client
+from pytest_programbench.proxy_build import DAEMON_SOURCE, ProxyClient, build_client
+
+if TYPE_CHECKING:
+    from pytest_programbench.catalogue import Task
+    from pytest_programbench.options import Settings
+
+log = logging.getLogger(__name__)
+
+AGENT_NAME = "pbagent"
+AGENT_UID = 1777
+WORKSPACE = "/workspace"
+SRC_DIR = "/workspace/src"
+DOCS_DIR = "/workspace/docs"
+BINARY_PATH = "/workspace/binary"
+PROXY_DIR = "/var/lib/pb-proxy"
+CALL_LOG = PROXY_DIR + "/calls.jsonl"
+LIFETIME_MARGIN = 1800  # seconds the container outlives the agent clock (packing, slow engines)
+DEFAULT_PIDS_LIMIT = 8192
+DEFAULT_SUBMISSION_LIMIT = 1 << 30  # bytes of uncompressed tar
+# Capabilities of the container's root that neither the set-up, the daemon nor an agent set-up command needs.
+# (SYS_PTRACE is not in Docker's default set either; it is dropped explicitly, as the official harness does.)
+CAP_DROP = ("SYS_PTRACE", "NET_RAW", "MKNOD", "AUDIT_WRITE", "NET_BIND_SERVICE", "SYS_CHROOT")
+EXEC_KILL_GRACE = 10  # seconds between TERM and KILL of a timed-out command
+WATCHDOG_GRACE = 20  # seconds after the deadline before the host side kills and disconnects
+
+# Kills every process whose real uid is the agent's (run as root inside the container).
+_KILL_AGENT = """
+import os, signal
+uid = {uid}
+for name in os.listdir('/proc'):
+    if not name.isdigit():
+        continue
+    try:
+        with open('/proc/' + name + '/status') as handle:
+            line = next(l for l in handle if l.startswith('Uid:'))
+        if int(line.split()[1]) == uid:
+            os.kill(int(name), signal.SIGKILL)
+    except (OSError, StopIteration, ValueError):
+        pass
+"""
+
+
+class SandboxError(Exception):
+    """The sandbox could not be provided: an infrastructure error, never a score."""
+
+
+class SubmissionTooLarge(Exception):
+    """``/workspace/src`` exceeds the size limit: the agent's doing, so the item fails (score 0)."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The outcome of one command in the sandbox."""
+
+    exit_code: int | None  # None when the host side had to disconnect before the command ended
+    output: bytes  # stdout and stderr interleaved (empty when streamed to a file)
+    duration: float
+    timed_out: bool
+    truncated: bool = False
+
+    @property
+    def text(self) -> str:
+        return self.output.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the in-container set-up did (its JSON report)."""
+
+    agent_name: str
+    agent_uid: int
+    agent_gid: int
+    agent_home: str
+    reference_kind: str  # "elf", "script" (cannot run from an execute-only file) or "other"
+    reference_sha256: str
+    reference_size: int
+    docs: tuple[str, ...]
+    daemon_pid: int
+    client_kind: str
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_report(cls, report: Mapping[str, Any]) -> Layout:
+        return cls(
+            agent_name=str(report["agent_name"]), agent_uid=int(report["agent_uid"]),
+            agent_gid=int(report["agent_gid"]), agent_home=str(report["agent_home"]),
+            reference_kind=str(report["reference_kind"]), reference_sha256=str(report["reference_sha256"]),
+            reference_size=int(report["reference_size"]), docs=tuple(report.get("docs", ())),
+            daemon_pid=int(report["daemon_pid"]), client_kind=str(report["client_kind"]), raw=dict(report))
+
+
+class Sandbox:
+    """One agent sandbox. ``with Sandbox(...) as box:`` or ``box.start()`` ... ``box.close()``."""
+
+    def __init__(
+        self,
+        image: str,
+        *,
+        labels: Labels,
+        cpus: float,
+        memory: int,
+        lifetime: float,
+        expected_image_id: str | None = None,
+        pids_limit: int = DEFAULT_PIDS_LIMIT,
+        proxy_client: ProxyClient | None = None,
+        engine: Any | None = None,
+        mounts: Sequence[tuple[str, str]] = (),
+        allow_uids: Sequence[int] = (),
+        name: str | None = None,
+    ) -> None:
+        self.image = image
+        self.labels = labels
+        self.cpus = cpus
+        self.memory = memory
+        self.lifetime = lifetime
+        self.expected_image_id = expected_image_id
+        self.pids_limit = pids_limit
+        self.mounts = tuple(mounts)
+        self.allow_uids = tuple(allow_uids)
+        self.name = name
+        self._client = proxy_client
+        self._engine = engine
+        self._container: Any | None = None
+        self._container_id: str | None = None
+        self._image_id: str | None = None
+        self._layout: Layout | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def for_task(cls, task: Task, settings: Settings, labels: Labels, *, image_id: str | None = None,
+                 proxy_client: ProxyClient | None = None, engine: Any | None = None) -> Sandbox:
+        """The sandbox of ``task`` with the session's limits; lives agent timeout + margin at most."""
+        mounts: list[tuple[str, str]] = []
+        for spec in settings.agent_mounts:
+            host, _, inside = spec.partition(":")
+            mounts.append((str(Path(host).expanduser().resolve()), inside or str(Path(host).expanduser().resolve())))
+        return cls(f"{task.image_name}:{settings.image_tag}", labels=labels.for_task(task.instance_id),
+                   cpus=settings.sandbox_cpus, memory=settings.sandbox_memory,
+                   lifetime=settings.agent_timeout + LIFETIME_MARGIN, expected_image_id=image_id,
+                   proxy_client=proxy_client, engine=engine, mounts=mounts)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def id(self) -> str:
+        if self._container_id is None:
+            raise SandboxError("the sandbox is not started")
+        return self._container_id
+
+    @property
+    def image_id(self) -> str:
+        if self._image_id is None:
+            raise SandboxError("the sandbox is not started")
+        return self._image_id
+
+    @property
+    def layout(self) -> Layout:
+        if self._layout is None:
+            raise SandboxError("the sandbox is not started")
+        return self._layout
+
+    @property
+    def proxy_client(self) -> ProxyClient:
+        """The client installed at /workspace/binary (``.label`` for the report header)."""
+        if self._client is None:
+            raise SandboxError("the sandbox is not started")
+        return self._client
+
+    @property
+    def engine(self) -> Any:
+        if self._engine is None:
+            self._engine = client()
+        return self._engine
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> Sandbox:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def start(self) -> Sandbox:
+        """Create the container, lay it out and start the proxy. Raises SandboxError / EngineUnavailable."""
+        if self._container is not None:
+            return self
+        if self._closed:
+            raise SandboxError("a closed sandbox cannot be restarted")
+        from docker.errors import DockerException, ImageNotFound
+
+        try:
+            try:
+                image = self.engine.images.get(self.image)
+            except ImageNotFound as exc:
+                raise SandboxError(f"image {self.image} is not present") from exc
+            self._image_id = str(image.id)
+            if self.expected_image_id and self._image_id != self.expected_image_id:
+                raise SandboxError(f"image {self.image} is {self._image_id[:19]}, expected the pristine "
+                                   f"{self.expected_image_id[:19]}")
+            if self._client is None:
+                self._client = build_client(engine=self.engine, labels=self.labels,
+                                            builder_images=(self._image_id,))
+            self._create()
+            self._install()
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, SandboxError | EngineUnavailable):
+                raise
+            if isinstance(exc, DockerException):
+                raise SandboxError(f"sandbox for {self.image}: {exc}") from exc
+            raise
+        return self
+
+    def _create(self) -> None:
+        from docker.types import Mount
+
+        container = self.engine.containers.create(
+            self._image_id,
+            command=[str(int(self.lifetime))],
+            entrypoint=["sleep"],  # the sandbox expires by itself if the harness dies
+            user="0:0",
+            working_dir=WORKSPACE,
+            labels=self.labels.as_dict(),
+            network_mode="none",
+            nano_cpus=int(self.cpus * 1e9),
+            mem_limit=self.memory,
+            memswap_limit=self.memory,
+            pids_limit=self.pids_limit,
+            security_opt=["no-new-privileges"],
+            cap_drop=list(CAP_DROP),
+            init=True,
+            auto_remove=True,
+            hostname="sandbox",
+            name=self.name,
+            mounts=[Mount(target=inside, source=host, type="bind", read_only=True) for host, inside in self.mounts],
+            detach=True,
+        )
+        self._container = container
+        self._container_id = str(container.id)
+        container.start()
+
+    def _install(self) -> None:
+        proxy = self.proxy_client
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            _add_dir(tar, PROXY_DIR.lstrip("/"), 0o700)
+            _add_bytes(tar, PROXY_DIR.lstrip("/") + "/daemon.py", DAEMON_SOURCE.read_bytes(), 0o600)
+            _add_bytes(tar, PROXY_DIR.lstrip("/") + "/client", proxy.read_bytes(), 0o755)
+        if not self._container_obj().put_archive("/", archive.getvalue()):
+            raise SandboxError("could not copy the proxy into the sandbox")
+        command = ["python3", f"{PROXY_DIR}/daemon.py", "setup", "--agent-name", AGENT_NAME,
+                   "--agent-uid", str(AGENT_UID), "--client-kind", proxy.kind]
+        for uid in self.allow_uids:
+            command += ["--allow-uid", str(uid)]
+        result = self.exec(command, user="root", workdir="/", timeout=120, use_timeout=False)
+        report = _last_json_line(result.output)
+        if result.exit_code != 0 or report is None or "error" in report:
+            detail = (report or {}).get("error") or result.text.strip()[-2000:] or f"exit {result.exit_code}"
+            raise SandboxError(f"sandbox set-up failed in {self.image}: {detail}")
+        self._layout = Layout.from_report(report)
+
+    def close(self) -> None:
+        """Remove the container (by id); safe to call twice and on every path."""
+        self._closed = True
+        container_id = self._container_id
+        self._container = None
+        if container_id is None:
+            return
+        from docker.errors import APIError, NotFound
+
+        try:
+            self.engine.api.remove_container(container_id, force=True, v=True)
+        except NotFound:
+            pass
+        except APIError as exc:
+            if exc.response is not None and exc.response.status_code == 409:
+                return  # removal already in progress (auto-remove)
+            log.warning("could not remove sandbox %s: %s (the run's sweep will)", container_id[:12], exc)
+        except Exception as exc:  # the engine went away: the label sweep or the lifetime will clean up
+            log.warning("could not remove sandbox %s: %s", container_id[:12], exc)
+
+    def _container_obj(self) -> Any:
+        if self._container is None:
+            raise SandboxError("the sandbox is not running")
+        return self._container
+
+    # ------------------------------------------------------------------ commands
+    def _user(self, user: str) -> str:
+        if user == "agent":
+            layout = self.layout
+            return f"{layout.agent_uid}:{layout.agent_gid}"
+        if user == "root":
+            return "0:0"
+        return user
+
+    def agent_env(self) -> dict[str, str]:
+        layout = self.layout
+        return {"HOME": layout.agent_home, "USER": layout.agent_name, "LOGNAME": layout.agent_name}
+
+    def exec(
+        self,
+        command: Sequence[str] | str,
+        *,
+        timeout: float,
+        user: str = "agent",
+        workdir: str = SRC_DIR,
+        env: Mapping[str, str] | None = None,
+        output: Path | None = None,
+        stdin: bytes | None = None,
+        max_output: int = 64 << 20,
+        use_timeout: bool = True,
+    ) -> ExecResult:
+        """Run ``command`` (argv, or a string for ``sh -c``) as ``user`` ("agent", "root" or uid[:gid]).
+
+        The wall clock is enforced inside (coreutils ``timeout``, TERM then KILL after a grace) and by a host
+        watchdog that kills the agent's processes and disconnects. Output (stdout and stderr interleaved) is
+        streamed to ``output`` when given, else returned (at most ``max_output`` bytes, the rest dropped).
+        """
+        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
+        if use_timeout and self._layout is not None and not self._layout.raw.get("timeout_command"):
+            use_timeout = False  # no coreutils timeout in the image: the host watchdog alone enforces it
+        if use_timeout:
+            argv = ["timeout", "-k", str(EXEC_KILL_GRACE), str(max(1, int(timeout))), *argv]
+        environment = dict(self.agent_env()) if user == "agent" and self._layout is not None else {}
+        environment.update(env or {})
+        api = self.engine.api
+        started = time.monotonic()
+        exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True, stdin=stdin is not None,
+                                  user=self._user(user), workdir=workdir, environment=environment)["Id"]
+        sock = api.exec_start(exec_id, socket=True)
+        raw: socket.socket = getattr(sock, "_sock", sock)
+        sink: IO[bytes] | None = None
+        captured = bytearray()
+        state = {"truncated": False}
+        try:
+            sink = open(output, "ab") if output is not None else None  # noqa: SIM115 - closed below
+            if stdin is not None:
+                _send_stdin(raw, stdin)
+            reader = threading.Thread(target=_pump, args=(raw, sink, captured, max_output, state), daemon=True)
+            reader.start()
+            deadline = started + timeout
+            timed_out = False
+            finished_at: float | None = None
+            while reader.is_alive():
+                reader.join(0.25)
+                if not reader.is_alive():
+                    break
+                now = time.monotonic()
+                if finished_at is None and not api.exec_inspect(exec_id).get("Running", False):
+                    finished_at = now  # the command ended; a background process may still hold the stream
+                if finished_at is not None and now - finished_at > 2.0:
+                    _shutdown(raw)
+                elif now > deadline + (WATCHDOG_GRACE if use_timeout else 0):
+                    timed_out = True
+                    self.kill_agent_processes()
+                    _shutdown(raw)
+            reader.join(5)
+        finally:
+            _shutdown(raw)
+            with contextlib.suppress(Exception):
+                sock.close()
+            if sink is not None:
+                sink.close()
+        info = api.exec_inspect(exec_id)
+        exit_code = None if info.get("Running") else info.get("ExitCode")
+        duration = time.monotonic() - started
+        if use_timeout and exit_code in (124, 137) and duration >= timeout:
+            timed_out = True
+        return ExecResult(exit_code, bytes(captured), duration, timed_out, state["truncated"])
+
+    def kill_agent_processes(self) -> None:
+        """SIGKILL every process of the agent user (the proxy's own workers are restarted by its master)."""
+        with contextlib.suppress(Exception):
+            self.engine.api.exec_start(self.engine.api.exec_create(
+                self.id, ["python3", "-c", _KILL_AGENT.format(uid=self.layout.agent_uid)], user="0:0")["Id"])
+
+    # ------------------------------------------------------------------ files
+    def put_file(self, data: bytes | Path, dest: str, *, mode: int = 0o644, owner: str = "agent") -> None:
+        """Write one file into the sandbox (its directory must exist)."""
+        payload = data.read_bytes() if isinstance(data, Path) else data
+        target = PurePosixPath(dest)
+        uid = gid = 0
+        if owner == "agent":
+            uid, gid = self.layout.agent_uid, self.layout.agent_gid
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            _add_bytes(tar, target.name, payload, mode, uid=uid, gid=gid)
+        if not self._container_obj().put_archive(str(target.parent), archive.getvalue()):
+            raise SandboxError(f"could not write {dest}")
+
+    def pack_src(self, dest: Path, *, max_bytes: int = DEFAULT_SUBMISSION_LIMIT,
+                 exclude: Sequence[str] = ()) -> int:
+        """Pack ``/workspace/src`` into ``dest`` (tar.gz whose root is the contents of src); returns its size.
+
+        Regular files, directories, symlinks and hard links are kept with their modes and mtimes; owners are
+        normalised to root. ``exclude`` holds top-level names to leave out (e.g. ``target``). More than
+        ``max_bytes`` of tar stream raises :class:`SubmissionTooLarge` and leaves no file behind.
+        """
+        from docker.errors import DockerException
+
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        partial = dest.with_name(dest.name + ".partial")
+        try:
+            stream, _stat = self._container_obj().get_archive(SRC_DIR)
+            source = _CappedStream(stream, max_bytes)
+            with tarfile.open(fileobj=source, mode="r|") as tar_in, tarfile.open(partial, "w:gz") as tar_out:
+                for member in tar_in:
+                    name = _strip_root(member.name)
+                    if not name or name.split("/", 1)[0] in exclude:
+                        continue
+                    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+                        continue
+                    member.name = name
+                    if member.islnk():
+                        member.linkname = _strip_root(member.linkname)
+                    member.uid = member.gid = 0
+                    member.uname = member.gname = "root"
+                    member.pax_headers = {}
+                    tar_out.addfile(member, tar_in.extractfile(member) if member.isreg() else None)
+            os.replace(partial, dest)
+        except _TooLarge as exc:
+            partial.unlink(missing_ok=True)
+            raise SubmissionTooLarge(f"{SRC_DIR} is larger than {max_bytes} bytes (as a tar stream)") from exc
+        except DockerException as exc:
+            partial.unlink(missing_ok=True)
+            raise SandboxError(f"cannot pack {SRC_DIR}: {exc}") from exc
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        return dest.stat().st_size
+
+    def read_file(self, path: str, *, max_bytes: int = 256 << 20) -> bytes:
+        """One file's bytes, read as root (e.g. the proxy's call log)."""
+        from docker.errors import DockerException, NotFound
+
+        try:
+            stream, _stat = self._container_obj().get_archive(path)
+            with tarfile.open(fileobj=_CappedStream(stream, max_bytes + (1 << 20)), mode="r|") as tar:
+                for member in tar:
+                    handle = tar.extractfile(member)
+                    if handle is not None:
+                        return handle.read()
+        except NotFound as exc:
+            raise FileNotFoundError(path) from exc
+        except (DockerException, _TooLarge) as exc:
+            raise SandboxError(f"cannot read {path}: {exc}") from exc
+        raise SandboxError(f"{path} is not a regular file")
+
+    def call_log(self) -> list[dict[str, Any]]:
+        """Every proxied call so far (argv, cwd, exit, signal, duration, flags), oldest first."""
+        try:
+            data = self.read_file(CALL_LOG)
+        except FileNotFoundError:
+            return []
+        records = []
+        for line in data.splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    records.append(record)
+        return records
+
+    def copy_call_log(self, dest: Path) -> int:
+        """Write ``binary-calls.jsonl`` (one JSON object per line); returns the number of calls."""
+        records = self.call_log()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        return len(records)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _add_dir(tar: tarfile.TarFile, name: str, mode: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    info.mode = mode
+    info.mtime = int(time.time())
+    tar.addfile(info)
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int, *, uid: int = 0, gid: int = 0) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = mode
+    info.uid, info.gid = uid, gid
+    info.mtime = int(time.time())
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _strip_root(name: str) -> str:
+    """``src/a/b`` -> ``a/b``; ``src`` -> ``""`` (docker's archive of a directory is rooted at its name)."""
+    parts = [p for p in PurePosixPath(name).parts if p not in ("", ".")]
+    return "/".join(parts[1:])
+
+
+def _last_json_line(data: bytes) -> dict[str, Any] | None:
+    for raw_line in reversed(data.decode("utf-8", "replace").splitlines()):
+        line = raw_line.strip()
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                value = json.loads(line)
+                if isinstance(value, dict):
+                    return value
+    return None
+
+
+def _send_stdin(raw: socket.socket, data: bytes) -> None:
+    raw.sendall(data)
+    with contextlib.suppress(OSError):
+        raw.shutdown(socket.SHUT_WR)
+
+
+def _shutdown(raw: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        raw.shutdown(socket.SHUT_RDWR)
+
+
+def _recv_exact(raw: socket.socket, size: int) -> bytes | None:
+    chunks = []
+    while size:
+        chunk = raw.recv(min(size, 1 << 16))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _pump(raw: socket.socket, sink: IO[bytes] | None, captured: bytearray, limit: int,
+          state: dict[str, bool]) -> None:
+    """Demultiplex docker's exec stream (8-byte frame headers) into ``sink`` or ``captured``."""
+    try:
+        while True:
+            header = _recv_exact(raw, 8)
+            if header is None:
+                return
+            size = int.from_bytes(header[4:8], "big")
+            payload = _recv_exact(raw, size)
+            if payload is None:
+                return
+            if sink is not None:
+                sink.write(payload)
+                sink.flush()
+            else:
+                room = max(0, limit - len(captured))
+                captured += payload[:room]
+                if len(payload) > room:
+                    state["truncated"] = True
+    except OSError:
+        return
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _CappedStream(io.RawIOBase):
+    """A file object over docker's archive chunks that refuses to deliver more than ``limit`` bytes."""
+
+    def __init__(self, chunks: Iterator[bytes], limit: int) -> None:
+        self._chunks = iter(chunks)
+        self._buffer = b""
+        self._seen = 0
+        self._limit = limit
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        while not self._buffer:
+            try:
+                self._buffer = next(self._chunks)
+            except StopIteration:
+                return 0
+            self._seen += len(self._buffer)
+            if self._seen > self._limit:
+                raise _TooLarge(self._seen)
+        size = min(len(target), len(self._buffer))
+        target[:size] = self._buffer[:size]
+        self._buffer = self._buffer[size:]
+        return size
+
+
+def shell_join(argv: Sequence[str]) -> str:
+    """For messages: an argv as a shell would read it."""
+    return " ".join(shlex.quote(a) for a in argv)
