@@ -151,8 +151,9 @@ class EvaluationOutcome:
             return f"{self.instance_id}: infrastructure error: {self.infra_error}"
         lines = [f"{self.instance_id}: score {self.score:.4f} ({self.n_passed}/{self.n_tests} tests passed)"]
         if self.error_code:
-            details = (self.error_details or "").strip().splitlines()
-            lines.append(f"error: {self.error_code}" + (f" — {details[-1][:300]}" if details else ""))
+            details = [d.strip() for d in (self.error_details or "").strip().splitlines() if len(d.strip()) > 3]
+            tail = " | ".join(details[-3:])[-400:]
+            lines.append(f"error: {self.error_code}" + (f" — {tail}" if tail else ""))
         for branch, tests in self.failing_branches.items():
             errs = self.branch_errors.get(branch)
             suffix = f" [branch errors: {', '.join(errs)}]" if errs else ""

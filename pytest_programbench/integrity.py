@@ -182,15 +182,15 @@ def scan_archive(path: Path) -> list[IntegrityFlag]:
 # --------------------------------------------------------------------------------------------- container diff
 
 
-def _leaves(changes: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """``{path: kind}`` of the changes that are not merely parents of other changes."""
-    by_path = {str(c["Path"]): int(c["Kind"]) for c in changes}
+def _leaves(changes: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, Any]]:
+    """``{path: (kind, stamp)}`` of the changes that are not merely parent directories of other changes."""
+    by_path = {str(c["Path"]): (int(c["Kind"]), c.get("Stamp")) for c in changes}
     paths = sorted(by_path)
-    leaves: dict[str, int] = {}
+    leaves: dict[str, tuple[int, Any]] = {}
     for i, path in enumerate(paths):
         nxt = paths[i + 1] if i + 1 < len(paths) else ""
-        if nxt.startswith(path.rstrip("/") + "/") and by_path[path] == 0:
-            continue  # a modified directory with changes below it
+        if nxt.startswith(path.rstrip("/") + "/") and by_path[path][0] != 2:
+            continue  # a directory with changes below it
         leaves[path] = by_path[path]
     return leaves
 
@@ -205,8 +205,8 @@ def outside_changes(before: Iterable[Mapping[str, Any]], after: Iterable[Mapping
     new = _leaves(after)
     kinds = {0: "C", 1: "A", 2: "D"}
     out: list[str] = []
-    for path, kind in sorted(new.items()):
-        if old.get(path) == kind:
+    for path, (kind, stamp) in sorted(new.items()):
+        if old.get(path) == (kind, stamp):
             continue
         if _under(path, (WORKSPACE,)) or _under(path, ALLOWED_OUTSIDE) or path in HARNESS_OUTSIDE:
             continue
@@ -220,7 +220,7 @@ def outside_changes(before: Iterable[Mapping[str, Any]], after: Iterable[Mapping
 def workspace_files(after: Iterable[Mapping[str, Any]]) -> list[str]:
     """Workspace-relative paths of files added or changed in /workspace (the archive plus what compile made)."""
     out = []
-    for path, kind in _leaves(after).items():
+    for path, (kind, _stamp) in _leaves(after).items():
         if kind == 2 or not path.startswith(WORKSPACE + "/"):
             continue
         out.append(path[len(WORKSPACE) + 1 :])
