@@ -6,6 +6,7 @@ pytest error); everything inside them is scored the official way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from pytest_programbench.docker_engine import EngineUnavailable, Labels
 from pytest_programbench.verdict import InfrastructureError, TaskOutcome
 
 if TYPE_CHECKING:
+    from pytest_programbench.evaluation import EvaluationOutcome
     from pytest_programbench.items import ProgramBenchItem
     from pytest_programbench.session import ProgramBenchSession
 
@@ -65,9 +67,11 @@ class TaskPipeline:
                 self.artifacts.write_meta(self.meta)
 
     def _run(self) -> TaskOutcome:
-        from pytest_programbench import evaluation
-        from pytest_programbench.blobs import resolve_blobs
-        from pytest_programbench.images import ensure_image
+        from programbench.utils.load_data import get_active_branches
+
+        from pytest_programbench.blobs import BlobError, resolve_blobs
+        from pytest_programbench.evaluation import EvalSettings, evaluate
+        from pytest_programbench.images import ImageError, ensure_image
 
         self.artifacts.dir.mkdir(parents=True, exist_ok=True)
         with self.phase("task"):
@@ -77,26 +81,34 @@ class TaskPipeline:
                 raise InfrastructureError(f"malformed task: {exc}") from exc
         # Resolved before any agent or evaluation time is spent: a failure here is fast and an error.
         with self.phase("blobs"):
-            blobs = resolve_blobs(self.task, instance, blob_dir=self.settings.blob_dir)
-            self.meta["blobs"] = blobs.as_dict()
+            try:
+                blobs = resolve_blobs(self.task, get_active_branches(instance), blob_dir=self.settings.blob_dir)
+            except BlobError as exc:
+                raise InfrastructureError(str(exc)) from exc
+            self.meta["blobs"] = {"source": blobs.source, "sha256": dict(blobs.sha256)}
         with self.phase("image"):
-            image = ensure_image(self.task, tag=self.settings.image_tag, pull=self.settings.pull, labels=self.labels)
-            self.meta["image"] = image.as_dict()
+            try:
+                image = ensure_image(self.task, tag=self.settings.image_tag, pull=self.settings.pull,
+                                     labels=self.labels.as_dict())
+            except ImageError as exc:
+                raise InfrastructureError(str(exc)) from exc
+            self.meta["image"] = dataclasses.asdict(image)
 
         submission = self._submission()
         if submission is None:
             return self._no_submission(instance)
 
         with self.phase("evaluation"):
-            result = evaluation.evaluate(
-                self.task, submission, instance=instance, blobs=blobs, image=image.reference, labels=self.labels,
-                settings=evaluation.EvalSettings.from_settings(self.settings), workdir=self.artifacts.dir,
+            result = evaluate(
+                self.task, submission, blobs=blobs, image=image.id, labels=self.labels,
+                settings=EvalSettings.from_settings(self.settings), workdir=self.artifacts.dir,
             )
         self.meta["evaluation"] = result.meta()
         if result.infra_error:
             raise InfrastructureError(result.infra_error)
-        self.artifacts.write_eval_json(result.result)
-        return result.to_task_outcome(self.task.instance_id)
+        if result.result is not None:
+            self.artifacts.write_eval_json(result.result)
+        return task_outcome(result)
 
     def _submission(self) -> Path | None:
         """Evaluate-only: the archive from --pb-submissions, copied into the run directory first."""
@@ -122,8 +134,25 @@ class TaskPipeline:
                            notes=[f"no submission.tar.gz in {self.settings.submissions} (--pb-require-all)"])
 
 
+def task_outcome(result: EvaluationOutcome) -> TaskOutcome:
+    notes = []
+    if result.strict and result.neutralised:
+        notes.append(f"--pb-strict neutralised before the hidden tests: {', '.join(result.neutralised)}")
+    notes.append(f"reruns: {'on' if result.reruns else 'off'}" + (f" ({result.reruns_reason})"
+                                                                 if result.reruns_reason else ""))
+    if result.error_details and result.error_code:
+        notes.append(f"{result.error_code}: {result.error_details.strip().splitlines()[-1][:300]}")
+    return TaskOutcome(
+        result.instance_id, score=result.score, n_passed=result.n_passed, n_tests=result.n_tests,
+        error_code=result.error_code, failing_branches=result.failing_branches, branch_errors=result.branch_errors,
+        flags=[str(flag) for flag in result.integrity_flags], clock_fired=result.clock_fired,
+        executable_hash=result.executable_hash, compile_seconds=result.compile_seconds,
+        test_seconds=result.test_seconds, reruns=result.reruns, notes=notes,
+    )
+
+
 def run_item_pipeline(item: ProgramBenchItem) -> TaskOutcome:
     from pytest_programbench.plugin import SESSION_PLUGIN
 
-    session = item.config.pluginmanager.get_plugin(SESSION_PLUGIN)
+    session: ProgramBenchSession = item.config.pluginmanager.get_plugin(SESSION_PLUGIN)
     return TaskPipeline(session, item.task).run()
