@@ -68,7 +68,7 @@ class Received:
 
 @dataclass
 class ScriptedUpstream:
-    routes: dict[tuple[str, str], Reply] = field(default_factory=dict)
+    routes: dict[tuple[str, str], Reply | list[Reply]] = field(default_factory=dict)
     received: list[Received] = field(default_factory=list)
     connections: int = 0
 
@@ -92,6 +92,8 @@ class ScriptedUpstream:
                                                   {k.lower(): v for k, v in self.headers.items()},
                                                   list(self.headers.items()), body))
                 reply = upstream.routes.get((self.command, self.path.split("?")[0]))
+                if isinstance(reply, list):  # a script: one reply per request, in order
+                    reply = reply.pop(0) if reply else None
                 if reply is None:
                     reply = Reply([b'{"error": "no such route"}'], status=404)
                 self.send_response(reply.status)
@@ -137,7 +139,7 @@ class ScriptedUpstream:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def route(self, method: str, path: str, reply: Reply) -> None:
+    def route(self, method: str, path: str, reply: Reply | list[Reply]) -> None:
         self.routes[(method, path)] = reply
 
     def close(self) -> None:
