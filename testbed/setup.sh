@@ -127,7 +127,7 @@ pack() {
   mkdir -p "$(dirname "$out")"
   tmp=$(mktemp "$out.XXXXXX"); chmod 644 "$tmp"
   tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --mode=u+rwX,go=rX \
-      --exclude=__pycache__ --exclude='*.pyc' --exclude=.pytest_cache --exclude=results.xml \
+      --exclude=__pycache__ --exclude='*.pyc' --exclude=.pytest_cache --exclude=.benchmarks --exclude=results.xml \
       -C "$src" -cf - . | gzip -n -9 >"$tmp"
   if cmp -s "$tmp" "$out"; then rm -f "$tmp"; else mv "$tmp" "$out"; PACKED=1; fi
 }

@@ -88,13 +88,15 @@ def test_draws_frame_and_quits():
 
 def test_frame_follows_window_size():
     cols, rows = 72, 18
+    bottom = "+" + "-" * (cols - 2) + "+"
     p, master = spawn(cols, rows, "Sized")
     try:
-        out = read_until(master, lambda b: b"q: quit" in b, deadline=time.monotonic() + 5)
+        # Wait for the whole frame: a program may flush it row by row.
+        out = read_until(master, lambda b: render(b, cols, rows)[-1] == bottom, deadline=time.monotonic() + 5)
         screen = render(out, cols, rows)
         assert screen[0][0] == "+" and screen[0][-1] == "+"
         assert "Sized" in screen[0]
-        assert screen[-1] == "+" + "-" * (cols - 2) + "+"
+        assert screen[-1] == bottom
         for line in screen[1:-1]:
             assert line[0] == "|" and line[-1] == "|", line
         assert "size: 72x18" in "".join(screen)
