@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,5 +55,5 @@ class ProgramBenchItem(pytest.Item):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)
 
-    def reportinfo(self) -> tuple[str, int | None, str]:
-        return "programbench", None, f"programbench::{self.task.instance_id}"
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"programbench::{self.task.instance_id}"

@@ -117,7 +117,9 @@ class ProgramBenchSession:
         if isinstance(collector, pytest.Session) and report.passed:
             from pytest_programbench.items import ProgramBenchSuite
 
+            # A virtual path under the rootdir: reports then show "programbench" wherever pytest runs from.
             suite = ProgramBenchSuite.from_parent(collector, name="programbench", nodeid="programbench",
+                                                  path=self.config.rootpath / "programbench",
                                                   tasks=self.selection.tasks)
             # With no explicit path the session is the benchmark alone; with paths, the benchmark joins them.
             report.result = [*report.result, suite] if self.explicit_paths else [suite]

@@ -9,7 +9,7 @@ bash testbed/setup.sh
 . testbed/.state/env.sh
 export HF_HUB_OFFLINE=1
 exec python3 -m pytest -p no:cacheprovider \
-    --pb-tasks-dir testbed/tasks --pb-include-fixtures --pb-filter 'pbfix__|testorg__' \
+    --pb-tasks-dir testbed/tasks --pb-filter 'pbfix__' \
     --pb-blob-dir "$PB_TESTBED_BLOB_DIR" \
     --pb-submissions "$PB_TESTBED_SUBMISSIONS" \
     "$@"
