@@ -20,8 +20,11 @@ from pytest_programbench.docker_engine import EngineUnavailable, Labels
 from pytest_programbench.verdict import InfrastructureError, TaskOutcome
 
 if TYPE_CHECKING:
+    from pytest_programbench.agent import AgentResult
     from pytest_programbench.evaluation import EvaluationOutcome
+    from pytest_programbench.images import ResolvedImage
     from pytest_programbench.items import ProgramBenchItem
+    from pytest_programbench.sandbox import Sandbox
     from pytest_programbench.session import ProgramBenchSession
 
 log = logging.getLogger("pytest_programbench")
@@ -43,6 +46,8 @@ class TaskPipeline:
         self.labels = Labels(session.identity.run_id, session.worker_id, task.instance_id)
         self.log = TaskLog(log, {"task": task.instance_id})
         self.timings: dict[str, float] = {}
+        self.agent_result: AgentResult | None = None
+        self.pack_error = ""
         self.meta: dict[str, Any] = {"instance_id": task.instance_id, "run_id": session.identity.run_id,
                                      "worker": session.worker_id}
 
@@ -94,7 +99,7 @@ class TaskPipeline:
                 raise InfrastructureError(str(exc)) from exc
             self.meta["image"] = dataclasses.asdict(image)
 
-        submission = self._submission()
+        submission = self._submission(image)
         if submission is None:
             return self._no_submission(instance)
 
@@ -108,18 +113,68 @@ class TaskPipeline:
             raise InfrastructureError(result.infra_error)
         if result.result is not None:
             self.artifacts.write_eval_json(result.result)
-        return task_outcome(result)
+        return self._with_agent(task_outcome(result))
 
-    def _submission(self) -> Path | None:
+    def _submission(self, image: ResolvedImage) -> Path | None:
         """Evaluate-only: the archive from --pb-submissions, copied into the run directory first."""
         submissions = self.session.submissions
         if submissions is None:
-            raise InfrastructureError("agent runs are not available yet: pass --pb-submissions DIR")
+            return self._run_agent(image)
         if not submissions.has(self.task.instance_id):
             return None
         atomic_copy(submissions.archive(self.task.instance_id), self.artifacts.submission)
         self.meta["submission_source"] = str(submissions.archive(self.task.instance_id))
         return self.artifacts.submission
+
+    def _run_agent(self, image: ResolvedImage) -> Path | None:
+        """Sandbox, agent, pack: the agent's window. Only the sandbox itself failing is infrastructure."""
+        from pytest_programbench.agent import AgentRunner
+        from pytest_programbench.sandbox import Sandbox, SandboxError, SubmissionTooLarge
+
+        spec = self.session.agent_spec
+        assert spec is not None
+        self.meta["agent"] = {"spec": spec.label}
+        with self.phase("sandbox"):
+            sandbox = Sandbox.for_task(self.task, self.settings, self.labels, image_id=image.id)
+            try:
+                sandbox.start()
+            except SandboxError as exc:
+                raise InfrastructureError(f"sandbox: {exc}") from exc
+            self.meta["sandbox"] = {"container": sandbox.id, "proxy_client": sandbox.proxy_client.label,
+                                    "reference_kind": sandbox.layout.reference_kind}
+        try:
+            with self.phase("agent"):
+                result = AgentRunner(spec, self.task, self.settings, log_path=self.artifacts.agent_log).run(sandbox)
+            self.agent_result = result
+            self.meta["agent"].update(result.meta())
+            self._require_alive(sandbox)
+            with self.phase("pack"):
+                try:
+                    size = sandbox.pack_src(self.artifacts.submission)
+                except SubmissionTooLarge as exc:
+                    self.meta["agent"]["pack_error"] = str(exc)
+                    self.pack_error = str(exc)
+                    return None
+                self.meta["submission_bytes"] = size
+            self.meta["binary_calls"] = sandbox.copy_call_log(self.artifacts.binary_calls)
+        except SandboxError as exc:
+            raise InfrastructureError(f"sandbox: {exc}") from exc
+        finally:
+            sandbox.close()
+        return self.artifacts.submission
+
+    def _require_alive(self, sandbox: Sandbox) -> None:
+        """The agent cannot stop its own container (it is an unprivileged user): a dead one is infrastructure."""
+        from docker.errors import NotFound
+
+        try:
+            state = sandbox.engine.api.inspect_container(sandbox.id)["State"]
+        except NotFound:
+            raise InfrastructureError(f"sandbox container {sandbox.id[:12]} disappeared during the agent run") \
+                from None
+        if not state.get("Running"):
+            raise InfrastructureError(f"sandbox container {sandbox.id[:12]} stopped during the agent run "
+                                      f"(exit {state.get('ExitCode')}, OOM killed: {state.get('OOMKilled')})")
 
     def _no_submission(self, instance: dict[str, Any]) -> TaskOutcome:
         from programbench.utils.load_data import get_active_branches, get_ignored_tests
@@ -129,9 +184,22 @@ class TaskPipeline:
             1 for branch in get_active_branches(instance) for name in instance["branches"][branch].get("tests", [])
             if f"{branch}/{name}" not in ignored
         )
-        self.meta["outcome"] = "no_submission"
-        return TaskOutcome(self.task.instance_id, score=0.0, n_passed=0, n_tests=n_tests, error_code="no_submission",
-                           notes=[f"no submission.tar.gz in {self.settings.submissions} (--pb-require-all)"])
+        if self.pack_error:
+            code, note = "submission_too_large", self.pack_error
+        else:
+            code, note = "no_submission", f"no submission.tar.gz in {self.settings.submissions} (--pb-require-all)"
+        self.meta["outcome"] = code
+        return self._with_agent(TaskOutcome(self.task.instance_id, score=0.0, n_passed=0, n_tests=n_tests,
+                                            error_code=code, notes=[note]))
+
+    def _with_agent(self, outcome: TaskOutcome) -> TaskOutcome:
+        """The agent's clock and exit status join the outcome (the verdict stays the score alone)."""
+        if self.agent_result is not None:
+            outcome.agent_exit = self.agent_result.exit_code
+            outcome.agent_seconds = round(self.agent_result.seconds, 3)
+            if self.agent_result.clock_fired:
+                outcome.clock_fired = self.agent_result.clock_fired
+        return outcome
 
 
 def task_outcome(result: EvaluationOutcome) -> TaskOutcome:
@@ -154,5 +222,6 @@ def task_outcome(result: EvaluationOutcome) -> TaskOutcome:
 def run_item_pipeline(item: ProgramBenchItem) -> TaskOutcome:
     from pytest_programbench.plugin import SESSION_PLUGIN
 
-    session: ProgramBenchSession = item.config.pluginmanager.get_plugin(SESSION_PLUGIN)
+    session = item.config.pluginmanager.get_plugin(SESSION_PLUGIN)
+    assert session is not None, "items exist only in opted-in sessions"
     return TaskPipeline(session, item.task).run()

@@ -24,6 +24,7 @@ from pytest_programbench.run_identity import RunIdentity
 from pytest_programbench.selection import Selection, select
 
 if TYPE_CHECKING:
+    from pytest_programbench.agent import AgentSpec
     from pytest_programbench.submissions import SubmissionsDir
     from pytest_programbench.summary import RunSummary
 
@@ -73,6 +74,11 @@ class ProgramBenchSession:
         self.explicit_paths = config.args_source == pytest.Config.ArgsSource.ARGS
         self.worker_id: str = getattr(config, "workerinput", {}).get("workerid", "controller")
         self.summary: RunSummary | None = None
+        self.agent_spec: AgentSpec | None = None
+        if settings.agent and not settings.submissions:
+            from pytest_programbench.agent import AgentSpec
+
+            self.agent_spec = AgentSpec.parse(settings.agent, on_host=settings.agent_on_host)
         self.submissions: SubmissionsDir | None = None
         self.without_submission: list[str] = []
         if settings.submissions:

@@ -35,6 +35,8 @@ class TaskOutcome:
     compile_seconds: float | None = None
     test_seconds: float | None = None
     reruns: bool | None = None
+    agent_exit: int | None = None
+    agent_seconds: float | None = None
     notes: Sequence[str] = ()
 
     def as_dict(self) -> dict[str, Any]:
@@ -62,6 +64,8 @@ def junit_properties(outcome: TaskOutcome) -> list[tuple[str, Any]]:
         ("integrity_flags", ",".join(outcome.flags)),
         ("clock_fired", plain(outcome.clock_fired)),
         ("reruns", plain(outcome.reruns)),
+        ("agent_exit", plain(outcome.agent_exit)),
+        ("agent_seconds", plain(outcome.agent_seconds)),
     ]
 
 

@@ -1,0 +1,246 @@
+"""Step 5 of the pipeline: the agent. A shell command run in the sandbox as the agent user, a host-loop command that
+drives the sandbox by container id, or a preset (``reference``, ``replay:DIR``, ``mini-swe-agent``).
+
+The agent's window ends when it exits, crashes or its clock (``--pb-agent-timeout``) fires: its processes are killed
+and ``/workspace/src`` is packed. Whatever happened inside that window is the agent's; only the sandbox itself
+disappearing is infrastructure.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_programbench.prompt import BINARY, DOCS, SRC, PromptContext, render_prompt
+
+if TYPE_CHECKING:
+    from pytest_programbench.catalogue import Task
+    from pytest_programbench.options import Settings
+    from pytest_programbench.sandbox import Sandbox
+
+PROMPT_PATH = "/workspace/prompt.md"
+PRESETS = ("reference", "replay:DIR", "mini-swe-agent")
+SOLUTION_DIRS = ("solution",)  # inside a task dir: the known-good solution the ``reference`` preset replays
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """What ``--pb-agent`` asked for."""
+
+    kind: str  # "command" | "reference" | "replay" | "mini-swe-agent"
+    command: str = ""
+    replay_dir: Path | None = None
+    on_host: bool = False
+
+    @classmethod
+    def parse(cls, value: str, *, on_host: bool = False) -> AgentSpec:
+        text = value.strip()
+        if not text:
+            raise pytest.UsageError("--pb-agent: empty command")
+        if text == "reference":
+            return cls("reference")
+        if text.startswith("replay:"):
+            directory = Path(text.removeprefix("replay:")).expanduser()
+            if not directory.is_dir():
+                raise pytest.UsageError(f"--pb-agent replay:DIR: {directory} is not a directory")
+            return cls("replay", replay_dir=directory.resolve())
+        if text == "mini-swe-agent":
+            raise pytest.UsageError("--pb-agent mini-swe-agent: the preset is not available in this version; run "
+                                    "mini-swe-agent as a host-loop command with --pb-agent-on-host instead")
+        return cls("command", command=text, on_host=on_host)
+
+    @property
+    def label(self) -> str:
+        return {"command": self.command, "replay": f"replay:{self.replay_dir}"}.get(self.kind, self.kind)
+
+
+@dataclass
+class AgentResult:
+    exit_code: int | None
+    timed_out: bool
+    seconds: float
+    log: Path
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def clock_fired(self) -> str | None:
+        return "agent" if self.timed_out else None
+
+    def meta(self) -> dict[str, Any]:
+        return {"exit_code": self.exit_code, "timed_out": self.timed_out, "seconds": round(self.seconds, 3),
+                "clock_fired": self.clock_fired, "notes": self.notes}
+
+
+class AgentEnvError(Exception):
+    """``--pb-agent-env NAME`` names a variable the host does not have."""
+
+
+def agent_env(specs: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``NAME`` takes the host's value, ``NAME=VALUE`` its own. Values are never logged."""
+    source = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not name.isidentifier():
+            raise AgentEnvError(f"--pb-agent-env: {name!r} is not a variable name")
+        if not sep:
+            if name not in source:
+                raise AgentEnvError(f"--pb-agent-env: {name} is not set on the host")
+            value = source[name]
+        out[name] = value
+    return out
+
+
+def put_tree(sandbox: Sandbox, source: Path, dest: str) -> None:
+    """Copy a host directory's contents into the sandbox, owned by the agent (symlinks kept as links)."""
+    import io
+    import tarfile
+
+    layout = sandbox.layout
+
+    def as_agent(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid, info.gid, info.uname, info.gname = layout.agent_uid, layout.agent_gid, "", ""
+        return info
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path in sorted(source.iterdir()):
+            tar.add(path, arcname=path.name, filter=as_agent)
+    if not sandbox.engine.api.put_archive(sandbox.id, dest, buffer.getvalue()):
+        raise OSError(f"could not copy {source} into the sandbox at {dest}")
+
+
+def find_solution(task: Task) -> Path | None:
+    """The known-good solution of a fixture task: ``<task dir>/solution/`` or ``<tasks dir>/../solutions/<id>/``."""
+    candidates = [task.task_dir / name for name in SOLUTION_DIRS]
+    candidates.append(task.task_dir.parent.parent / "solutions" / task.instance_id)
+    return next((c for c in candidates if (c / "compile.sh").is_file()), None)
+
+
+class AgentRunner:
+    """Runs one agent against one sandbox; streams its output to ``agent.log``."""
+
+    def __init__(self, spec: AgentSpec, task: Task, settings: Settings, *, log_path: Path,
+                 extra_env: Mapping[str, str] | None = None) -> None:
+        self.spec = spec
+        self.task = task
+        self.settings = settings
+        self.log_path = log_path
+        self.extra_env = dict(extra_env or {})
+
+    def environment(self, sandbox: Sandbox) -> dict[str, str]:
+        env = {
+            "PB_PROMPT_FILE": PROMPT_PATH, "PB_TASK_ID": self.task.instance_id, "PB_LANGUAGE": self.task.language,
+            "PB_BINARY": BINARY, "PB_DOCS": DOCS, "PB_SRC": SRC, "PAGER": "cat", "MANPAGER": "cat",
+        }
+        env.update(self.extra_env)
+        env.update(agent_env(self.settings.agent_env))
+        return env
+
+    def write_prompt(self, sandbox: Sandbox) -> str:
+        from pytest_programbench.sandbox import SandboxError
+
+        readme = ""
+        for name in sandbox.layout.docs:
+            if Path(name).name.lower().startswith("readme"):
+                try:
+                    readme = sandbox.read_file(f"{DOCS}/{name}", max_bytes=1 << 20).decode("utf-8", "replace")
+                except (OSError, SandboxError):  # an unreadable README only shortens the prompt
+                    readme = ""
+                break
+        template = Path(self.settings.prompt_template) if self.settings.prompt_template else None
+        prompt = render_prompt(PromptContext(self.task, sandbox.layout.docs, readme,
+                                             model_relay=bool(self.settings.model_endpoint)), template)
+        sandbox.put_file(prompt.encode(), PROMPT_PATH, mode=0o644, owner="root")
+        return prompt
+
+    def run(self, sandbox: Sandbox) -> AgentResult:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        notes: list[str] = []
+        if self.settings.agent_setup:
+            setup = sandbox.exec(self.settings.agent_setup, user="root", workdir="/", timeout=self.settings.
+                                 agent_timeout, output=self.log_path)
+            notes.append(f"agent set-up exited {setup.exit_code}")
+        self.write_prompt(sandbox)
+        timeout = max(1.0, self.settings.agent_timeout - (time.monotonic() - started))
+        if self.spec.kind in ("reference", "replay"):
+            exit_code, timed_out = self._replay(sandbox, timeout, notes)
+        elif self.spec.on_host:
+            exit_code, timed_out = self._on_host(sandbox, timeout)
+        else:
+            result = sandbox.exec(self.spec.command, user="agent", timeout=timeout,
+                                  env=self.environment(sandbox), output=self.log_path)
+            exit_code, timed_out = result.exit_code, result.timed_out
+        sandbox.kill_agent_processes()
+        return AgentResult(exit_code, timed_out, time.monotonic() - started, self.log_path, notes)
+
+    # -- presets ----------------------------------------------------------------------------------------------
+
+    def _replay(self, sandbox: Sandbox, timeout: float, notes: list[str]) -> tuple[int | None, bool]:
+        if self.spec.kind == "reference":
+            source = find_solution(self.task)
+            if source is None:
+                notes.append(f"no known-good solution for {self.task.instance_id} (looked for "
+                             f"{self.task.task_dir / 'solution'} and ../solutions/{self.task.instance_id})")
+                self._log(notes[-1])
+                return 1, False
+        else:
+            assert self.spec.replay_dir is not None
+            source = self.spec.replay_dir / self.task.instance_id
+            if not source.is_dir():
+                notes.append(f"replay: {source} does not exist; the submission stays empty")
+                self._log(notes[-1])
+                return 1, False
+        put_tree(sandbox, source, SRC)
+        # Like an agent would: build once in the sandbox and touch the reference through the proxy, so the
+        # preset exercises the same path end to end (the built executable is not part of the submission).
+        script = (
+            f"{shlex.quote(BINARY)} </dev/null >/dev/null 2>&1; echo \"reference exited $?\"; "
+            "sh ./compile.sh && test -x ./executable && echo 'compile.sh built ./executable'; rc=$?; "
+            "rm -f ./executable; exit $rc"
+        )
+        result = sandbox.exec(script, user="agent", timeout=timeout, env=self.environment(sandbox),
+                              output=self.log_path)
+        return result.exit_code, result.timed_out
+
+    def _on_host(self, sandbox: Sandbox, timeout: float) -> tuple[int | None, bool]:
+        """A host-loop agent: it gets the container id and a ready prefix for running commands as the agent."""
+        layout = sandbox.layout
+        prefix = (f"docker exec -i --user {layout.agent_uid}:{layout.agent_gid} --workdir {SRC} "
+                  + " ".join(f"-e {shlex.quote(k)}" for k in self.environment(sandbox))
+                  + f" {sandbox.id} sh -c")
+        env = {**os.environ, **self.environment(sandbox), "PB_CONTAINER_ID": sandbox.id, "PB_SANDBOX_EXEC": prefix,
+               "PB_AGENT_UID": str(layout.agent_uid)}
+        command = self.spec.command
+        with self.log_path.open("ab") as log:
+            # A session of its own, so the whole process group can be stopped by id when the clock fires.
+            proc = subprocess.Popen(["sh", "-c", command], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            try:
+                return proc.wait(timeout=timeout), False
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                return proc.returncode, True
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+    def _log(self, line: str) -> None:
+        with self.log_path.open("a") as log:
+            log.write(f"[pytest-programbench] {line}\n")
