@@ -480,11 +480,15 @@ def bridge_command(port: int = SANDBOX_BRIDGE_PORT, socket_path: str = f"{SANDBO
 
 
 def start_bridge(container: Any, *, port: int = SANDBOX_BRIDGE_PORT,
-                 socket_path: str = f"{SANDBOX_SOCKET_DIR}/{SOCKET_NAME}") -> None:
-    """Copy the bridge into a running container (docker-py ``Container``) and start it as root, in the background.
+                 socket_path: str = f"{SANDBOX_SOCKET_DIR}/{SOCKET_NAME}", user: str = "root") -> None:
+    """Copy the bridge into a running container (docker-py ``Container``) and start it, in the background, as
+    ``user`` (root by default, so the agent user can neither stop nor trace it).
 
-    The relay's socket directory must already be mounted at ``socket_path``'s directory. Raises ``RuntimeError``
-    when the bridge does not come up.
+    The relay's socket directory must already be mounted at ``socket_path``'s directory, and ``user`` must be able
+    to reach the socket: the relay's private directory is 0700 and its socket 0600, owned by the host user running
+    pytest, which container root passes unless the sandbox drops CAP_DAC_OVERRIDE while pytest runs as non-root
+    (then pass ``user`` = that host uid, or widen ``socket_mode``). Raises ``RuntimeError`` when the bridge does not
+    come up.
     """
     import tarfile
 
@@ -500,7 +504,7 @@ def start_bridge(container: Any, *, port: int = SANDBOX_BRIDGE_PORT,
         tar.addfile(info, io.BytesIO(data))
     if not container.put_archive("/", archive.getvalue()):
         raise RuntimeError("could not copy the relay bridge into the sandbox")
-    result = container.exec_run(bridge_command(port, socket_path), user="root")
+    result = container.exec_run(bridge_command(port, socket_path), user=user)
     if result.exit_code != 0:
         output = result.output.decode("utf-8", "replace") if isinstance(result.output, bytes) else result.output
         raise RuntimeError(f"the relay bridge did not start (exit {result.exit_code}): {output}")
@@ -614,6 +618,9 @@ class ModelRelay:
     a host environment variable whose value the relay sends upstream in place of whatever key the client sent:
     ``Authorization: Bearer`` or Anthropic's ``x-api-key`` (``key_style="auto"`` picks ``x-api-key`` when the
     request carries ``anthropic-version`` or ``x-api-key``). ``socket_mode``: the socket file's permissions.
+
+    A request is recorded just after its last byte went to the client, so :meth:`records` and :meth:`stats` are
+    complete once :meth:`close` has returned (it waits for in-flight exchanges, cutting them after a few seconds).
     """
 
     def __init__(

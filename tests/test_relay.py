@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -68,6 +69,7 @@ class Received:
 
 @dataclass
 class ScriptedUpstream:
+    tls: ssl.SSLContext | None = None
     routes: dict[tuple[str, str], Reply | list[Reply]] = field(default_factory=dict)
     received: list[Received] = field(default_factory=list)
     connections: int = 0
@@ -126,6 +128,8 @@ class ScriptedUpstream:
             do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = _any
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if self.tls is not None:
+            self.server.socket = self.tls.wrap_socket(self.server.socket, server_side=True)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
                                        daemon=True)
@@ -137,7 +141,7 @@ class ScriptedUpstream:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def route(self, method: str, path: str, reply: Reply | list[Reply]) -> None:
         self.routes[(method, path)] = reply
@@ -706,6 +710,33 @@ def test_socket_path_and_mode(tmp_path: Path, upstream: ScriptedUpstream) -> Non
         ModelRelay(upstream.url, socket_path=tmp_path / ("x" * 120)).start()
 
 
+def test_https_upstream(tmp_path: Path) -> None:
+    """TLS to the upstream, certificate verified: against a CA it trusts, and refused against one it does not."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=120)
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(cert, key)
+    upstream = ScriptedUpstream(tls=server_context)
+    upstream.route("POST", "/v1/messages", Reply(ANTHROPIC_STREAM, content_type="text/event-stream", chunked=True))
+    try:
+        trusting = ssl.create_default_context(cafile=str(cert))
+        with ModelRelay(f"{upstream.url}/v1", tcp=True, ssl_context=trusting) as relay:
+            status, body, _ = post_json(tcp_client(relay), "/v1/messages", {"model": "c", "stream": True})
+            assert (status, body) == (200, b"".join(ANTHROPIC_STREAM))
+            [record] = settled(relay, 1)
+            assert record.usage is not None
+            assert record.usage.total_tokens == 487
+        with ModelRelay(f"{upstream.url}/v1", tcp=True) as relay:  # the system's CAs: verification fails
+            status, body, _ = post_json(tcp_client(relay), "/v1/messages", {"model": "c"})
+            assert status == 502
+            assert "CERTIFICATE_VERIFY_FAILED" in json.loads(body)["error"]["message"]
+    finally:
+        upstream.close()
+    assert len(upstream.received) == 1
+
+
 # -- configuration and env ------------------------------------------------------------------------------------
 
 
@@ -928,7 +959,7 @@ def test_bridge_without_relay_closes_the_client(tmp_path: Path, bridge_proc: Any
     bridge_proc(path, port)  # a socket file nobody listens on: every connect is refused
     try:
         answer = raw_request(("127.0.0.1", port), b"GET / HTTP/1.1\r\n\r\n")
-    except ConnectionResetError:  # closed with the request unread: a reset
+    except OSError:  # closed with the request unread: a reset, a broken pipe, or "not connected" on shutdown
         answer = b""
     assert answer == b""
     listener.close()
