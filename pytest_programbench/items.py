@@ -10,6 +10,7 @@ import pytest
 
 from pytest_programbench.catalogue import Task
 from pytest_programbench.markers import SUITE, difficulty_marker, language_marker
+from pytest_programbench.plugin import SESSION_PLUGIN
 from pytest_programbench.verdict import TaskOutcome
 
 
@@ -35,12 +36,28 @@ class ProgramBenchItem(pytest.Item):
         self.add_marker(difficulty_marker(task.difficulty))
 
     def setup(self) -> None:
+        """Run the pipeline; infrastructure errors are retried (``--pb-infra-retries``), never agent failures."""
         from pytest_programbench.pipeline import run_item_pipeline
+        from pytest_programbench.verdict import InfrastructureError
 
-        self.outcome = run_item_pipeline(self)
+        session = self.config.pluginmanager.get_plugin(SESSION_PLUGIN)
+        assert session is not None, "items exist only in opted-in sessions"
+        reasons: list[str] = []
+        for attempt in range(session.settings.infra_retries + 1):
+            try:
+                self.outcome = run_item_pipeline(self)
+            except InfrastructureError as exc:
+                reasons.append(f"attempt {attempt + 1}: {exc}")
+                self.user_properties.append((f"infra_attempt_{attempt + 1}", str(exc)[:2000]))
+                session.forget_task_containers(self.task.instance_id)
+                continue
+            if reasons:
+                self.outcome.notes = [*self.outcome.notes, *(f"infrastructure retry after {r}" for r in reasons)]
+            return
+        raise InfrastructureError("\n".join(
+            [f"{self.task.instance_id}: infrastructure error after {len(reasons)} attempt(s):", *reasons]))
 
     def runtest(self) -> None:
-        from pytest_programbench.plugin import SESSION_PLUGIN
         from pytest_programbench.verdict import assert_verdict
 
         session = self.config.pluginmanager.get_plugin(SESSION_PLUGIN)

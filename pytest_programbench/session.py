@@ -74,6 +74,7 @@ class ProgramBenchSession:
         self.explicit_paths = config.args_source == pytest.Config.ArgsSource.ARGS
         self.worker_id: str = getattr(config, "workerinput", {}).get("workerid", "controller")
         self.summary: RunSummary | None = None
+        self.crashes: dict[str, list[str]] = {}
         self.agent_spec: AgentSpec | None = None
         if settings.agent and not settings.submissions:
             from pytest_programbench.agent import AgentSpec
@@ -198,6 +199,39 @@ class ProgramBenchSession:
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[WORKERINPUT_KEY] = self.identity.as_dict()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        """A worker died running a task: remove its containers, reschedule it within the infra budget, else error."""
+        if not crashitem.startswith("programbench::"):
+            return
+        instance_id = crashitem.removeprefix("programbench::")
+        self.forget_task_containers(instance_id)
+        crashes = self.crashes.setdefault(crashitem, [])
+        crashes.append(str(report.longrepr))
+        if len(crashes) <= self.settings.infra_retries:
+            try:
+                sched.mark_test_pending(crashitem)
+            except NotImplementedError:
+                pass  # this --dist mode cannot reschedule (use --dist load or worksteal)
+            else:
+                report.outcome = "rerun"  # type: ignore[assignment]
+                log.warning("%s: rescheduled after a worker crash (%d of %d)", instance_id, len(crashes),
+                            self.settings.infra_retries)
+                return
+        # An infrastructure error, in the error column: the item's own windows did not end it.
+        report.when = "setup"
+        report.longrepr = (f"{instance_id}: infrastructure error: the xdist worker crashed "
+                           f"{len(crashes)} time(s) while running it:\n" + "\n".join(crashes))
+
+    def forget_task_containers(self, instance_id: str) -> None:
+        """Remove what an aborted attempt left behind, before the task runs again."""
+        from pytest_programbench import docker_engine
+
+        try:
+            docker_engine.sweep(self.identity.run_id, task=instance_id)
+        except Exception as exc:  # the session-end sweep and the reaper remain
+            log.warning("could not remove the containers of %s: %s", instance_id, exc)
 
     # -- reporting --------------------------------------------------------------------------------------------
 
