@@ -75,6 +75,7 @@ class ProgramBenchSession:
         self.worker_id: str = getattr(config, "workerinput", {}).get("workerid", "controller")
         self.summary: RunSummary | None = None
         self.crashes: dict[str, list[str]] = {}
+        self.min_mean_failed = ""
         self.agent_spec: AgentSpec | None = None
         if settings.agent and not settings.submissions:
             from pytest_programbench.agent import AgentSpec
@@ -157,11 +158,12 @@ class ProgramBenchSession:
             return
         from importlib.metadata import version
 
-        from pytest_programbench.summary import RunSummary
+        from pytest_programbench.artifacts import TaskArtifacts
+        from pytest_programbench.summary import RunSummary, TaskRecord
 
         by_id = {t.instance_id: t for t in self.selection.tasks}
-        chosen = [by_id[n.removeprefix("programbench::")] for n in node_ids if n.removeprefix("programbench::")
-                  in by_id and n.startswith("programbench::")]
+        chosen = [by_id[i] for i in (n.removeprefix("programbench::") for n in node_ids
+                                     if n.startswith("programbench::")) if i in by_id]
         self.summary = RunSummary(
             self.identity.path / "summary.json",
             {
@@ -171,13 +173,35 @@ class ProgramBenchSession:
                 "programbench_version": version("programbench"),
                 "settings": dataclasses.asdict(self.settings),
             },
-            {t.instance_id: (t.language, t.difficulty) for t in chosen},
+            [TaskRecord(t.instance_id, t.language, t.difficulty, t.overridden) for t in chosen],
+            meta_loader=lambda iid: TaskArtifacts(self.identity.path, iid).read_meta(),
         )
         self.summary.write()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.summary is not None:
             self.summary.record(report)
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+        if self.summary is None:
+            return
+        terminalreporter.write_sep("=", "programbench summary")
+        for line in self.summary.terminal_lines():
+            terminalreporter.write_line(line)
+        terminalreporter.write_line(f"run directory: {self.identity.run_dir}")
+        if self.min_mean_failed:
+            terminalreporter.write_line(self.min_mean_failed, red=True, bold=True)
+
+    def _check_min_mean(self, session: pytest.Session) -> None:
+        """--pb-min-mean: the run fails when the mean over the selection (errors count 0) is below the bar."""
+        if self.summary is None or self.settings.min_mean is None:
+            return
+        mean = self.summary.headline()["mean_over_selection"] or 0.0
+        if mean < self.settings.min_mean:
+            self.min_mean_failed = (f"programbench: mean over the selection {mean:.4f} is below --pb-min-mean "
+                                    f"{self.settings.min_mean:g}")
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str]:
         if not self.without_submission:
@@ -268,6 +292,7 @@ class ProgramBenchSession:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.collect_only or is_worker(self.config):
             return
+        self._check_min_mean(session)
         from pytest_programbench import docker_engine
 
         try:
