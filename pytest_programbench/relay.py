@@ -596,6 +596,7 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(socketserver.ThreadingMixIn, socketserver.BaseServer):
     daemon_threads = True
     block_on_close = False
+    request_queue_size = 128  # socketserver's 5 makes a Unix connect fail with EAGAIN under a burst
     relay: ModelRelay
     listener: str
 

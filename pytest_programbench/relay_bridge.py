@@ -27,6 +27,7 @@ import socket
 import stat
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 BUFFER = 65536
@@ -87,6 +88,29 @@ def _pump(source: socket.socket, sink: socket.socket, broken: threading.Event) -
     _shutdown(sink, socket.SHUT_WR)
 
 
+def connect_unix(path: str) -> socket.socket:
+    """Connect, waiting while the relay's accept backlog is full (EAGAIN on a Unix socket), up to a limit."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT
+    delay = 0.001
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(CONNECT_TIMEOUT)
+        try:
+            sock.connect(path)
+        except BlockingIOError:
+            sock.close()
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+            continue
+        except OSError:
+            sock.close()
+            raise
+        sock.settimeout(None)
+        return sock
+
+
 class Bridge:
     def __init__(self, listeners: Sequence[socket.socket], unix_path: str) -> None:
         self.listeners = list(listeners)
@@ -119,10 +143,7 @@ class Bridge:
             client.setblocking(True)
             if client.family in (socket.AF_INET, socket.AF_INET6):
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            upstream.settimeout(CONNECT_TIMEOUT)
-            upstream.connect(self.unix_path)
-            upstream.settimeout(None)
+            upstream = connect_unix(self.unix_path)
             broken = threading.Event()
             inbound = threading.Thread(target=_pump, args=(client, upstream, broken))
             inbound.daemon = True
