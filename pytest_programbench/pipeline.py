@@ -21,6 +21,7 @@ from pytest_programbench.verdict import InfrastructureError, TaskOutcome
 
 if TYPE_CHECKING:
     from pytest_programbench.agent import AgentResult
+    from pytest_programbench.blobs import BlobSet
     from pytest_programbench.evaluation import EvaluationOutcome
     from pytest_programbench.images import ResolvedImage
     from pytest_programbench.items import ProgramBenchItem
@@ -48,6 +49,7 @@ class TaskPipeline:
         self.timings: dict[str, float] = {}
         self.agent_result: AgentResult | None = None
         self.pack_error = ""
+        self.reused = False
         self.meta: dict[str, Any] = {"instance_id": task.instance_id, "run_id": session.identity.run_id,
                                      "worker": session.worker_id}
 
@@ -63,12 +65,22 @@ class TaskPipeline:
 
     def run(self) -> TaskOutcome:
         try:
-            return self._run()
+            outcome = self._run()
         except EngineUnavailable as exc:
+            self.meta.update(state="error", infra_error=str(exc))
             raise InfrastructureError(str(exc)) from exc
+        except InfrastructureError as exc:
+            self.meta.update(state="error", infra_error=str(exc))
+            raise
+        except BaseException as exc:
+            self.meta.update(state="interrupted", error=f"{type(exc).__name__}: {exc}")
+            raise
+        else:
+            self.meta.update(state="finished", outcome=outcome.as_dict())
+            return outcome
         finally:
             self.meta["timings"] = self.timings
-            if self.artifacts.dir.exists():
+            if self.artifacts.dir.exists() and not self.reused:
                 self.artifacts.write_meta(self.meta)
 
     def _run(self) -> TaskOutcome:
@@ -99,6 +111,11 @@ class TaskPipeline:
                 raise InfrastructureError(str(exc)) from exc
             self.meta["image"] = dataclasses.asdict(image)
 
+        if self.session.identity.resumed:
+            reused = self._reuse_finished(image, blobs)
+            if reused is not None:
+                return reused
+
         submission = self._submission(image)
         if submission is None:
             return self._no_submission(instance)
@@ -114,6 +131,26 @@ class TaskPipeline:
         if result.result is not None:
             self.artifacts.write_eval_json(result.result)
         return self._with_agent(task_outcome(result))
+
+    def _reuse_finished(self, image: ResolvedImage, blobs: BlobSet) -> TaskOutcome | None:
+        """--pb-resume: a task that finished before keeps its result (no agent re-run) if nothing it used changed."""
+        previous = self.artifacts.read_meta()
+        if not previous or previous.get("state") != "finished" or "outcome" not in previous:
+            return None
+        changed = []
+        if (previous.get("image") or {}).get("id") != image.id:
+            changed.append(f"image {image.ref}: {(previous.get('image') or {}).get('id')} -> {image.id}")
+        before = (previous.get("blobs") or {}).get("sha256") or {}
+        if dict(before) != dict(blobs.sha256):
+            changed.append(f"hidden test archives: {before} -> {dict(blobs.sha256)}")
+        if changed:
+            raise InfrastructureError("--pb-resume refused for this task, it changed since it ran: "
+                                      + "; ".join(changed))
+        self.reused = True
+        self.log.info("reusing the finished result of the resumed run")
+        data = dict(previous["outcome"])
+        data["notes"] = [*data.get("notes", []), f"result reused from the resumed run {previous.get('run_id')}"]
+        return TaskOutcome(**data)
 
     def _submission(self, image: ResolvedImage) -> Path | None:
         """Evaluate-only: the archive from --pb-submissions, copied into the run directory first."""

@@ -7,6 +7,7 @@ runs none of these hooks.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import warnings
 from collections import Counter
@@ -54,6 +55,40 @@ def item_timeout(task: Task, settings: options.Settings) -> int:
     rounds = -(-branches // settings.branch_workers) * (1 + settings.branch_retries)
     agent = settings.agent_timeout if settings.agent else 0
     return agent + settings.compile_timeout + rounds * settings.test_timeout + TIMEOUT_MARGIN
+
+
+# Settings that change what a task's result means; a resumed run must match them (selection may differ).
+RESULT_SETTINGS = (
+    "agent", "agent_setup", "agent_on_host", "agent_timeout", "prompt_template", "model", "model_endpoint",
+    "submissions", "image_tag", "cpus", "memory", "branch_workers", "branch_retries", "compile_timeout",
+    "test_timeout", "strict", "sandbox_cpus", "sandbox_memory",
+)
+
+
+def fingerprint(settings: options.Settings) -> dict[str, Any]:
+    from importlib.metadata import version
+
+    values = {name: getattr(settings, name) for name in RESULT_SETTINGS}
+    values["agent_env"] = sorted(spec.partition("=")[0] for spec in settings.agent_env)  # names, never values
+    values["plugin_version"] = version("pytest-programbench")
+    values["programbench_version"] = version("programbench")
+    plain: dict[str, Any] = json.loads(json.dumps(values, default=str))
+    return plain
+
+
+def check_resumable(identity: RunIdentity, settings: options.Settings) -> None:
+    """Refuse, saying what changed, to resume a run made with another configuration or other versions."""
+    from pytest_programbench.run_identity import RUN_MARKER
+
+    recorded = json.loads((identity.path / RUN_MARKER).read_text()).get("fingerprint")
+    if recorded is None:
+        raise pytest.UsageError(f"--pb-resume: {identity.path / RUN_MARKER} records no configuration to compare")
+    current = fingerprint(settings)
+    changed = [f"{key}: {recorded.get(key)!r} -> {current.get(key)!r}"
+               for key in sorted(set(recorded) | set(current)) if recorded.get(key) != current.get(key)]
+    if changed:
+        raise pytest.UsageError("--pb-resume: refusing to resume " + str(identity.path)
+                                + ", its configuration differs: " + "; ".join(changed))
 
 
 def is_worker(config: pytest.Config) -> bool:
@@ -115,6 +150,8 @@ class ProgramBenchSession:
             identity = RunIdentity.from_dict(config.workerinput[WORKERINPUT_KEY])  # type: ignore[attr-defined]
         else:
             identity = RunIdentity.create(config.rootpath, output=settings.output, resume=settings.resume)
+            if identity.resumed:
+                check_resumable(identity, settings)
         return cls(config, settings, catalogue, selection, identity)
 
     # -- collection -------------------------------------------------------------------------------------------
@@ -285,6 +322,7 @@ class ProgramBenchSession:
         self.identity.materialise({
             "plugin_version": version("pytest-programbench"),
             "programbench_version": version("programbench"),
+            "fingerprint": fingerprint(self.settings),
             "selected": [t.instance_id for t in self.selection.tasks],
         })
 
