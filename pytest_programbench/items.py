@@ -64,7 +64,8 @@ class ProgramBenchItem(pytest.Item):
         assert session is not None, "items exist only in opted-in sessions"
         settings = session.settings
         assert self.outcome is not None, "setup ran the pipeline"
-        assert_verdict(self, self.outcome, min_score=settings.min_score, allow_flags=settings.allow_flags)
+        assert_verdict(self, self.outcome, min_score=settings.min_score, allow_flags=settings.allow_flags,
+                       junit_tests=settings.junit_tests)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | Any:
         from pytest_programbench.verdict import InfrastructureError, VerdictFailure

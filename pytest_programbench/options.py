@@ -99,6 +99,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("resume", "Resume RUN_DIR: reuse finished results, re-run missing and errored tasks.",
            metavar="RUN_DIR"),
     Option("infra-retries", "Retries of an item that errored for infrastructure reasons.", "int", 1, metavar="N"),
+    Option("junit-tests", "Add every hidden test's status to the task's JUnit properties.", "bool", False),
     Option("blob-dir", "Hidden test archives in the PROGRAMBENCH_BLOB_DIR layout.", metavar="DIR"),
     Option("min-mean", "Fail the session when the mean score over the selection is below X.", "float",
            metavar="X"),
@@ -245,6 +246,7 @@ class Settings:
     infra_retries: int = 1
     blob_dir: str | None = None
     min_mean: float | None = None
+    junit_tests: bool = False
 
 
 def _parsers() -> dict[str, Callable[[str, Any], Any]]:
@@ -289,6 +291,7 @@ def _parsers() -> dict[str, Callable[[str, Any], Any]]:
         "infra_retries": lambda f, v: to_int(f, v, minimum=0),
         "blob_dir": lambda f, v: str(existing_dir(f, v)),
         "min_mean": lambda f, v: to_float(f, v, minimum=0.0, maximum=1.0),
+        "junit_tests": lambda _f, v: to_bool(v),
     }
 
 

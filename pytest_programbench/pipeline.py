@@ -130,7 +130,7 @@ class TaskPipeline:
             raise InfrastructureError(result.infra_error)
         if result.result is not None:
             self.artifacts.write_eval_json(result.result)
-        return self._with_agent(task_outcome(result))
+        return self._with_agent(task_outcome(result, instance))
 
     def _reuse_finished(self, image: ResolvedImage, blobs: BlobSet) -> TaskOutcome | None:
         """--pb-resume: a task that finished before keeps its result (no agent re-run) if nothing it used changed."""
@@ -239,7 +239,17 @@ class TaskPipeline:
         return outcome
 
 
-def task_outcome(result: EvaluationOutcome) -> TaskOutcome:
+def scored_tests(result: EvaluationOutcome, instance: dict[str, Any]) -> dict[str, str]:
+    """Per-test statuses of exactly the tests the official score counts (active branches, ignored tests out)."""
+    from programbench.utils.load_data import get_active_branches, get_ignored_tests
+
+    if result.result is None:
+        return {}
+    scoped = result.result.for_branches(get_active_branches(instance)).without_ignored(get_ignored_tests(instance))
+    return {t.full_name: t.status for t in scoped.test_results}
+
+
+def task_outcome(result: EvaluationOutcome, instance: dict[str, Any]) -> TaskOutcome:
     notes = []
     if result.strict and result.neutralised:
         notes.append(f"--pb-strict neutralised before the hidden tests: {', '.join(result.neutralised)}")
@@ -252,7 +262,7 @@ def task_outcome(result: EvaluationOutcome) -> TaskOutcome:
         error_code=result.error_code, failing_branches=result.failing_branches, branch_errors=result.branch_errors,
         flags=[str(flag) for flag in result.integrity_flags], clock_fired=result.clock_fired,
         executable_hash=result.executable_hash, compile_seconds=result.compile_seconds,
-        test_seconds=result.test_seconds, reruns=result.reruns, notes=notes,
+        test_seconds=result.test_seconds, reruns=result.reruns, notes=notes, tests=scored_tests(result, instance),
     )
 
 

@@ -37,6 +37,7 @@ class TaskOutcome:
     reruns: bool | None = None
     agent_exit: int | None = None
     agent_seconds: float | None = None
+    tests: Mapping[str, str] = field(default_factory=dict)  # "<branch>/<name>" -> status, scored tests only
     notes: Sequence[str] = ()
 
     def as_dict(self) -> dict[str, Any]:
@@ -45,6 +46,7 @@ class TaskOutcome:
         data["branch_errors"] = {k: list(v) for k, v in self.branch_errors.items()}
         data["flags"] = list(self.flags)
         data["notes"] = list(self.notes)
+        data["tests"] = dict(self.tests)
         return data
 
 
@@ -88,8 +90,11 @@ def failure_message(outcome: TaskOutcome, min_score: float, *, flagged: bool) ->
     return "\n".join(lines)
 
 
-def assert_verdict(item: pytest.Item, outcome: TaskOutcome, *, min_score: float, allow_flags: bool) -> None:
+def assert_verdict(item: pytest.Item, outcome: TaskOutcome, *, min_score: float, allow_flags: bool,
+                   junit_tests: bool = False) -> None:
     item.user_properties.extend(junit_properties(outcome))
+    if junit_tests:
+        item.user_properties.extend((f"test:{name}", status) for name, status in sorted(outcome.tests.items()))
     flagged = bool(outcome.flags) and not allow_flags
     if outcome.score < min_score or flagged:
         raise VerdictFailure(failure_message(outcome, min_score, flagged=flagged))

@@ -104,7 +104,7 @@ STRIP_ENV_PREFIXES = ("LD_",)
 # Signals the client forwards; TSTP/CONT also stop and continue the child.
 FORWARDABLE = frozenset(range(1, 65))
 _PROC_MEM = re.compile(r"/proc/[^/\s]+/(?:task/[^/\s]+/)?mem\b")
-_PROC_SELF = re.compile(r"/proc/(?:self|thread-self|\d+)/(?:task/\d+/)?(?:exe|fd|map_files|mem|root|cwd)\b")
+_PROC_SELF = re.compile(r"/proc/(?:self|thread-self|\d+)/(?:task/\d+/)?(?:exe|fd|map_files|root|cwd)\b")
 LOG_ARG_LIMIT = 4096
 LOG_MAX_BYTES = 256 << 20
 
@@ -129,20 +129,17 @@ def clean_env(entries: list[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def audit_flags(argv: list[str], cwd: str | None) -> list[str]:
-    """Flags for the call log: arguments that name (or resolve to) ``/proc/*/mem`` and friends."""
+    """Flags for the call log: arguments that name (or resolve to) ``/proc/*/mem`` and the other self-views."""
     flags: list[str] = []
-    for arg in argv[1:]:
-        resolved = ""
-        if cwd and len(arg) < 4096 and "\0" not in arg:
-            try:
-                resolved = os.path.realpath(os.path.join(cwd, arg))
-            except (OSError, ValueError):
-                resolved = ""
-        for text in (arg, resolved):
-            if _PROC_MEM.search(text) and "proc-mem" not in flags:
-                flags.append("proc-mem")
-            elif _PROC_SELF.search(text) and "proc-self" not in flags:
-                flags.append("proc-self")
+    for position, arg in enumerate(argv[1:]):
+        texts = [arg]
+        if cwd and position < 256 and len(arg) < 4096 and "\0" not in arg:
+            with contextlib.suppress(OSError, ValueError):
+                texts.append(os.path.realpath(os.path.join(cwd, arg)))
+        for text in texts:
+            flag = "proc-mem" if _PROC_MEM.search(text) else "proc-self" if _PROC_SELF.search(text) else None
+            if flag and flag not in flags:
+                flags.append(flag)
     return flags
 
 
