@@ -54,8 +54,7 @@ class AgentSpec:
                 raise pytest.UsageError(f"--pb-agent replay:DIR: {directory} is not a directory")
             return cls("replay", replay_dir=directory.resolve())
         if text == "mini-swe-agent":
-            raise pytest.UsageError("--pb-agent mini-swe-agent: the preset is not available in this version; run "
-                                    "mini-swe-agent as a host-loop command with --pb-agent-on-host instead")
+            return cls("mini-swe-agent", on_host=True)
         return cls("command", command=text, on_host=on_host)
 
     @property
@@ -171,10 +170,16 @@ class AgentRunner:
             setup = sandbox.exec(self.settings.agent_setup, user="root", workdir="/", timeout=self.settings.
                                  agent_timeout, output=self.log_path)
             notes.append(f"agent set-up exited {setup.exit_code}")
-        self.write_prompt(sandbox)
+        prompt = self.write_prompt(sandbox)
         timeout = max(1.0, self.settings.agent_timeout - (time.monotonic() - started))
         if self.spec.kind in ("reference", "replay"):
             exit_code, timed_out = self._replay(sandbox, timeout, notes)
+        elif self.spec.kind == "mini-swe-agent":
+            from pytest_programbench.mini_swe_agent import run_mini_swe_agent
+
+            exit_code, timed_out = run_mini_swe_agent(
+                sandbox, task=self.task, settings=self.settings, prompt=prompt, env=self.environment(sandbox),
+                log_path=self.log_path, timeout=timeout)
         elif self.spec.on_host:
             exit_code, timed_out = self._on_host(sandbox, timeout)
         else:

@@ -72,6 +72,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("prompt-template", "Jinja2 template for the agent prompt.", metavar="FILE"),
     Option("model", "Model name for agent presets such as mini-swe-agent.", metavar="NAME"),
     Option("model-endpoint", "The only address the agent may reach, through a relay.", metavar="URL"),
+    Option("model-key-env", "Host environment variable whose value the relay adds as the API key (the sandbox "
+           "never sees it).", metavar="NAME"),
     Option("submissions", "Evaluate existing submissions (<id>/submission.tar.gz) instead of running an agent.",
            metavar="DIR"),
     Option("require-all", "With --pb-submissions, selected tasks without a submission fail with score 0.",
@@ -226,6 +228,7 @@ class Settings:
     prompt_template: str | None = None
     model: str | None = None
     model_endpoint: str | None = None
+    model_key_env: str | None = None
     submissions: str | None = None
     require_all: bool = False
     sandbox_cpus: float = field(default_factory=lambda: float(min(20, _cores())))
@@ -273,7 +276,7 @@ def _parsers() -> dict[str, Callable[[str, Any], Any]]:
         "agent": text, "agent_env": raw_seq, "agent_mounts": raw_seq, "agent_setup": text,
         "agent_on_host": lambda _f, v: to_bool(v),
         "agent_timeout": lambda f, v: to_int(f, v, minimum=1),
-        "prompt_template": text, "model": text, "model_endpoint": text,
+        "prompt_template": text, "model": text, "model_endpoint": text, "model_key_env": text,
         "submissions": lambda f, v: str(existing_dir(f, v)),
         "require_all": lambda _f, v: to_bool(v),
         "sandbox_cpus": lambda f, v: to_float(f, v, minimum=0.01),

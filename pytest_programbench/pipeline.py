@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from pytest_programbench.evaluation import EvaluationOutcome
     from pytest_programbench.images import ResolvedImage
     from pytest_programbench.items import ProgramBenchItem
+    from pytest_programbench.relay import ModelRelay
     from pytest_programbench.sandbox import Sandbox
     from pytest_programbench.session import ProgramBenchSession
 
@@ -50,6 +51,7 @@ class TaskPipeline:
         self.agent_result: AgentResult | None = None
         self.pack_error = ""
         self.reused = False
+        self.relay_stats: dict[str, Any] | None = None
         self.meta: dict[str, Any] = {"instance_id": task.instance_id, "run_id": session.identity.run_id,
                                      "worker": session.worker_id}
 
@@ -171,17 +173,40 @@ class TaskPipeline:
         spec = self.session.agent_spec
         assert spec is not None
         self.meta["agent"] = {"spec": spec.label}
+        relay = self._start_relay(on_host=spec.on_host)
         with self.phase("sandbox"):
             sandbox = Sandbox.for_task(self.task, self.settings, self.labels, image_id=image.id)
+            if relay is not None and not spec.on_host:
+                from pytest_programbench.relay import SANDBOX_SOCKET_DIR
+
+                sandbox.mounts = (*sandbox.mounts, (str(relay.socket_dir), SANDBOX_SOCKET_DIR))
             try:
                 sandbox.start()
-            except SandboxError as exc:
+                if relay is not None and not spec.on_host:
+                    from pytest_programbench.relay import start_bridge
+
+                    start_bridge(sandbox.engine.containers.get(sandbox.id))
+            except (SandboxError, RuntimeError) as exc:
+                sandbox.close()
+                if relay is not None:
+                    relay.close()
                 raise InfrastructureError(f"sandbox: {exc}") from exc
             self.meta["sandbox"] = {"container": sandbox.id, "proxy_client": sandbox.proxy_client.label,
                                     "reference_kind": sandbox.layout.reference_kind}
+        extra_env: dict[str, str] = {}
+        if relay is not None:
+            extra_env = relay.agent_env() if spec.on_host else relay.sandbox_env()
         try:
             with self.phase("agent"):
-                result = AgentRunner(spec, self.task, self.settings, log_path=self.artifacts.agent_log).run(sandbox)
+                runner = AgentRunner(spec, self.task, self.settings, log_path=self.artifacts.agent_log,
+                                     extra_env=extra_env)
+                try:
+                    result = runner.run(sandbox)
+                finally:
+                    if relay is not None:
+                        relay.close()  # records are complete only once the relay is closed
+                        self.relay_stats = relay.stats().as_dict()
+                        self.meta["relay"] = self.relay_stats
             self.agent_result = result
             self.meta["agent"].update(result.meta())
             self._require_alive(sandbox)
@@ -199,6 +224,19 @@ class TaskPipeline:
         finally:
             sandbox.close()
         return self.artifacts.submission
+
+    def _start_relay(self, *, on_host: bool) -> ModelRelay | None:
+        """--pb-model-endpoint: the agent's only way out, recorded per task."""
+        if not self.settings.model_endpoint:
+            return None
+        from pytest_programbench.relay import ModelRelay, RelayConfigError
+
+        relay = ModelRelay(self.settings.model_endpoint, records_path=self.artifacts.dir / "model-requests.jsonl",
+                           api_key_env=self.settings.model_key_env, unix=not on_host, tcp=on_host)
+        try:
+            return relay.start()
+        except (RelayConfigError, OSError) as exc:
+            raise InfrastructureError(f"model relay: {exc}") from exc
 
     def _require_alive(self, sandbox: Sandbox) -> None:
         """The agent cannot stop its own container (it is an unprivileged user): a dead one is infrastructure."""
@@ -236,6 +274,8 @@ class TaskPipeline:
             outcome.agent_seconds = round(self.agent_result.seconds, 3)
             if self.agent_result.clock_fired:
                 outcome.clock_fired = self.agent_result.clock_fired
+        if self.relay_stats is not None:
+            outcome.tokens = {k: v for k, v in self.relay_stats.items() if isinstance(v, int | float | None)}
         return outcome
 
 

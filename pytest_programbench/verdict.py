@@ -38,6 +38,7 @@ class TaskOutcome:
     agent_exit: int | None = None
     agent_seconds: float | None = None
     tests: Mapping[str, str] = field(default_factory=dict)  # "<branch>/<name>" -> status, scored tests only
+    tokens: Mapping[str, int | float | None] | None = None  # the model relay's counts (None: no relay)
     notes: Sequence[str] = ()
 
     def as_dict(self) -> dict[str, Any]:
@@ -47,6 +48,7 @@ class TaskOutcome:
         data["flags"] = list(self.flags)
         data["notes"] = list(self.notes)
         data["tests"] = dict(self.tests)
+        data["tokens"] = dict(self.tokens) if self.tokens is not None else None
         return data
 
 
@@ -68,6 +70,7 @@ def junit_properties(outcome: TaskOutcome) -> list[tuple[str, Any]]:
         ("reruns", plain(outcome.reruns)),
         ("agent_exit", plain(outcome.agent_exit)),
         ("agent_seconds", plain(outcome.agent_seconds)),
+        *((f"model_{name}", plain(value)) for name, value in sorted((outcome.tokens or {}).items())),
     ]
 
 
