@@ -252,14 +252,16 @@ int main(int argc, char **argv) {
         c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
         memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
     }
+    /* A send error is reported only if no reply explains it: the daemon answers a refused caller at once and
+     * closes, so the rest of our request meets a closed socket while the refusal waits to be read. */
+    int send_error = 0;
     ssize_t sent;
     do sent = sendmsg(sock, &msg, MSG_NOSIGNAL);
     while (sent < 0 && errno == EINTR);
-    if (sent < 0) fail(126, "binary: cannot reach the reference proxy: %s\n", strerror(errno));
-    if ((size_t)sent < sizeof h && send_all(sock, (char *)&h + sent, sizeof h - (size_t)sent) < 0)
-        fail(126, "binary: cannot reach the reference proxy: %s\n", strerror(errno));
-    if (send_all(sock, payload, (size_t)(p - payload)) < 0)
-        fail(126, "binary: cannot reach the reference proxy: %s\n", strerror(errno));
+    if (sent < 0) send_error = errno;
+    else if ((size_t)sent < sizeof h && send_all(sock, (char *)&h + sent, sizeof h - (size_t)sent) < 0)
+        send_error = errno;
+    if (!send_error && send_all(sock, payload, (size_t)(p - payload)) < 0) send_error = errno;
     free(payload);
     if (cwd >= 0) close(cwd);
 
@@ -278,8 +280,10 @@ int main(int argc, char **argv) {
     }
 
     struct reply_header reply;
-    if (recv_all(sock, &reply, sizeof reply) < 0 || memcmp(reply.magic, "PBR1", 4) != 0)
+    if (recv_all(sock, &reply, sizeof reply) < 0 || memcmp(reply.magic, "PBR1", 4) != 0) {
+        if (send_error) fail(126, "binary: cannot reach the reference proxy: %s\n", strerror(send_error));
         fail(125, "binary: the reference proxy closed the connection without a result\n");
+    }
     if (reply.message_len > 0) {
         char message[4097];
         uint32_t len = reply.message_len > 4096 ? 4096 : reply.message_len;

@@ -107,11 +107,12 @@ def main() -> None:
         sock.connect(path)
     except OSError as exc:
         _fail(126, f"binary: the reference proxy is not running ({path}: {exc.strerror})\n")
+    send_error = ""
     try:
         sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
         sock.sendall(_rlimits() + strings)
-    except OSError as exc:
-        _fail(126, f"binary: cannot reach the reference proxy: {exc.strerror}\n")
+    except OSError as exc:  # reported only if no reply explains it (a refused caller is answered at once)
+        send_error = exc.strerror or str(exc)
     if cwd is not None:
         os.close(cwd)
 
@@ -138,6 +139,8 @@ def main() -> None:
             reply = got
             break
     if len(reply) != REPLY.size or reply[:4] != b"PBR1":
+        if send_error:
+            _fail(126, f"binary: cannot reach the reference proxy: {send_error}\n")
         _fail(125, "binary: the reference proxy closed the connection without a result\n")
     _magic, kind, value, length = REPLY.unpack(reply)
     if length:
