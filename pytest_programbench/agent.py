@@ -171,7 +171,8 @@ class AgentRunner:
                                  agent_timeout, output=self.log_path)
             notes.append(f"agent set-up exited {setup.exit_code}")
         prompt = self.write_prompt(sandbox)
-        timeout = max(1.0, self.settings.agent_timeout - (time.monotonic() - started))
+        # Whole seconds: the in-sandbox `timeout` takes an integer, and the clock's verdict compares against it.
+        timeout = float(max(1, int(self.settings.agent_timeout - (time.monotonic() - started))))
         if self.spec.kind in ("reference", "replay"):
             exit_code, timed_out = self._replay(sandbox, timeout, notes)
         elif self.spec.kind == "mini-swe-agent":

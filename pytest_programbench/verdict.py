@@ -54,7 +54,10 @@ class TaskOutcome:
 
 def junit_properties(outcome: TaskOutcome) -> list[tuple[str, Any]]:
     def plain(value: Any) -> Any:
-        return value if value is None or isinstance(value, bool | int | float | str) else str(value)
+        # JUnit writes str(value): "" says "none" better than "None"; xdist needs plain builtins.
+        if value is None:
+            return ""
+        return value if isinstance(value, bool | int | float | str) else str(value)
 
     return [
         ("score", round(outcome.score, 6)),

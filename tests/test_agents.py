@@ -1,0 +1,141 @@
+"""Agents end to end: real sandboxes, real proxies, real evaluation, real pytest sessions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TESTBED, Testbed
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+RPN = "pbfix__rpn.0b5e55e"
+CATLIKE = "pbfix__catlike.c47c47c"
+
+
+def run_agent(pytester: pytest.Pytester, testbed: Testbed, agent: str, *args: str,
+              task: str = RPN) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
+        "--pb-filter", task, "--pb-agent", agent, "--pb-agent-mount", f"{TESTBED}:/pb-testbed",
+        "--pb-output", str(pytester.path / "run"), "--pb-cpus", "2", "--junitxml", str(pytester.path / "junit.xml"),
+        *args, timeout=900,
+    )
+
+
+def properties(pytester: pytest.Pytester, task: str) -> dict[str, str]:
+    root = ET.parse(pytester.path / "junit.xml").getroot()
+    case = next(c for c in root.iter("testcase") if c.get("name") == task)
+    return {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
+
+
+def official_info(run_dir: Path, tasks_dir: Path) -> str:
+    """``programbench info`` itself, told where our fixture tasks live (it only knows its packaged ones)."""
+    code = (
+        "import sys; from pathlib import Path\n"
+        "import programbench.utils.load_data as ld\n"
+        f"ld.load_all_instances.__defaults__ = (Path({str(tasks_dir)!r}),)\n"
+        "from programbench.cli.main import app\n"
+        f"app(['info', {str(run_dir)!r}], standalone_mode=False)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+SCRIPTED = (
+    # Probe the reference through the proxy like an agent would, then write a solution from what it learned.
+    'printf "2 3 +\\n" | /workspace/binary > probe.txt && grep -qx 5 probe.txt && '
+    'test "$(id -u)" != 0 && test -z "$(ls /workspace/src)" || test -f probe.txt; '
+    "cp -r /pb-testbed/solutions/$PB_TASK_ID/. . && rm probe.txt && test -f \"$PB_PROMPT_FILE\" && "
+    'grep -q "/workspace/binary" "$PB_PROMPT_FILE"'
+)
+
+
+def test_scripted_agent_passes_and_programbench_info_agrees(pytester: pytest.Pytester, testbed: Testbed) -> None:
+    result = run_agent(pytester, testbed, SCRIPTED)
+    result.assert_outcomes(passed=1)
+    props = properties(pytester, RPN)
+    assert props["agent_exit"] == "0"
+    assert props["clock_fired"] == ""
+    run_dir = pytester.path / "run"
+    calls = [json.loads(line) for line in (run_dir / RPN / "binary-calls.jsonl").read_text().splitlines()]
+    assert calls, "the agent's probe went through the proxy and was recorded"
+    assert calls[0]["argv"] == ["/workspace/binary"]
+    assert calls[0]["exit"] == 0
+    info = official_info(run_dir, testbed.tasks_dir)
+    assert any(RPN in line and "✅" in line for line in info.splitlines()), info
+
+
+@pytest.mark.parametrize("target", ["/workspace/binary", "/workspace/executable"])
+def test_compile_sh_wrapping_the_reference_fails_at_evaluation(pytester: pytest.Pytester, testbed: Testbed,
+                                                               target: str) -> None:
+    agent = (f"printf '#!/bin/sh\\nprintf \"#!/bin/sh\\\\nexec {target} \\\\\"\\\\$@\\\\\"\\\\n\" > executable"
+             "\\nchmod +x executable\\n' > compile.sh && chmod +x compile.sh && sh compile.sh && "
+             'test "$(printf "2 3 +\\n" | ./executable)" = 5')
+    result = run_agent(pytester, testbed, agent)
+    result.assert_outcomes(failed=1)
+    props = properties(pytester, RPN)
+    assert props["agent_exit"] == ("0" if target == "/workspace/binary" else "1")
+    assert float(props["score"]) < 0.5
+
+
+def test_agent_timeout_evaluates_partial_work(pytester: pytest.Pytester, testbed: Testbed) -> None:
+    agent = "cp -r /pb-testbed/solutions/$PB_TASK_ID/. . && sleep 600"
+    result = run_agent(pytester, testbed, agent, "--pb-agent-timeout", "15")
+    result.assert_outcomes(passed=1)
+    props = properties(pytester, RPN)
+    assert props["clock_fired"] == "agent"
+    assert float(props["score"]) == 1.0
+    assert 15 <= float(props["agent_seconds"]) < 120
+    meta = json.loads((pytester.path / "run" / RPN / "pb-meta.json").read_text())
+    assert meta["agent"]["timed_out"] is True
+
+
+def test_agent_crash_is_scored_not_an_error(pytester: pytest.Pytester, testbed: Testbed) -> None:
+    result = run_agent(pytester, testbed, "echo dying >&2; kill -SEGV $$")
+    result.assert_outcomes(failed=1)
+    props = properties(pytester, RPN)
+    assert float(props["score"]) == 0.0
+    assert props["error_code"] == "compile_failed"
+    assert "dying" in (pytester.path / "run" / RPN / "agent.log").read_text()
+
+
+def test_agent_env_and_secrets(pytester: pytest.Pytester, testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PB_TEST_SECRET", "s3cr3t-value")
+    agent = ('test "$PB_TEST_SECRET" = s3cr3t-value && test "$PLAIN" = yes && test "$PB_TASK_ID" = ' + RPN +
+             ' && test "$PB_BINARY" = /workspace/binary && cp -r /pb-testbed/solutions/$PB_TASK_ID/. .')
+    result = run_agent(pytester, testbed, agent, "--pb-agent-env", "PB_TEST_SECRET", "--pb-agent-env", "PLAIN=yes")
+    result.assert_outcomes(passed=1)
+    run_dir = pytester.path / "run"
+    for path in run_dir.rglob("*"):
+        if path.is_file() and path.suffix != ".gz":
+            assert "s3cr3t-value" not in path.read_text(errors="replace"), path
+
+
+def test_host_loop_agent_drives_the_sandbox(pytester: pytest.Pytester, testbed: Testbed) -> None:
+    agent = (f"tar -C {TESTBED}/solutions/$PB_TASK_ID -c . | $PB_SANDBOX_EXEC 'tar -x -C /workspace/src' && "
+             "$PB_SANDBOX_EXEC 'test $(id -u) = 1777'")
+    result = run_agent(pytester, testbed, agent, "--pb-agent-on-host")
+    result.assert_outcomes(passed=1)
+
+
+def test_replay_preset(pytester: pytest.Pytester, testbed: Testbed) -> None:
+    result = run_agent(pytester, testbed, f"replay:{TESTBED / 'bad' / RPN.split('.', maxsplit=1)[0]}", task=RPN)
+    # replay:DIR wants DIR/<id>/: the bad variants are laid out per variant, so this replays nothing.
+    result.assert_outcomes(failed=1)
+    result = run_agent(pytester, testbed, f"replay:{TESTBED / 'solutions'}", task=RPN)
+    result.assert_outcomes(passed=1)
+
+
+def test_main_job_passes_as_a_new_user_would_run_it() -> None:
+    proc = subprocess.run(["bash", "scripts/main-job.sh", "-p", "no:randomly"], cwd=REPO, capture_output=True,
+                          text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.stdout.count("3 passed") == 2, proc.stdout[-4000:]
