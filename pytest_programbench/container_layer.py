@@ -72,6 +72,60 @@ _HEADER = struct.Struct(">BxxxL")
 _CHUNK = 1 << 20
 
 
+# The official sources this layer was written against (programbench 1.2.5), with what to re-check if one changes.
+AUDITED_SOURCES: dict[str, tuple[str, str]] = {
+    "eval/eval.py": (
+        "8904e2947de17d166a2c579b9d55684ed15143c692024413e24d80645f30d5f9",
+        "Evaluator: the names and order of _run_step steps, the hard-coded compile/run_tests timeouts mapped in "
+        "SdkEvaluator._run_step, the _new_env env/addopts logic copied into SdkEvaluator._official_env, the "
+        "_copy_file_from_container log entry shape, the module-level remove_image call, the rerunfailures pin",
+    ),
+    "container.py": (
+        "e0faa1d3e846ba725c19b53cf2cff754bf3c6cd4c6f70b07309b75d239dea506",
+        "ContainerEnvironment: constructor arguments, `docker run` flags (--init, --cpus, -w, env), execute() "
+        "(bash -lc, stdout+stderr, the timeout teardown), copy_in/copy_in_tar semantics, commit, cleanup",
+    ),
+    "utils/internet_control.py": (
+        "1f4bbcec7d4457f4ee2f237717de0739c28ad1a366eee751e367b67ec4382751",
+        "block/restore_build_internet_dns: they call env.execute() on our environment",
+    ),
+    "eval/pytest_timeout_retry.py": (
+        "d9792db721ba8c0a85b7ad6a117a52375963e3e1deee935596be78c67ab22b95",
+        "the plugin copied in with copy_in(); its module name and directory",
+    ),
+    "utils/load_data.py": (
+        "10355cc12bad16fe6dea699d8b271a56e4bd1525e752554359ca1dac27bcda10",
+        "get_active_branches / get_ignored_tests / get_ignored_branches used for the score",
+    ),
+    "eval/eval_batch.py": (
+        "31facfb195aa405f3a8bd6335978e0ff8408fff40e9570f91c36ed56604d36c2",
+        "_evaluate_instance: how `programbench eval` builds the Evaluator (mirrored in evaluation.evaluate) and "
+        "scores an instance whose pipeline raised (0, error_code = exception type)",
+    ),
+}
+
+
+def audit_official_sources() -> list[str]:
+    """One message per installed official source file that differs from the audited one."""
+    import hashlib
+
+    import programbench
+
+    root = Path(programbench.__file__).parent
+    problems = []
+    for rel, (digest, recheck) in AUDITED_SOURCES.items():
+        path = root / rel
+        try:
+            actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError as exc:
+            problems.append(f"{path}: unreadable ({exc}); re-check {recheck}")
+            continue
+        if actual != digest:
+            problems.append(f"{path} changed (sha256 {actual}, audited {digest}): re-check {recheck}, then update "
+                            f"AUDITED_SOURCES in pytest_programbench/container_layer.py")
+    return problems
+
+
 class HarnessError(Exception):
     """A self-check of the harness failed: an infrastructure error, never a score."""
 
