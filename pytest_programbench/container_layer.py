@@ -878,8 +878,9 @@ class SdkEvaluator(Evaluator):
     # The official signature and env/addopts logic (eval.py `_new_env`), returning our environment.
     def _new_env(self, image: str, *, serial_pytest: bool = False) -> SdkContainerEnvironment:  # type: ignore[override]
         if image == f"{self.image_name}:{self.image_tag}":
-            self.compile_env_started = True
-            return self._make_env(self.layer.image, serial_pytest=serial_pytest, compile_phase=True)
+            container = self._make_env(self.layer.image, serial_pytest=serial_pytest, compile_phase=True)
+            self.compile_env_started = True  # from here on, failures happen where the submission is in control
+            return container
         ready = None
         if not serial_pytest and self.layer.prefetch:
             with self._envs_lock:

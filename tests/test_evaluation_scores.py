@@ -1,0 +1,260 @@
+"""``evaluate``: scores through the official filtering functions, the official pipeline's invariants, where errors
+land (scored vs infrastructure), clocks, resources, and that nothing is left behind."""
+
+from __future__ import annotations
+
+import gzip
+import tarfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from programbench.utils.load_data import get_active_branches, get_ignored_branches, get_ignored_tests
+
+from pytest_programbench import container_layer
+from pytest_programbench.blobs import BlobSet, resolve_blobs
+from pytest_programbench.catalogue import Task
+from pytest_programbench.docker_engine import Labels
+from pytest_programbench.evaluation import EvalSettings, EvaluationOutcome, evaluate
+from pytest_programbench.images import ensure_image
+from tests.conftest import Testbed
+from tests.test_evaluation_parity import CATLIKE, RPN, TUIISH, pack, statuses, steps, submission, tasks
+
+pytestmark = pytest.mark.docker
+
+COMPILE_STEPS = ["wipe_workspace", "clear_stale_executable", "seed_git", "compile", "copy_executable",
+                 "hash_executable", "install_rerunfailures"]
+BRANCH_STEPS = ["restore_executable", "verify_executable_hash", "clean_stale_results", "patch_timeout_method",
+                "run_tests", "results_read"]
+
+
+def _evaluate(task: Task, archive: Path, testbed: Testbed, tmp_path: Path, *, run_id: str | None = None,
+              blobs: BlobSet | None = None, image: str | None = None, **settings: Any) -> EvaluationOutcome:
+    settings.setdefault("reruns", False)
+    settings.setdefault("cpus", 2)
+    if blobs is None:
+        blobs = resolve_blobs(task, get_active_branches(task.load_instance()), blob_dir=testbed.blob_dir,
+                              cache_dir=tmp_path / "cache")
+    return evaluate(task, archive, blobs=blobs, image=image or ensure_image(task, pull="never").id,
+                    labels=Labels(run_id or f"pb-test-{uuid.uuid4().hex[:8]}"), settings=EvalSettings(**settings),
+                    workdir=tmp_path)
+
+
+def _leftovers(docker_client: Any, run_id: str) -> tuple[list[Any], list[Any]]:
+    filters = {"label": [f"pytest-programbench={run_id}"]}
+    return docker_client.api.containers(all=True, filters=filters), docker_client.api.images(filters=filters)
+
+
+@pytest.mark.parametrize(("instance_id", "variant"), [(CATLIKE, "dummy"), (CATLIKE, "wrong"), (RPN, "dummy"),
+                                                      (TUIISH, "wrong")])
+def test_score_is_the_official_filtered_score(testbed: Testbed, tmp_path: Path, instance_id: str,
+                                              variant: str) -> None:
+    task = tasks(testbed)[instance_id]
+    instance = task.load_instance()
+    outcome = _evaluate(task, submission(testbed, variant, instance_id), testbed, tmp_path)
+    result = outcome.result
+    assert result is not None
+    active = get_active_branches(instance)
+    ignored_tests = get_ignored_tests(instance)
+    # eval.json keeps everything (ignored tests included); the ignored branch is never run.
+    assert result.test_branches == active
+    assert not set(get_ignored_branches(instance)) & {t.branch for t in result.test_results}
+    assert {t.full_name for t in result.test_results} >= {n for n in ignored_tests if n.split("/")[0] in active}
+    filtered = result.for_branches(active).without_ignored(ignored_tests)
+    assert outcome.score == filtered.score
+    assert outcome.n_passed == sum(t.status == "passed" for t in filtered.test_results)
+    assert outcome.n_tests == len(filtered.test_results)
+    assert outcome.n_tests == sum(len(instance["branches"][b]["tests"]) for b in active) - len(
+        [n for n in ignored_tests if n.split("/")[0] in active])
+    if variant == "dummy":
+        # The dummy passes the dummy_pass tests, which are ignored: the official filter drops them.
+        passed_ignored = [t for t in result.test_results if t.full_name in ignored_tests and t.is_resolved]
+        assert passed_ignored
+        assert outcome.score == 0.0
+    failing = {b for b in outcome.failing_branches}
+    assert failing == {t.branch for t in filtered.test_results if not t.is_resolved}
+    assert all(len(v) <= 3 for v in outcome.failing_branches.values())
+    message = outcome.message()
+    assert f"score {outcome.score:.4f} ({outcome.n_passed}/{outcome.n_tests} tests passed)" in message
+    for branch in failing:
+        assert f"branch {branch}:" in message
+
+
+def test_invariants_fresh_container_per_branch_hash_rechecked_one_entry_per_step(
+    docker_client: Any, testbed: Testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[tuple[str, str]] = []
+    original = container_layer.SdkContainerEnvironment.__init__
+
+    def recording(self: Any, **kwargs: Any) -> None:
+        original(self, **kwargs)
+        made.append((kwargs["image"], self.container_id))
+
+    monkeypatch.setattr(container_layer.SdkContainerEnvironment, "__init__", recording)
+    run_id = f"pb-test-{uuid.uuid4().hex[:8]}"
+    task = tasks(testbed)[RPN]
+    outcome = _evaluate(task, submission(testbed, "good", RPN), testbed, tmp_path, run_id=run_id)
+    result = outcome.result
+    assert result is not None
+    assert outcome.score == 1.0
+    branches = result.test_branches
+    assert len(branches) == 3
+
+    # One log entry per official step, in the official order.
+    assert steps(result) == COMPILE_STEPS + BRANCH_STEPS * len(branches)
+
+    # A fresh container per branch (plus the compile container), never reused; branches run on the commit.
+    ids = [cid for _, cid in made]
+    assert len(ids) == len(set(ids)) == 1 + len(branches)
+    assert made[0][0] == ensure_image(task, pull="never").id
+    assert {image for image, _ in made[1:]} == {made[1][0]}
+    assert made[1][0].startswith(f"programbench-compiled/{RPN}:")
+    reads = [e for e in result.log if e["step"] == "results_read"]
+    assert [e["branch"] for e in reads] == branches
+    read_ids = {str(e["command"]).split()[2].split(":")[0] for e in reads}
+    assert read_ids == set(ids[1:])
+
+    # The executable hash is re-checked in every branch container.
+    checks = [e for e in result.log if e["step"] == "verify_executable_hash"]
+    assert len(checks) == len(branches)
+    assert all(str(e["output"]).split()[0] == result.executable_hash for e in checks)
+
+    # Nothing is left: containers and the committed image are gone.
+    assert _leftovers(docker_client, run_id) == ([], [])
+
+
+def test_branch_workers_and_prefetch_do_not_change_results(testbed: Testbed, tmp_path: Path,
+                                                           docker_client: Any) -> None:
+    task = tasks(testbed)[RPN]
+    archive = submission(testbed, "wrong", RPN)
+    serial = _evaluate(task, archive, testbed, tmp_path)
+    run_id = f"pb-test-{uuid.uuid4().hex[:8]}"
+    parallel = _evaluate(task, archive, testbed, tmp_path, run_id=run_id, branch_workers=3)
+    assert serial.result is not None
+    assert parallel.result is not None
+    assert statuses(parallel.result) == statuses(serial.result)
+    assert parallel.score == serial.score
+    assert _leftovers(docker_client, run_id) == ([], [])
+
+
+def test_compile_clock(testbed: Testbed, tmp_path: Path, docker_client: Any) -> None:
+    archive = pack(testbed.solutions / RPN, tmp_path / "slow.tar.gz", drop=("compile.sh",),
+                   extra={"compile.sh": b"#!/bin/sh\nsleep 60 &\nsleep 60\n"})
+    run_id = f"pb-test-{uuid.uuid4().hex[:8]}"
+    outcome = _evaluate(tasks(testbed)[RPN], archive, testbed, tmp_path, run_id=run_id, compile_timeout=3)
+    assert outcome.infra_error is None
+    assert outcome.error_code == "compile_failed"
+    assert outcome.timeouts == ["compile"]
+    assert outcome.clock_fired == "compile"
+    assert outcome.score == 0.0
+    entry = next(e for e in outcome.result.log if e["step"] == "compile")  # type: ignore[union-attr]
+    assert entry["exception_info"] == "Command timed out after 3s"
+    assert entry["wall_time"] < 15
+    assert "clock fired: compile" in outcome.message()
+    assert _leftovers(docker_client, run_id) == ([], [])
+
+
+def test_test_clock(testbed: Testbed, tmp_path: Path) -> None:
+    """The hanging test trips pytest-timeout inside (10 s); a 6 s branch clock fires first and is named."""
+    outcome = _evaluate(tasks(testbed)[CATLIKE], submission(testbed, "hang", CATLIKE), testbed, tmp_path,
+                        test_timeout=6, branch_retries=0)
+    assert outcome.infra_error is None
+    assert outcome.clock_fired == "test"
+    hung = [t for t in outcome.timeouts if t.startswith("test:")]
+    assert hung
+    for entry in hung:
+        branch = entry.split(":", 1)[1]
+        assert branch in outcome.failing_branches
+    assert outcome.score < 1.0
+
+
+def test_output_is_capped_in_the_log(testbed: Testbed, tmp_path: Path) -> None:
+    archive = pack(testbed.solutions / RPN, tmp_path / "loud.tar.gz", drop=("compile.sh",),
+                   extra={"compile.sh": (testbed.solutions / RPN / "compile.sh").read_bytes()
+                          + b"\nhead -c 3000000 /dev/zero | tr '\\0' y\n"})
+    outcome = _evaluate(tasks(testbed)[RPN], archive, testbed, tmp_path, output_cap=10_000)
+    entry = next(e for e in outcome.result.log if e["step"] == "compile")  # type: ignore[union-attr]
+    assert "bytes of stdout omitted from this log" in entry["output"]
+    assert len(entry["output"]) < 25_000
+    reads = [e for e in outcome.result.log if e["step"] == "results_read"]  # type: ignore[union-attr]
+    assert reads
+    assert all("omitted from this log" not in e["output"] for e in reads)
+    assert all(e["output"].startswith("<?xml") for e in reads)
+    assert outcome.score == 1.0
+
+
+# --------------------------------------------------------------------------------------------- where errors land
+
+
+def test_missing_archive_is_scored_zero_not_infra(testbed: Testbed, tmp_path: Path) -> None:
+    outcome = _evaluate(tasks(testbed)[RPN], tmp_path / "absent.tar.gz", testbed, tmp_path)
+    assert outcome.infra_error is None
+    assert outcome.error_code == "no_submission"
+    assert outcome.score == 0.0
+    assert outcome.n_tests > 0
+    assert outcome.result is not None
+    assert {t.status for t in outcome.result.test_results} == {"not_run"}
+
+
+@pytest.mark.parametrize("kind", ["not-gzip", "truncated", "gzip-not-tar"])
+def test_unreadable_archive_is_scored_zero_with_the_problem_named(testbed: Testbed, tmp_path: Path,
+                                                                  kind: str) -> None:
+    good = submission(testbed, "good", RPN)
+    bad = tmp_path / "submission.tar.gz"
+    if kind == "not-gzip":
+        with tarfile.open(bad, "w") as tar:
+            tar.add(str(testbed.solutions / RPN / "compile.sh"), arcname="compile.sh")
+    elif kind == "truncated":
+        bad.write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])
+    else:
+        bad.write_bytes(gzip.compress(b"plain text, not a tar archive" * 50))
+    outcome = _evaluate(tasks(testbed)[RPN], bad, testbed, tmp_path)
+    assert outcome.infra_error is None
+    assert outcome.error_code == "invalid_submission_archive"
+    assert outcome.score == 0.0
+    assert str(bad) in (outcome.error_details or "")
+
+
+def test_missing_image_is_an_infra_error(testbed: Testbed, tmp_path: Path) -> None:
+    outcome = _evaluate(tasks(testbed)[RPN], submission(testbed, "good", RPN), testbed, tmp_path,
+                        image="programbench/absent:task_cleanroom_v6")
+    assert outcome.infra_error is not None
+    assert "could not start the compile container" in outcome.infra_error
+    assert outcome.result is None
+    assert outcome.message().startswith(f"{RPN}: infrastructure error")
+
+
+def test_unresolved_blob_is_an_infra_error(testbed: Testbed, tmp_path: Path) -> None:
+    task = tasks(testbed)[RPN]
+    blobs = resolve_blobs(task, get_active_branches(task.load_instance()), blob_dir=testbed.blob_dir,
+                          cache_dir=tmp_path / "cache")
+    partial = BlobSet(blobs.instance_id, blobs.directory, dict(list(blobs.sha256.items())[:1]), blobs.source)
+    outcome = _evaluate(task, submission(testbed, "good", RPN), testbed, tmp_path, blobs=partial)
+    assert outcome.infra_error is not None
+    assert "hidden tests not resolved" in outcome.infra_error
+
+
+def test_unreachable_engine_is_an_infra_error(testbed: Testbed, tmp_path: Path) -> None:
+    import docker
+
+    task = tasks(testbed)[RPN]
+    blobs = resolve_blobs(task, get_active_branches(task.load_instance()), blob_dir=testbed.blob_dir,
+                          cache_dir=tmp_path / "cache")
+    dead = docker.DockerClient(base_url=f"unix://{tmp_path}/no.sock", version="1.41")
+    outcome = evaluate(task, submission(testbed, "good", RPN), blobs=blobs, image="sha256:0", labels=Labels("x"),
+                       settings=EvalSettings(cpus=1, reruns=False), workdir=tmp_path, engine=dead)
+    assert outcome.infra_error is not None
+    assert "engine" in outcome.infra_error.lower()
+
+
+def test_properties_are_plain_builtins(testbed: Testbed, tmp_path: Path) -> None:
+    outcome = _evaluate(tasks(testbed)[RPN], submission(testbed, "compile_error", RPN), testbed, tmp_path)
+    props = outcome.properties()
+    assert {"score", "n_passed", "n_tests", "error_code", "executable_hash", "failed_branches", "compile_seconds",
+            "test_seconds"} <= set(props)
+    assert all(isinstance(v, str | int | float | bool) for v in props.values())
+    import json
+
+    json.dumps(outcome.meta())
+    assert outcome.meta()["reruns"] == "off"
