@@ -1,17 +1,45 @@
 """The Docker engine: one lazily created SDK client per process, the run's labels, and the sweep.
 
 Every container and image the plugin makes carries ``pytest-programbench=<run id>`` plus worker and task labels,
-so the controller can remove everything of its run at session end, also after a worker crashed.
+so the controller can remove everything of its run at session end, also after a worker crashed. Once the session
+called :func:`configure_run`, they also carry the run's owner (controller host, pid, start time) and a deadline,
+so :mod:`pytest_programbench.reaper` can tell a dead run's leftovers from a live run's containers by labels alone.
+
+The client :func:`client` returns is reliable by construction, for every caller:
+
+* the first contact is a ping with a short timeout: a missing, stopped or hung engine gives one clear
+  :class:`EngineUnavailable` (with :data:`HOW_TO_START`) within seconds, never a hang; a failure is remembered for
+  a few seconds, so a burst of items does not probe a dead engine one by one;
+* heavy operations (create, start, build, pull, commit, remove, load) go through
+  :mod:`pytest_programbench.backpressure`: at most N at once across all xdist workers of the run;
+* transient engine errors (connection refused or reset while the engine restarts, timeouts, 5xx) are retried with
+  exponential backoff, bounded by one outage budget per process, for the operations where a retry cannot change
+  the meaning of the result: the heavy ones (made idempotent: containers get a name, a repeated removal that finds
+  nothing succeeded) and pure reads. Exec and archive calls are never retried: their state dies with the engine;
+* every connection failure surfaces as :class:`EngineConnectionError`, which is both an :class:`EngineUnavailable`
+  (the pipeline's infrastructure error) and a ``requests`` ``ConnectionError`` (what the container layer expects);
+* a container whose engine restarted under it (an exec or archive call on it answers 404/409 after an outage, or
+  the daemon's pid changed) raises :class:`EngineRestarted`, so a killed container is never read as a submission
+  whose command failed: an infrastructure error, never a wrong score.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
+import os
+import socket
+import struct
 import threading
-from collections.abc import Mapping
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import requests.exceptions
 
 from pytest_programbench import RUN_LABEL, TASK_LABEL, WORKER_LABEL
 
@@ -25,10 +53,34 @@ _client_lock = threading.Lock()
 
 # Generous: creates and commits wait behind other workers' on a loaded 2-core machine.
 API_TIMEOUT = 300
+# The first contact: a hung engine must not hang every item.
+PING_TIMEOUT = float(os.environ.get("PB_DOCKER_PING_TIMEOUT", "10"))
+# After a failed first contact, further client() calls fail at once for this long (same message).
+UNREACHABLE_MEMORY = 15.0
+# How long one outage (the engine refusing connections, e.g. while it restarts) is waited out by retries.
+OUTAGE_BUDGET = float(os.environ.get("PB_DOCKER_RETRY_SECONDS", "60"))
+SERVER_ERROR_RETRIES = 3
+TIMEOUT_RETRIES = 1
+BACKOFF_FIRST = 0.25
+BACKOFF_MAX = 5.0
+
+OWNER_LABEL = "pytest-programbench.owner"  # "<hostname>/<boot id>/<controller pid>/<started>"
+EXPIRES_LABEL = "pytest-programbench.expires"  # unix seconds after which the object is garbage
+# A container whose lifetime cannot be read from its command, and every image, expire this long after creation.
+DEFAULT_LIFETIME = float(os.environ.get("PB_RUN_LIFETIME", str(7 * 24 * 3600)))
+EXPIRY_MARGIN = 600
 
 
 class EngineUnavailable(Exception):
     """The Docker engine does not answer: an infrastructure error, never a score."""
+
+
+class EngineConnectionError(EngineUnavailable, requests.exceptions.ConnectionError):
+    """The connection to the engine failed (after the retries the operation allows)."""
+
+
+class EngineRestarted(EngineConnectionError):
+    """The engine restarted while a container of this process was in use: its state is gone."""
 
 
 HOW_TO_START = (
@@ -37,21 +89,243 @@ HOW_TO_START = (
 )
 
 
+# ---------------------------------------------------------------------------------------------- the run's owner
+
+
+class RunLike(Protocol):
+    run_id: str
+    controller_pid: int
+    hostname: str
+    started: float
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who owns a run: the controller process. ``pid`` is checked against ``started`` (pid reuse)."""
+
+    hostname: str
+    pid: int
+    started: float
+    boot_id: str = ""
+
+    def label(self) -> str:
+        return f"{self.hostname}/{self.boot_id}/{self.pid}/{self.started:.3f}"
+
+    @classmethod
+    def parse(cls, value: str | None) -> Owner | None:
+        if not value:
+            return None
+        try:
+            hostname, boot_id, pid, started = value.rsplit("/", 3)
+            return cls(hostname, int(pid), float(started), boot_id)
+        except ValueError:
+            return None
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+_owner: Owner | None = None
+
+
+def configure_run(run: RunLike, *, concurrency: int | None = None) -> None:
+    """Once per process (controller and every worker) at configure time: the run's owner labels and the cap.
+
+    ``concurrency`` is ``--pb-docker-concurrency`` (None: ``$PB_DOCKER_CONCURRENCY`` or the default 4; 0: no cap).
+    """
+    global _owner  # noqa: PLW0603 - process-wide, set once by the session
+    from pytest_programbench import backpressure
+
+    same_host = run.hostname == socket.gethostname()
+    _owner = Owner(run.hostname, int(run.controller_pid), float(run.started), boot_id() if same_host else "")
+    backpressure.configure(run_id=run.run_id, limit=concurrency,
+                           owner={"hostname": run.hostname, "controller_pid": run.controller_pid,
+                                  "started": run.started, "boot_id": _owner.boot_id})
+
+
+def owner() -> Owner | None:
+    return _owner
+
+
+def owner_labels(lifetime: float | None = None) -> dict[str, str]:
+    """The labels :func:`configure_run` adds to everything this process creates (empty when not configured)."""
+    if _owner is None:
+        return {}
+    expires = time.time() + (lifetime if lifetime is not None else DEFAULT_LIFETIME) + EXPIRY_MARGIN
+    return {OWNER_LABEL: _owner.label(), EXPIRES_LABEL: str(int(expires))}
+
+
+# ---------------------------------------------------------------------------------------------- the client
+
+
+@dataclass
+class _EngineState:
+    """Process-wide view of the engine's health, shared by every client call."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    outage_since: float | None = None
+    epoch: int = 0  # bumped at the start of every outage
+    outages: int = 0
+    retries: int = 0
+    created: OrderedDict[str, tuple[int, int | None]] = field(default_factory=OrderedDict)  # id -> (epoch, pid)
+    execs: OrderedDict[str, str] = field(default_factory=OrderedDict)  # exec id -> container id
+    unreachable: tuple[float, str] | None = None  # (when, message) of the last failed first contact
+
+    def connection_failed(self, exc: BaseException) -> None:
+        with self.lock:
+            if self.outage_since is None:
+                self.outage_since = time.monotonic()
+                self.epoch += 1
+                self.outages += 1
+                log.warning("Docker engine connection failed (%s); waiting up to %.0f s for it", _short(exc),
+                            OUTAGE_BUDGET)
+
+    def answered(self) -> None:
+        if self.outage_since is None:
+            return
+        with self.lock:
+            if self.outage_since is not None:
+                log.warning("Docker engine answers again after %.1f s", time.monotonic() - self.outage_since)
+                self.outage_since = None
+
+    def outage_seconds(self) -> float:
+        since = self.outage_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def remember_container(self, container_id: str) -> None:
+        pid = engine_pid()  # now, not at client creation: the engine may have restarted since
+        with self.lock:
+            self.created[container_id] = (self.epoch, pid)
+            while len(self.created) > 4096:
+                self.created.popitem(last=False)
+
+    def remember_exec(self, exec_id: str, container_id: str) -> None:
+        with self.lock:
+            self.execs[exec_id] = container_id
+            while len(self.execs) > 4096:
+                self.execs.popitem(last=False)
+
+
+_state = _EngineState()
+
+
+def engine_state() -> _EngineState:
+    """The process's engine health counters (for reports and tests)."""
+    return _state
+
+
+def _short(exc: BaseException | str) -> str:
+    text = str(exc)
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def _docker_host() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def _socket_path() -> str | None:
+    host = _docker_host()
+    for prefix in ("unix://", "http+unix://"):
+        if host.startswith(prefix):
+            return "/" + host.removeprefix(prefix).lstrip("/")
+    return None
+
+
+def engine_pid() -> int | None:
+    """The engine's process id, from the peer credentials of its Unix socket (None for TCP or when hidden)."""
+    path = _socket_path()
+    if path is None or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(2)
+            sock.connect(path)
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    pid = struct.unpack("3i", creds)[0]
+    return pid or None
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc``, its causes and contexts, and exceptions nested in their args (requests wraps urllib3 wraps OSError)."""
+    found: list[BaseException] = []
+    queue: list[BaseException] = [exc]
+    while queue and len(found) < 20:
+        current = queue.pop(0)
+        if any(current is seen for seen in found):
+            continue
+        found.append(current)
+        queue.extend(a for a in current.args if isinstance(a, BaseException))
+        for linked in (current.__cause__, current.__context__):
+            if linked is not None:
+                queue.append(linked)
+    return found
+
+
+def describe_unreachable(exc: BaseException) -> str:
+    """One line: where the engine was looked for, why it did not answer, and how to start one."""
+    host = _docker_host()
+    path = _socket_path()
+    causes = _causes(exc)
+    text = " ".join(str(e) for e in causes)
+    if any(isinstance(e, FileNotFoundError) for e in causes) or "No such file or directory" in text:
+        why = f"there is no socket at {path} (dockerd is not running)" if path else "its address does not exist"
+    elif any(isinstance(e, ConnectionRefusedError) for e in causes) or "Connection refused" in text:
+        why = f"connection refused at {path or host} (dockerd is not running)"
+    elif any(isinstance(e, PermissionError) for e in causes) or "Permission denied" in text:
+        why = f"permission denied on {path or host} (run as root or join the docker group)"
+    elif any(isinstance(e, requests.exceptions.Timeout | TimeoutError) for e in causes) \
+            or "timed out" in text.lower():
+        why = f"no answer within {PING_TIMEOUT:g} s (the engine is hung or overloaded)"
+    elif any(isinstance(e, ConnectionResetError) for e in causes) or "reset by peer" in text:
+        why = f"the connection to {path or host} was reset (the engine stopped or restarted)"
+    else:
+        why = _short(exc)
+    return f"Docker engine unreachable at {host}: {why}; {HOW_TO_START}"
+
+
 def client() -> docker.DockerClient:
     """The process-wide client; created on first use so collection never touches the engine."""
     global _client  # noqa: PLW0603 - one client per process, created lazily
     with _client_lock:
-        if _client is None:
-            import docker
-            from docker.errors import DockerException
+        if _client is not None:
+            return _client
+        remembered = _state.unreachable
+        if remembered is not None and time.monotonic() - remembered[0] < UNREACHABLE_MEMORY:
+            raise EngineUnavailable(remembered[1])
+        from docker.errors import DockerException
 
-            try:
-                candidate = docker.from_env(timeout=API_TIMEOUT)
-                candidate.ping()
-            except DockerException as exc:
-                raise EngineUnavailable(f"Docker engine unreachable ({exc}); {HOW_TO_START}") from exc
-            _client = candidate
+        candidate: docker.DockerClient | None = None
+        try:
+            candidate = _client_class().from_env(timeout=PING_TIMEOUT)  # also fetches the API version
+            candidate.api.ping()
+        except (DockerException, requests.exceptions.RequestException, OSError) as exc:
+            if candidate is not None:
+                with contextlib.suppress(Exception):
+                    candidate.close()
+            message = describe_unreachable(exc)
+            _state.unreachable = (time.monotonic(), message)
+            raise EngineUnavailable(message) from exc
+        candidate.api.timeout = API_TIMEOUT
+        candidate.api._pb_ready = True  # from now on: retries, outage accounting
+        _state.unreachable = None
+        _client = candidate
         return _client
+
+
+def preflight() -> str | None:
+    """For the controller at session start: None when the engine answers, else the one message every item gets."""
+    try:
+        client()
+    except EngineUnavailable as exc:
+        return str(exc)
+    return None
 
 
 def reset_client() -> None:
@@ -62,6 +336,332 @@ def reset_client() -> None:
             with contextlib.suppress(Exception):  # closing a dead connection is best effort
                 _client.close()
         _client = None
+        _state.unreachable = None
+
+
+# ---------------------------------------------------------------------------------------------- the API layer
+
+# Heavy: capped by backpressure, retried on transient errors. Streaming ones hold their slot until the stream ends.
+HEAVY = ("create_container", "start", "commit", "remove_container", "remove_image", "build", "pull", "load_image",
+         "import_image")
+STREAMING = frozenset({"build", "pull", "load_image", "import_image"})
+# 5xx of these come from a registry or a Dockerfile: retrying changes nothing.
+NO_SERVER_RETRY = frozenset({"build", "pull", "import_image"})
+# Pure reads: retried on transient errors, no slot.
+READS = ("inspect_image", "inspect_container", "containers", "images", "info", "version", "ping", "df")
+# State that dies with the engine: never retried; a 404/409 after a restart is EngineRestarted.
+CONTAINER_BOUND = ("exec_create", "put_archive", "get_archive")
+EXEC_BOUND = ("exec_start", "exec_inspect", "exec_resize")
+
+
+def _status(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None)
+    return int(code) if isinstance(code, int) else None
+
+
+def _explanation(exc: BaseException) -> str:
+    return str(getattr(exc, "explanation", None) or exc)
+
+
+def _lifetime_of(command: Any, entrypoint: Any) -> float | None:
+    """``sleep N`` as command, or entrypoint ``sleep`` with command ``N``: the container's own lifetime."""
+    def as_list(value: Any) -> list[str]:
+        if value is None:
+            return []
+        return value.split() if isinstance(value, str) else [str(v) for v in value]
+
+    argv = as_list(entrypoint) + as_list(command)
+    if len(argv) == 2 and os.path.basename(argv[0]) == "sleep":
+        try:
+            return float(argv[1])
+        except ValueError:
+            return None
+    return None
+
+
+_client_classes: list[type[docker.DockerClient]] = []
+
+
+def _client_class() -> type[docker.DockerClient]:
+    """``docker.DockerClient`` whose ``.api`` is the reliable API client (built once, on first use)."""
+    if _client_classes:
+        return _client_classes[0]
+    import docker
+    from docker.api.client import APIClient
+    from docker.errors import APIError
+
+    def heavy(name: str) -> Callable[..., Any]:
+        original = getattr(APIClient, name)
+        signature = inspect.signature(original)
+
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return self._pb_heavy(name, original, signature, args, kwargs)
+
+        method.__name__ = name
+        method.__doc__ = original.__doc__
+        return method
+
+    def read(name: str) -> Callable[..., Any]:
+        original = getattr(APIClient, name)
+
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return self._pb_retrying(name, lambda: original(self, *args, **kwargs), server_retries=0)
+
+        method.__name__ = name
+        method.__doc__ = original.__doc__
+        return method
+
+    def container_bound(name: str) -> Callable[..., Any]:
+        original = getattr(APIClient, name)
+
+        def method(self: Any, container: Any, *args: Any, **kwargs: Any) -> Any:
+            container_id = str(container.get("Id") if isinstance(container, dict) else container)
+            try:
+                result = original(self, container, *args, **kwargs)
+            except APIError as exc:
+                _raise_if_restarted(exc, container_id, name)
+                raise
+            if name == "exec_create" and isinstance(result, dict) and result.get("Id"):
+                _state.remember_exec(str(result["Id"]), container_id)
+            return result
+
+        method.__name__ = name
+        method.__doc__ = original.__doc__
+        return method
+
+    def exec_bound(name: str) -> Callable[..., Any]:
+        original = getattr(APIClient, name)
+
+        def method(self: Any, exec_id: Any, *args: Any, **kwargs: Any) -> Any:
+            key = str(exec_id.get("Id") if isinstance(exec_id, dict) else exec_id)
+            try:
+                return original(self, exec_id, *args, **kwargs)
+            except APIError as exc:
+                _raise_if_restarted(exc, _state.execs.get(key, ""), name)
+                raise
+
+        method.__name__ = name
+        method.__doc__ = original.__doc__
+        return method
+
+    class ReliableAPIClient(APIClient):  # type: ignore[misc]
+        """``APIClient`` with backpressure, bounded retries and restart detection (see the module docstring)."""
+
+        _pb_ready = False  # False while client() makes first contact: no retries, no outage accounting
+
+        def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:  # requests.Session.request
+            try:
+                response = super().request(method, url, *args, **kwargs)
+            except EngineConnectionError:
+                raise
+            except requests.exceptions.ConnectionError as exc:
+                if isinstance(exc, requests.exceptions.ConnectTimeout):
+                    raise
+                if self._pb_ready:
+                    _state.connection_failed(exc)
+                raise EngineConnectionError(describe_unreachable(exc)) from exc
+            if self._pb_ready:
+                _state.answered()
+            return response
+
+        # -- retries --------------------------------------------------------------------------------------
+
+        def _pb_retrying(self, name: str, call: Callable[[], Any], *, server_retries: int,
+                         before_retry: Callable[[], bool] | None = None,
+                         on_repeat: Callable[[APIError], Any] | None = None) -> Any:
+            if not self._pb_ready:
+                return call()
+            attempt = 0
+            server_failures = timeouts = 0
+            last: BaseException
+            while True:
+                attempt += 1
+                try:
+                    return call()
+                except EngineConnectionError as exc:
+                    if isinstance(exc, EngineRestarted):
+                        raise
+                    if _state.outage_seconds() > OUTAGE_BUDGET:
+                        raise EngineConnectionError(
+                            f"{exc} (gave up docker {name} after {_state.outage_seconds():.0f} s of outage, "
+                            f"{attempt} attempt(s))") from exc
+                    reason, last = "engine unreachable", exc
+                except requests.exceptions.Timeout as exc:
+                    timeouts += 1
+                    if timeouts > TIMEOUT_RETRIES:
+                        raise
+                    reason, last = f"timed out ({_short(exc)})", exc
+                except APIError as exc:
+                    if attempt > 1 and on_repeat is not None:
+                        handled = on_repeat(exc)
+                        if handled is not _NOT_HANDLED:
+                            return handled
+                    status = _status(exc) or 0
+                    if status < 500 or server_failures >= server_retries:
+                        raise
+                    server_failures += 1
+                    reason, last = f"engine error {status}: {_short(_explanation(exc))}", exc
+                if before_retry is not None and not before_retry():
+                    raise last  # its input stream is consumed: it cannot be sent again
+                delay = min(BACKOFF_MAX, BACKOFF_FIRST * (2 ** (attempt - 1)))
+                with _state.lock:
+                    _state.retries += 1
+                log.warning("docker %s: %s; retry %d in %.2f s", name, reason, attempt, delay)
+                time.sleep(delay)
+
+        def _pb_heavy(self, name: str, original: Callable[..., Any], signature: inspect.Signature,
+                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            from pytest_programbench import backpressure
+
+            bound = signature.bind(self, *args, **kwargs)
+            params = bound.arguments
+            before_retry: Callable[[], bool] | None = None
+            on_repeat: Callable[[APIError], Any] | None = None
+            if name == "create_container":
+                _prepare_create(params)
+                on_repeat = self._pb_adopt_created(params)
+            elif name == "build":
+                _add_labels(params, "labels", DEFAULT_LIFETIME)
+                before_retry = _rewinder(params.get("fileobj"))
+            elif name == "commit":
+                conf = dict(params.get("conf") or {})
+                labels = dict(conf.get("Labels") or {})
+                if RUN_LABEL in labels:
+                    conf["Labels"] = {**labels, **{k: v for k, v in owner_labels().items() if k not in labels}}
+                    params["conf"] = conf
+            elif name in ("remove_container", "remove_image"):
+                on_repeat = _removed_already
+            if name in ("build", "pull", "import_image", "load_image"):
+                self._pb_check_disk(name, params)
+            call_args, call_kwargs = bound.args[1:], bound.kwargs
+
+            def call() -> Any:
+                return original(self, *call_args, **call_kwargs)
+
+            server_retries = 0 if name in NO_SERVER_RETRY else SERVER_ERROR_RETRIES
+            held = backpressure.acquire(name)
+            try:
+                result = self._pb_retrying(name, call, server_retries=server_retries, before_retry=before_retry,
+                                           on_repeat=on_repeat)
+            except BaseException:
+                held.release()
+                raise
+            if name in STREAMING and isinstance(result, Iterator):
+                return _held_stream(result, held)
+            held.release()
+            if name == "create_container" and isinstance(result, dict) and result.get("Id"):
+                _state.remember_container(str(result["Id"]))
+            return result
+
+        def _pb_adopt_created(self, params: dict[str, Any]) -> Callable[[APIError], Any]:
+            """A create retried after its first attempt may have happened: adopt the container of that name."""
+            def adopt(exc: APIError) -> Any:
+                name = params.get("name")
+                if _status(exc) != 409 or not name:
+                    return _NOT_HANDLED
+                try:
+                    info = APIClient.inspect_container(self, name)
+                except APIError:
+                    return _NOT_HANDLED
+                wanted = params.get("labels") or {}
+                have = info.get("Config", {}).get("Labels") or {}
+                if isinstance(wanted, dict) and all(have.get(k) == v for k, v in wanted.items()):
+                    log.info("docker create_container: adopted %s, created by the attempt that failed", name)
+                    return {"Id": info["Id"], "Warnings": []}
+                return _NOT_HANDLED
+
+            return adopt
+
+        def _pb_check_disk(self, name: str, params: dict[str, Any]) -> None:
+            from pytest_programbench import disk
+
+            what = {"build": f"build {params.get('tag') or 'an image'}",
+                    "pull": f"pull {params.get('repository')}:{params.get('tag') or 'latest'}"}.get(name, name)
+            disk.require_for_image(what, engine_api=self)
+
+    class ReliableDockerClient(docker.DockerClient):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.api = ReliableAPIClient(*args, **kwargs)
+
+    for name in HEAVY:
+        setattr(ReliableAPIClient, name, heavy(name))
+    for name in READS:
+        setattr(ReliableAPIClient, name, read(name))
+    for name in CONTAINER_BOUND:
+        setattr(ReliableAPIClient, name, container_bound(name))
+    for name in EXEC_BOUND:
+        setattr(ReliableAPIClient, name, exec_bound(name))
+    _client_classes.append(ReliableDockerClient)
+    return ReliableDockerClient
+
+
+_NOT_HANDLED = object()
+
+
+def _removed_already(exc: Any) -> Any:
+    """A removal retried after an attempt that may have succeeded: "not found" / "in progress" mean done."""
+    status = _status(exc)
+    if status == 404 or (status == 409 and "already in progress" in _explanation(exc)):
+        return None
+    return _NOT_HANDLED
+
+
+def _raise_if_restarted(exc: Any, container_id: str, name: str) -> None:
+    """404/409 on a container (or exec) this process created before an engine outage or restart."""
+    if _status(exc) not in (404, 409) or not container_id:
+        return
+    created = _state.created.get(container_id)
+    if created is None:
+        return
+    epoch, pid = created
+    now_pid = engine_pid() if pid is not None else None
+    # Same engine process: not a restart. No pid to compare (a TCP engine): any outage since creation counts.
+    restarted = now_pid != pid if pid is not None and now_pid is not None else _state.epoch != epoch
+    if restarted:
+        raise EngineRestarted(
+            f"the Docker engine restarted while container {container_id[:12]} was in use ({name}: "
+            f"{_short(_explanation(exc))}); what ran in it is lost") from exc
+
+
+def _prepare_create(params: dict[str, Any]) -> None:
+    """Owner and deadline labels on the run's containers; a name, so a retried create is idempotent."""
+    labels = params.get("labels")
+    if isinstance(labels, dict) and RUN_LABEL in labels:
+        lifetime = _lifetime_of(params.get("command"), params.get("entrypoint"))
+        params["labels"] = {**labels, **{k: v for k, v in owner_labels(lifetime).items() if k not in labels}}
+        if not params.get("name"):
+            params["name"] = f"pb-{labels[RUN_LABEL]}-{uuid.uuid4().hex[:12]}"
+
+
+def _add_labels(params: dict[str, Any], key: str, lifetime: float) -> None:
+    labels = params.get(key)
+    if isinstance(labels, dict) and RUN_LABEL in labels:
+        params[key] = {**labels, **{k: v for k, v in owner_labels(lifetime).items() if k not in labels}}
+
+
+def _rewinder(fileobj: Any) -> Callable[[], bool] | None:
+    if fileobj is None:
+        return None
+
+    def rewind() -> bool:
+        try:
+            fileobj.seek(0)
+        except (AttributeError, OSError, ValueError):
+            return False
+        return True
+
+    return rewind
+
+
+def _held_stream(stream: Iterator[Any], held: Any) -> Iterator[Any]:
+    try:
+        yield from stream
+    finally:
+        held.release()
+
+
+# ---------------------------------------------------------------------------------------------- labels, sweep
 
 
 @dataclass(frozen=True)

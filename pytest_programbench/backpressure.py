@@ -1,0 +1,336 @@
+"""Backpressure on the Docker engine: at most N heavy operations at once across every process of a run.
+
+Heavy operations (create, start, build, pull, commit, remove, load) are what makes a shared engine stall when 8
+xdist workers each fire a burst of them. Every caller that gets its client from :func:`docker_engine.client` goes
+through :func:`slot` transparently; nobody else needs to know.
+
+Across processes the cap is a set of ``flock`` slot files in a run-scoped directory: ``slot-0`` .. ``slot-<N-1>``.
+A holder keeps one slot file locked for the duration of one operation (a streamed build or pull: until its stream
+ends). The kernel drops a lock when its holder dies, so a crashed worker never leaks a slot. ``flock`` locks belong
+to the open file description, so threads of one process exclude each other too. A thread that already holds a
+slot does not take a second one (no self-deadlock when a heavy call nests another).
+
+Configuration, first match wins: :func:`configure` (the session calls it at configure time, on the controller and
+on every worker), else the environment (``PB_DOCKER_CONCURRENCY``, ``PB_DOCKER_SLOTS_DIR``; :func:`configure`
+exports both, so xdist workers spawned afterwards inherit them), else :data:`DEFAULT_LIMIT` slots local to the
+process. A limit of 0 means no cap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import random
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LIMIT = 4
+ENV_LIMIT = "PB_DOCKER_CONCURRENCY"
+ENV_DIR = "PB_DOCKER_SLOTS_DIR"
+OWNER_FILE = "owner.json"
+# Waiting for a slot is logged once it takes this long (then every period again).
+WAIT_LOG_SECONDS = 60.0
+_POLL_MIN = 0.01
+_POLL_MAX = 0.25
+
+
+@dataclass
+class _Config:
+    limit: int
+    directory: Path | None  # None: slots local to this process
+
+
+@dataclass
+class SlotStats:
+    """What this process saw: for reports and tests."""
+
+    acquired: int = 0
+    waited: int = 0  # acquisitions that had to wait
+    wait_seconds: float = 0.0
+    max_wait_seconds: float = 0.0
+    by_operation: dict[str, int] = field(default_factory=dict)
+
+
+_lock = threading.Lock()
+_config: _Config | None = None
+_local_sem: threading.BoundedSemaphore | None = None
+_local_sem_limit = 0
+_depth: dict[int, int] = {}  # thread ident -> real slots it holds (a holder's nested calls take none)
+_stats = SlotStats()
+
+
+def slots_root() -> Path:
+    """Where run-scoped slot directories live by default (local disk: ``flock`` wants a local filesystem)."""
+    return Path(tempfile.gettempdir()) / f"pytest-programbench-{os.getuid()}" / "docker-slots"
+
+
+def configure(*, run_id: str | None = None, limit: int | None = None, directory: Path | str | None = None,
+              owner: dict[str, object] | None = None, export: bool = True) -> Path | None:
+    """Set the cap for this process (and, with ``export``, for processes started from it later).
+
+    ``directory`` defaults to ``slots_root() / run_id`` when a run id is given; without either the slots are local
+    to the process. ``owner`` (controller pid, host, start time) is written next to the slots so the reaper can
+    remove the directory of a dead run. Returns the slot directory.
+    """
+    global _config  # noqa: PLW0603 - process-wide configuration
+    if limit is None:
+        limit = _env_limit()
+    if limit < 0:
+        raise ValueError(f"docker concurrency must be >= 0, not {limit}")
+    path: Path | None = None
+    if directory is not None:
+        path = Path(directory)
+    elif run_id:
+        path = slots_root() / run_id
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+        if owner is not None and not (path / OWNER_FILE).exists():
+            _write_owner(path, {"run_id": run_id, **owner})
+    with _lock:
+        _config = _Config(limit, path)
+    if export:
+        os.environ[ENV_LIMIT] = str(limit)
+        if path is not None:
+            os.environ[ENV_DIR] = str(path)
+        else:
+            os.environ.pop(ENV_DIR, None)
+    log.debug("docker backpressure: %s slots in %s", limit or "unlimited", path or "this process")
+    return path
+
+
+def reset() -> None:
+    """Forget the configuration (tests); the environment is read again on next use."""
+    global _config, _local_sem  # noqa: PLW0603
+    with _lock:
+        _config = None
+        _local_sem = None
+
+
+def _env_limit() -> int:
+    raw = os.environ.get(ENV_LIMIT, "").strip()
+    if not raw:
+        return DEFAULT_LIMIT
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        log.warning("%s=%r is not an integer; using %d", ENV_LIMIT, raw, DEFAULT_LIMIT)
+        return DEFAULT_LIMIT
+
+
+def current() -> tuple[int, Path | None]:
+    """The cap in force: (limit, slot directory or None)."""
+    global _config  # noqa: PLW0603
+    with _lock:
+        if _config is None:
+            env_dir = os.environ.get(ENV_DIR, "").strip()
+            _config = _Config(_env_limit(), Path(env_dir) if env_dir else None)
+            if _config.directory is not None:
+                _config.directory.mkdir(parents=True, exist_ok=True)
+        return _config.limit, _config.directory
+
+
+def stats() -> SlotStats:
+    return _stats
+
+
+def _write_owner(path: Path, owner: dict[str, object]) -> None:
+    tmp = path / f".{OWNER_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(owner))
+    tmp.replace(path / OWNER_FILE)
+
+
+# ---------------------------------------------------------------------------------------------- the slots
+
+
+class Slot:
+    """One held slot; :meth:`release` is idempotent (and safe from another thread)."""
+
+    def __init__(self, fd: int | None, sem: threading.BoundedSemaphore | None, *, real: bool = True) -> None:
+        self._fd = fd
+        self._sem = sem
+        self._real = real  # False: a nested acquisition, the thread's outer slot covers it
+        self._thread = threading.get_ident()
+        self._released = False
+
+    def release(self) -> None:
+        with _lock:
+            if self._released:
+                return
+            self._released = True
+            if not self._real:
+                return
+            held = _depth.get(self._thread, 0) - 1
+            if held > 0:
+                _depth[self._thread] = held
+            else:
+                _depth.pop(self._thread, None)
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        if self._sem is not None:
+            self._sem.release()
+
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:  # an abandoned stream must not keep its slot
+        with contextlib.suppress(Exception):
+            self.release()
+
+
+def acquire(operation: str) -> Slot:
+    """Block until a slot is free (or return at once when uncapped, or when this thread holds one already)."""
+    me = threading.get_ident()
+    with _lock:
+        if _depth.get(me, 0) > 0:
+            return Slot(None, None, real=False)
+    limit, directory = current()
+    started = time.monotonic()
+    waited = False
+    fd: int | None = None
+    sem: threading.BoundedSemaphore | None = None
+    if limit == 0:
+        pass  # uncapped: nothing to hold
+    elif directory is None:
+        sem = _process_semaphore(limit)
+        if not sem.acquire(blocking=False):
+            waited = True
+            while not sem.acquire(timeout=WAIT_LOG_SECONDS):
+                log.warning("docker %s: waited %.0f s for one of %d engine slots", operation,
+                            time.monotonic() - started, limit)
+    else:
+        fd, waited = _acquire_file_slot(directory, limit, operation, started)
+    waited_for = time.monotonic() - started
+    with _lock:
+        _depth[me] = _depth.get(me, 0) + 1
+        _stats.acquired += 1
+        _stats.by_operation[operation] = _stats.by_operation.get(operation, 0) + 1
+        if waited:
+            _stats.waited += 1
+            _stats.wait_seconds += waited_for
+            _stats.max_wait_seconds = max(_stats.max_wait_seconds, waited_for)
+    return Slot(fd, sem)
+
+
+@contextlib.contextmanager
+def slot(operation: str) -> Iterator[None]:
+    """``with slot("create"):`` around one heavy engine operation."""
+    held = acquire(operation)
+    try:
+        yield
+    finally:
+        held.release()
+
+
+def _process_semaphore(limit: int) -> threading.BoundedSemaphore:
+    global _local_sem, _local_sem_limit  # noqa: PLW0603
+    with _lock:
+        if _local_sem is None or _local_sem_limit != limit:
+            _local_sem = threading.BoundedSemaphore(limit)
+            _local_sem_limit = limit
+        return _local_sem
+
+
+def _acquire_file_slot(directory: Path, limit: int, operation: str, started: float) -> tuple[int, bool]:
+    """Lock one of ``slot-0..slot-<limit-1>`` in ``directory``; polls with a jittered backoff."""
+    delay = _POLL_MIN
+    next_log = started + WAIT_LOG_SECONDS
+    first = random.randrange(limit)  # noqa: S311 - spreading load, not security
+    attempts = 0
+    while True:
+        for k in range(limit):
+            index = (first + k) % limit
+            path = directory / f"slot-{index}"
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except FileNotFoundError:  # the directory was removed under us (a reaper, a cleanup): recreate it
+                directory.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                continue
+            return fd, attempts > 0
+        attempts += 1
+        now = time.monotonic()
+        if now >= next_log:
+            log.warning("docker %s: waited %.0f s for one of %d engine slots in %s", operation, now - started,
+                        limit, directory)
+            next_log = now + WAIT_LOG_SECONDS
+        time.sleep(delay * (0.5 + random.random()))  # noqa: S311
+        delay = min(_POLL_MAX, delay * 2)
+
+
+def in_use(directory: Path | None = None) -> int:
+    """How many slots of ``directory`` (default: the configured one) are held right now, by anyone."""
+    if directory is None:
+        _limit, directory = current()
+    if directory is None or not directory.is_dir():
+        return 0
+    busy = 0
+    for path in directory.glob("slot-*"):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            busy += 1
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+    return busy
+
+
+# ---------------------------------------------------------------------------------------------- clean-up
+
+
+def release_run(run_id: str | None = None, directory: Path | None = None) -> None:
+    """Remove a run's slot directory (the controller at session end; nothing may hold a slot any more)."""
+    path = directory or (slots_root() / run_id if run_id else None)
+    if path is not None and path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def stale_slot_dirs() -> list[Path]:
+    """Slot directories under :func:`slots_root` whose owner (controller) is gone; used by the reaper."""
+    from pytest_programbench.reaper import Owner, process_alive
+
+    root = slots_root()
+    if not root.is_dir():
+        return []
+    stale = []
+    host = socket.gethostname()
+    for path in root.iterdir():
+        owner_file = path / OWNER_FILE
+        try:
+            data = json.loads(owner_file.read_text())
+            owner = Owner(str(data["hostname"]), int(data["controller_pid"]), float(data["started"]),
+                          str(data.get("boot_id", "")))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not ours to judge (no or unreadable owner file)
+        if owner.hostname == host and not process_alive(owner.pid, owner.started):
+            stale.append(path)
+    return stale

@@ -1,0 +1,303 @@
+"""Reaping dead runs: at session start, remove what runs that are gone left on the engine.
+
+Every container and image the plugin makes carries ``pytest-programbench=<run id>``; once the session called
+:func:`docker_engine.configure_run` they also carry the run's owner (``<host>/<boot id>/<controller pid>/<started>``)
+and a deadline (``pytest-programbench.expires``). That is enough to decide from labels alone, without finding the
+run directory:
+
+* the current run: never touched;
+* owner on this host (same hostname and boot id): the run is alive while a process with the controller's pid exists
+  *and started before the run did* (a recycled pid is a new process); otherwise it is dead;
+* owner on another host (or another boot): its liveness cannot be checked from here, so it is dead only once its
+  deadline passed (a container's deadline is its own ``sleep`` lifetime plus a margin: it has stopped by then);
+* no owner label (made by a session that did not configure the run): the run directories given to
+  :func:`reap_dead_runs` are searched for a ``pb-run.json`` naming the run (its controller pid, host and start time
+  decide as above); failing that, the object is dead only when older than :data:`UNLABELLED_MAX_AGE`.
+
+A live run's containers are never removed. Containers go before images; an image still used by any container is
+left alone (the engine refuses; reported). Every removal is independent and a repeat finds nothing: crash-safe and
+idempotent, two sessions reaping at once only see "not found".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_programbench import RUN_LABEL
+from pytest_programbench.docker_engine import EXPIRES_LABEL, OWNER_LABEL, EngineUnavailable, Owner, boot_id
+
+log = logging.getLogger(__name__)
+
+RUN_MARKER = "pb-run.json"
+UNLABELLED_MAX_AGE = float(os.environ.get("PB_REAP_UNLABELLED_AFTER", str(24 * 3600)))
+# A process that started this much after the run's recorded start is not its controller (clock granularity).
+START_TOLERANCE = 2.0
+
+__all__ = ["Owner", "ReapReport", "process_alive", "reap_dead_runs", "run_verdict"]
+
+
+@dataclass
+class ReapReport:
+    containers: list[str] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)
+    slot_dirs: list[str] = field(default_factory=list)
+    dead_runs: dict[str, str] = field(default_factory=dict)  # run id -> why it is dead
+    live_runs: dict[str, str] = field(default_factory=dict)  # run id -> why it is kept
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        parts = [f"{len(self.containers)} containers and {len(self.images)} images of {len(self.dead_runs)} dead "
+                 f"run(s) removed"]
+        if self.live_runs:
+            parts.append(f"{len(self.live_runs)} live run(s) left alone")
+        if self.errors:
+            parts.append(f"{len(self.errors)} error(s): " + "; ".join(self.errors[:5]))
+        return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------- liveness
+
+
+def _boot_time() -> float | None:
+    try:
+        with open("/proc/stat") as handle:
+            for line in handle:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def process_start_time(pid: int) -> float | None:
+    """Wall-clock start of process ``pid`` (Linux ``/proc``), or None when it does not exist or is unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    boot = _boot_time()
+    if boot is None:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: fields after the last ")" are fixed.
+    fields = raw[raw.rindex(")") + 2:].split()
+    ticks = int(fields[19])  # field 22 of the whole line: starttime, in clock ticks since boot
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def process_alive(pid: int, started: float | None = None) -> bool:
+    """A process ``pid`` exists (and, given ``started``, began no later than that: not a recycled pid)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    if started is None:
+        return True
+    began = process_start_time(pid)
+    if began is None:
+        return True  # cannot tell: assume alive (never reap a possibly live run)
+    return began <= started + START_TOLERANCE
+
+
+@dataclass(frozen=True)
+class _Here:
+    hostname: str
+    boot_id: str
+
+
+def _here() -> _Here:
+    return _Here(socket.gethostname(), boot_id())
+
+
+def _owner_verdict(owner: Owner, here: _Here) -> tuple[bool, str] | None:
+    """(dead, why) when this host can judge the owner; None when it cannot (another host or boot)."""
+    if owner.hostname != here.hostname:
+        return None
+    if owner.boot_id and here.boot_id and owner.boot_id != here.boot_id:
+        return True, f"its controller ran on {owner.hostname} before the last reboot"
+    if process_alive(owner.pid, owner.started):
+        return False, f"controller pid {owner.pid} on {owner.hostname} is alive"
+    return True, f"controller pid {owner.pid} on {owner.hostname} is gone"
+
+
+def run_verdict(labels: Mapping[str, str], created: float, *, current_run: str | None,
+                run_records: Mapping[str, Owner] | None = None, now: float | None = None,
+                here: _Here | None = None) -> tuple[bool, str]:
+    """(dead, why) for one labelled container or image."""
+    now = time.time() if now is None else now
+    here = here or _here()
+    run_id = labels.get(RUN_LABEL, "")
+    if not run_id or run_id == current_run:
+        return False, "the current run"
+    owner = Owner.parse(labels.get(OWNER_LABEL))
+    if owner is not None:
+        verdict = _owner_verdict(owner, here)
+        if verdict is not None:
+            return verdict
+    expires_raw = labels.get(EXPIRES_LABEL)
+    if expires_raw:
+        try:
+            expires = float(expires_raw)
+        except ValueError:
+            expires = None
+        if expires is not None:
+            if now > expires:
+                return True, f"its lifetime expired {now - expires:.0f} s ago"
+            return False, f"owner {owner.hostname if owner else '?'} not checkable from here; expires in " \
+                          f"{expires - now:.0f} s"
+    record = (run_records or {}).get(run_id)
+    if record is not None:
+        verdict = _owner_verdict(record, here)
+        if verdict is not None:
+            return verdict
+    age = now - created
+    if age > UNLABELLED_MAX_AGE:
+        return True, f"no owner label and {age / 3600:.1f} h old"
+    return False, f"no owner label, {age / 3600:.1f} h old (kept up to {UNLABELLED_MAX_AGE / 3600:.0f} h)"
+
+
+def load_run_records(roots: Iterable[Path]) -> dict[str, Owner]:
+    """Run id -> owner, from ``pb-run.json`` files in ``roots`` (run directories, or directories of them)."""
+    records: dict[str, Owner] = {}
+    for root in roots:
+        candidates = [root / RUN_MARKER] if (root / RUN_MARKER).is_file() else sorted(root.glob(f"*/{RUN_MARKER}"))
+        for marker in candidates:
+            try:
+                data = json.loads(marker.read_text())
+            except (OSError, ValueError):
+                continue
+            entries = [data, *(data.get("history") or [])]
+            for entry in entries:
+                try:
+                    owner = Owner(str(data.get("hostname", "")), int(entry["controller_pid"]),
+                                  float(entry["started"]))
+                    records.setdefault(str(entry["run_id"]), owner)
+                except (KeyError, TypeError, ValueError):
+                    continue
+    return records
+
+
+# ---------------------------------------------------------------------------------------------- reaping
+
+
+def _created(info: Mapping[str, Any]) -> float:
+    value = info.get("Created", 0)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def reap_dead_runs(current_run: str | None, *, engine: Any | None = None, run_dirs: Iterable[Path] = (),
+                   now: float | None = None, slot_dirs: bool = True) -> ReapReport:
+    """Remove the containers, then the images, of every dead run on the engine; never raises for engine trouble.
+
+    ``current_run`` is this session's run id (never touched). ``run_dirs``: where to look for ``pb-run.json`` of
+    runs whose objects carry no owner label (e.g. ``<rootdir>/pb-runs``).
+    """
+    from docker.errors import APIError, NotFound
+
+    report = ReapReport()
+    try:
+        if engine is None:
+            from pytest_programbench.docker_engine import client
+
+            engine = client()
+        api = engine.api
+        containers = api.containers(all=True, filters={"label": RUN_LABEL})
+        images = api.images(all=True, filters={"label": RUN_LABEL})
+    except (EngineUnavailable, APIError) as exc:
+        report.errors.append(f"cannot list the engine's containers: {exc}")
+        log.warning("reaper: %s", report.errors[-1])
+        return report
+    records = load_run_records(run_dirs)
+    here = _here()
+    now = time.time() if now is None else now
+
+    def judge(info: Mapping[str, Any]) -> bool:
+        labels = info.get("Labels") or {}
+        dead, why = run_verdict(labels, _created(info), current_run=current_run, run_records=records, now=now,
+                                here=here)
+        run_id = labels.get(RUN_LABEL, "")
+        if run_id and run_id != current_run:
+            (report.dead_runs if dead else report.live_runs).setdefault(run_id, why)
+        return dead
+
+    for info in containers:
+        if not judge(info):
+            continue
+        try:
+            api.remove_container(info["Id"], force=True, v=True)
+            report.containers.append(info["Id"][:12])
+        except NotFound:
+            pass
+        except APIError as exc:
+            if "already in progress" not in str(exc):
+                report.errors.append(f"container {info['Id'][:12]}: {exc}")
+        except EngineUnavailable as exc:
+            report.errors.append(f"container {info['Id'][:12]}: {exc}")
+            break
+    for info in images:
+        if not judge(info):
+            continue
+        removed = _remove_image(api, info, report)
+        if removed:
+            report.images.append(info["Id"][:19])
+    if slot_dirs:
+        _reap_slot_dirs(report)
+    if report.containers or report.images or report.errors:
+        log.warning("reaper: %s", report.summary())
+    return report
+
+
+def _remove_image(api: Any, info: Mapping[str, Any], report: ReapReport) -> bool:
+    """Untag, then delete, without force; an image any container still uses (a live run's) stays."""
+    from docker.errors import APIError, NotFound
+
+    image_id = str(info["Id"])
+    try:
+        users = api.containers(all=True, filters={"ancestor": image_id})
+        if users:
+            report.errors.append(f"image {image_id[:19]} kept: used by container(s) "
+                                 + ", ".join(str(c["Id"])[:12] for c in users[:5]))
+            return False
+        for tag in info.get("RepoTags") or []:
+            if tag and tag != "<none>:<none>":
+                api.remove_image(tag, force=False, noprune=False)
+        api.remove_image(image_id, force=False, noprune=False)
+    except NotFound:
+        return True
+    except APIError as exc:
+        report.errors.append(f"image {image_id[:19]} kept: {getattr(exc, 'explanation', None) or exc}")
+        return False
+    except EngineUnavailable as exc:
+        report.errors.append(f"image {image_id[:19]}: {exc}")
+        return False
+    return True
+
+
+def _reap_slot_dirs(report: ReapReport) -> None:
+    import shutil
+
+    from pytest_programbench.backpressure import stale_slot_dirs
+
+    try:
+        stale = stale_slot_dirs()
+    except OSError as exc:
+        report.errors.append(f"slot directories: {exc}")
+        return
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+        report.slot_dirs.append(str(path))
