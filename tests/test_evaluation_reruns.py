@@ -1,0 +1,135 @@
+"""pytest-rerunfailures 16.4 offline: the wheel cache, its checks, and reruns on/off in real evaluations."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pytest_programbench import rerunfailures
+from pytest_programbench.rerunfailures import (
+    CONTAINER_WHEEL_DIR,
+    RerunWheels,
+    ensure_wheels,
+    pip_environment,
+    validate_wheel_dir,
+)
+from tests.conftest import Testbed
+from tests.test_evaluation_parity import RPN, run_ours, submission, tasks
+
+
+def _wheel(directory: Path, name: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(directory / name, "w") as z:
+        z.writestr("x/__init__.py", "")
+
+
+def test_validate_accepts_exactly_the_pin(tmp_path: Path) -> None:
+    _wheel(tmp_path, "pytest_rerunfailures-16.4-py3-none-any.whl")
+    _wheel(tmp_path, "packaging-26.3-py3-none-any.whl")
+    assert validate_wheel_dir(tmp_path) == ("packaging-26.3-py3-none-any.whl",
+                                            "pytest_rerunfailures-16.4-py3-none-any.whl")
+
+
+def test_validate_refuses_16_6_1(tmp_path: Path) -> None:
+    _wheel(tmp_path, "pytest_rerunfailures-16.4-py3-none-any.whl")
+    _wheel(tmp_path, "pytest_rerunfailures-16.6.1-py3-none-any.whl")
+    with pytest.raises(ValueError, match=r"16\.6\.1, which must never be used"):
+        validate_wheel_dir(tmp_path)
+
+
+@pytest.mark.parametrize("names", [[], ["pytest_rerunfailures-16.5-py3-none-any.whl"],
+                                   ["pytest_rerunfailures-16.4-py3-none-any.whl",
+                                    "fast-1.0-cp311-cp311-linux_x86_64.whl"]])
+def test_validate_refuses_anything_else(tmp_path: Path, names: list[str]) -> None:
+    for name in names:
+        _wheel(tmp_path, name)
+    with pytest.raises(ValueError):
+        validate_wheel_dir(tmp_path)
+
+
+def test_prepared_directory_wins(tmp_path: Path) -> None:
+    _wheel(tmp_path / "w", "pytest_rerunfailures-16.4-py3-none-any.whl")
+    wheels = ensure_wheels(tmp_path / "cache", environ={"PYTEST_PROGRAMBENCH_WHEELS": str(tmp_path / "w")})
+    assert wheels.available
+    assert wheels.directory == tmp_path / "w"
+    bad = ensure_wheels(tmp_path / "cache", environ={"PYTEST_PROGRAMBENCH_WHEELS": str(tmp_path / "nowhere")})
+    assert not bad.available
+    assert "PYTEST_PROGRAMBENCH_WHEELS" in bad.reason
+
+
+def test_download_failure_is_said_loudly_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Path] = []
+
+    def offline(dest: Path, *, timeout: float = 0) -> tuple[str, ...]:
+        calls.append(dest)
+        raise RuntimeError("pip download for Python 3.10 failed: network is unreachable")
+
+    monkeypatch.setattr(rerunfailures, "download_wheels", offline)
+    rerunfailures.reset_memo()
+    first = ensure_wheels(tmp_path, environ={})
+    assert not first.available
+    assert "cannot download pytest-rerunfailures==16.4" in first.reason
+    assert "network is unreachable" in first.reason
+    failed = json.loads((tmp_path / "rerunfailures-16.4" / "FAILED").read_text())
+    assert "network is unreachable" in failed["reason"]
+    rerunfailures.reset_memo()  # another worker process: it reads the marker instead of retrying
+    second = ensure_wheels(tmp_path, environ={})
+    assert not second.available
+    assert "cached failure" in second.reason
+    assert len(calls) == 1
+    rerunfailures.reset_memo()
+
+
+def test_successful_download_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake(dest: Path, *, timeout: float = 0) -> tuple[str, ...]:
+        _wheel(dest, "pytest_rerunfailures-16.4-py3-none-any.whl")
+        return validate_wheel_dir(dest)
+
+    monkeypatch.setattr(rerunfailures, "download_wheels", fake)
+    rerunfailures.reset_memo()
+    wheels = ensure_wheels(tmp_path, environ={})
+    assert wheels.available
+    assert (tmp_path / "rerunfailures-16.4" / "COMPLETE").exists()
+    monkeypatch.setattr(rerunfailures, "download_wheels", None)  # a second download would crash
+    rerunfailures.reset_memo()
+    assert ensure_wheels(tmp_path, environ={}).wheels == wheels.wheels
+    rerunfailures.reset_memo()
+
+
+def test_pip_environment_is_offline() -> None:
+    on = pip_environment(RerunWheels(Path("/x"), wheels=("a.whl",)))
+    assert on["PIP_NO_INDEX"] == "1"
+    assert on["PIP_FIND_LINKS"] == CONTAINER_WHEEL_DIR
+    off = pip_environment(RerunWheels(None, reason="offline"))
+    assert off["PIP_NO_INDEX"] == "1"
+    assert off["PIP_FIND_LINKS"] == ""
+
+
+@pytest.mark.docker
+def test_reruns_on_in_a_real_evaluation(testbed: Testbed, tmp_path: Path) -> None:
+    outcome = run_ours(tasks(testbed)[RPN], submission(testbed, "wrong", RPN), testbed, tmp_path, reruns=True)
+    assert outcome.reruns, outcome.reruns_reason
+    result = outcome.result
+    assert result is not None
+    install = next(e for e in result.log if e["step"] == "install_rerunfailures")
+    # The official command, unchanged in the log; it ran offline against the host's wheels.
+    assert install["command"] == "pip3 install -q --disable-pip-version-check pytest-rerunfailures==16.4"
+    assert install["returncode"] == 0
+    runs = [e for e in result.log if e["step"] == "run_tests"]
+    assert all("--reruns=2 --reruns-delay=1" in e["command"] for e in runs)
+    assert any(" rerun" in e["output"] for e in runs)  # the failing test was rerun
+    assert "reruns: on" in outcome.message()
+
+
+@pytest.mark.docker
+def test_reruns_off_is_said(testbed: Testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_PROGRAMBENCH_WHEELS", str(tmp_path / "no-wheels-here"))
+    outcome = run_ours(tasks(testbed)[RPN], submission(testbed, "good", RPN), testbed, tmp_path, reruns=True)
+    assert not outcome.reruns
+    assert "no pytest-rerunfailures wheels on this host" in outcome.reruns_reason
+    assert "reruns: off (no pytest-rerunfailures wheels" in outcome.message()
+    assert outcome.meta()["reruns"] == "off"
+    assert outcome.score == 1.0
