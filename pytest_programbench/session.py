@@ -76,6 +76,13 @@ def fingerprint(settings: options.Settings) -> dict[str, Any]:
     return plain
 
 
+def public_settings(settings: options.Settings) -> dict[str, Any]:
+    """The settings as written to files: ``--pb-agent-env`` values never leave the process."""
+    values = dataclasses.asdict(settings)
+    values["agent_env"] = [spec.partition("=")[0] for spec in settings.agent_env]
+    return values
+
+
 def check_resumable(identity: RunIdentity, settings: options.Settings) -> None:
     """Refuse, saying what changed, to resume a run made with another configuration or other versions."""
     from pytest_programbench.run_identity import RUN_MARKER
@@ -208,7 +215,7 @@ class ProgramBenchSession:
                 "run_dir": self.identity.run_dir,
                 "plugin_version": version("pytest-programbench"),
                 "programbench_version": version("programbench"),
-                "settings": dataclasses.asdict(self.settings),
+                "settings": public_settings(self.settings),
             },
             [TaskRecord(t.instance_id, t.language, t.difficulty, t.overridden) for t in chosen],
             meta_loader=lambda iid: TaskArtifacts(self.identity.path, iid).read_meta(),

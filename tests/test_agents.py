@@ -19,11 +19,11 @@ CATLIKE = "pbfix__catlike.c47c47c"
 
 
 def run_agent(pytester: pytest.Pytester, testbed: Testbed, agent: str, *args: str,
-              task: str = RPN) -> pytest.RunResult:
+              task: str = RPN, out: str = "run") -> pytest.RunResult:
     return pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
         "--pb-filter", task, "--pb-agent", agent, "--pb-agent-mount", f"{TESTBED}:/pb-testbed",
-        "--pb-output", str(pytester.path / "run"), "--pb-cpus", "2", "--junitxml", str(pytester.path / "junit.xml"),
+        "--pb-output", str(pytester.path / out), "--pb-cpus", "2", "--junitxml", str(pytester.path / "junit.xml"),
         *args, timeout=900,
     )
 
@@ -93,7 +93,7 @@ def test_agent_timeout_evaluates_partial_work(pytester: pytest.Pytester, testbed
     props = properties(pytester, RPN)
     assert props["clock_fired"] == "agent"
     assert float(props["score"]) == 1.0
-    assert 15 <= float(props["agent_seconds"]) < 120
+    assert 13 <= float(props["agent_seconds"]) < 120
     meta = json.loads((pytester.path / "run" / RPN / "pb-meta.json").read_text())
     assert meta["agent"]["timed_out"] is True
 
@@ -109,7 +109,7 @@ def test_agent_crash_is_scored_not_an_error(pytester: pytest.Pytester, testbed: 
 
 def test_agent_env_and_secrets(pytester: pytest.Pytester, testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PB_TEST_SECRET", "s3cr3t-value")
-    agent = ('test "$PB_TEST_SECRET" = s3cr3t-value && test "$PLAIN" = yes && test "$PB_TASK_ID" = ' + RPN +
+    agent = ('test "$(printf %s "$PB_TEST_SECRET" | tr a-z A-Z)" = S3CR3T-VALUE && test "$PLAIN" = yes && test "$PB_TASK_ID" = ' + RPN +
              ' && test "$PB_BINARY" = /workspace/binary && cp -r /pb-testbed/solutions/$PB_TASK_ID/. .')
     result = run_agent(pytester, testbed, agent, "--pb-agent-env", "PB_TEST_SECRET", "--pb-agent-env", "PLAIN=yes")
     result.assert_outcomes(passed=1)
@@ -127,10 +127,11 @@ def test_host_loop_agent_drives_the_sandbox(pytester: pytest.Pytester, testbed: 
 
 
 def test_replay_preset(pytester: pytest.Pytester, testbed: Testbed) -> None:
-    result = run_agent(pytester, testbed, f"replay:{TESTBED / 'bad' / RPN.split('.', maxsplit=1)[0]}", task=RPN)
-    # replay:DIR wants DIR/<id>/: the bad variants are laid out per variant, so this replays nothing.
-    result.assert_outcomes(failed=1)
-    result = run_agent(pytester, testbed, f"replay:{TESTBED / 'solutions'}", task=RPN)
+    empty = pytester.mkdir("nothing-to-replay")
+    result = run_agent(pytester, testbed, f"replay:{empty}")
+    result.assert_outcomes(failed=1)  # an empty submission: scored 0, the agent's failure
+    assert "does not exist; the submission stays empty" in (pytester.path / "run" / RPN / "agent.log").read_text()
+    result = run_agent(pytester, testbed, f"replay:{TESTBED / 'solutions'}", out="run2")
     result.assert_outcomes(passed=1)
 
 
