@@ -14,6 +14,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from pytest_programbench.docker_engine import Labels
+from pytest_programbench.sandbox import Sandbox
 from tests.test_proxy_support import (  # noqa: F401 - fixtures
     CATLIKE,
     DIRECT,
@@ -28,9 +31,6 @@ from tests.test_proxy_support import (  # noqa: F401 - fixtures
     run_both,
     run_labels,
 )
-
-from pytest_programbench.docker_engine import Labels
-from pytest_programbench.sandbox import Sandbox
 
 pytestmark = pytest.mark.docker
 
@@ -165,7 +165,7 @@ def test_signals_are_forwarded_and_death_reproduced(probe_box: Sandbox) -> None:
 
 
 def test_client_dies_by_the_same_signal_without_core(probe_box: Sandbox) -> None:
-    code, text = agent(probe_box, "mkdir -p /tmp/crash && cd /tmp/crash && ulimit -c unlimited; "
+    _code, text = agent(probe_box, "mkdir -p /tmp/crash && cd /tmp/crash && ulimit -c unlimited; "
                                   "/workspace/binary segv; echo rc=$?; /workspace/binary signal 15; echo rc=$?; "
                                   "echo files: $(ls)")
     assert "rc=139" in text, text  # 128 + SIGSEGV
@@ -178,14 +178,14 @@ def test_killing_the_client_kills_the_reference(probe_box: Sandbox) -> None:
     script = ("/workspace/binary sleep 60 > /tmp/sleep.out & client=$!; sleep 1; "
               "pid=$(sed -n 's/pid=//p' /tmp/sleep.out); kill -9 $client; sleep 1; "
               "if kill -0 $pid 2>/dev/null; then echo ALIVE $pid; else echo GONE $pid; fi")
-    code, text = agent(probe_box, script)
+    _code, text = agent(probe_box, script)
     assert "GONE" in text, text
 
 
 def test_concurrent_calls(probe_box: Sandbox) -> None:
     script = ("for i in $(seq 24); do (/workspace/binary argv $i > /tmp/c.$i; echo $? >> /tmp/c.$i) & done; wait; "
               "for i in $(seq 24); do cat /tmp/c.$i | tr '\\n' ' '; echo; done")
-    code, text = agent(probe_box, script)
+    _code, text = agent(probe_box, script)
     lines = text.strip().splitlines()
     assert len(lines) == 24
     for index, line in enumerate(lines, 1):
@@ -203,7 +203,8 @@ def test_streams_are_not_buffered(probe_box: Sandbox) -> None:
         "p.stdin.close(); print('streamed', p.wait(5))\n"
     )
     code, text = agent(probe_box, f"timeout 30 python3 -c {_q(script)}")
-    assert code == 0 and "streamed 0" in text, text
+    assert code == 0, text
+    assert "streamed 0" in text, text
 
 
 def _q(text: str) -> str:
@@ -260,7 +261,8 @@ def test_reference_gets_a_controlling_terminal(probe_box: Sandbox) -> None:
     for session, exe in (("ttyd", DIRECT), ("ttyp", "/workspace/binary")):
         _run_in_tmux(probe_box, session, f"{exe} tty")
         shots[session] = _wait_for(probe_box, session, "EXIT=")
-    assert "devtty=ok" in shots["ttyd"] and "size=70x20" in shots["ttyd"]
+    assert "devtty=ok" in shots["ttyd"]
+    assert "size=70x20" in shots["ttyd"]
     assert shots["ttyp"] == shots["ttyd"]
     _tmux(probe_box, "tmux -S /tmp/tmux.sock kill-server")
 

@@ -15,6 +15,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from pytest_programbench.docker_engine import Labels
+from pytest_programbench.sandbox import Sandbox
 from tests.test_proxy_support import (  # noqa: F401 - fixtures
     CALCULATOR,
     CATLIKE,
@@ -25,9 +28,6 @@ from tests.test_proxy_support import (  # noqa: F401 - fixtures
     require_image,
     run_labels,
 )
-
-from pytest_programbench.docker_engine import Labels
-from pytest_programbench.sandbox import Sandbox
 
 pytestmark = pytest.mark.docker
 
@@ -177,13 +177,14 @@ def test_no_core_dump_of_the_reference(probe_box: Sandbox) -> None:
         rm -f core*
         /workspace/binary segv; echo reference=$?; echo reference-files: $(ls core* 2>/dev/null)
     """)
-    code, text = agent(probe_box, script)
+    _code, text = agent(probe_box, script)
     lines = dict(line.split("=", 1) if "=" in line else line.split(":", 1) for line in text.strip().splitlines()
                  if line.startswith(("control", "reference")))
     assert lines["reference"].strip() == "139"
     assert lines["reference-files"].strip() == ""
     record = [r for r in probe_box.call_log() if r.get("argv", [None, None])[1:2] == ["segv"]][-1]
-    assert record["signal"] == 11 and record["core"] is False
+    assert record["signal"] == 11
+    assert record["core"] is False
     # The control shows the environment can produce cores, so the absence above is meaningful.
     assert lines["control"].strip() == "139"
     assert lines["control-files"].strip().startswith("core"), text
@@ -208,7 +209,8 @@ def test_reference_cannot_read_itself(catlike_box: Sandbox) -> None:
         print(json.dumps(out))
     """)
     for path, outcome in result.items():
-        assert not outcome["elf"] and not outcome["same"], (path, outcome)
+        assert not outcome["elf"], (path, outcome)
+        assert not outcome["same"], (path, outcome)
         if path.startswith("/proc/self/fd/") and path != "/proc/self/fd/0":
             assert outcome["rc"] == 1, (path, outcome)
     assert "Permission denied" in result["/proc/self/exe"]["err"]
@@ -217,15 +219,16 @@ def test_reference_cannot_read_itself(catlike_box: Sandbox) -> None:
 
 def test_reference_cannot_read_its_own_memory(probe_box: Sandbox) -> None:
     """Even a reference that seeks in /proc/self/mem gets nothing: non-dumpable, its /proc files are root's."""
-    code, text = agent(probe_box, "/workspace/binary selfmem; echo rc=$?")
-    assert "rc=1" in text and "/proc/self/mem: Permission denied" in text, text
+    _code, text = agent(probe_box, "/workspace/binary selfmem; echo rc=$?")
+    assert "rc=1" in text, text
+    assert "/proc/self/mem: Permission denied" in text, text
 
 
 def test_dynamic_loader_variables_are_stripped(probe_box: Sandbox) -> None:
     variables = ["LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "LD_DEBUG", "LD_BIND_NOW", "GCONV_PATH",
                  "GLIBC_TUNABLES", "LOCPATH", "MALLOC_TRACE", "JAVA_TOOL_OPTIONS", "NODE_OPTIONS"]
     assignments = " ".join(f"{name}=/tmp/x" for name in variables)
-    code, text = agent(probe_box, f"env {assignments} KEEP=1 /workspace/binary env")
+    _code, text = agent(probe_box, f"env {assignments} KEEP=1 /workspace/binary env")
     names = {line.split("=", 1)[0] for line in text.splitlines() if "=" in line}
     assert "KEEP" in names
     assert names.isdisjoint(variables), names & set(variables)
@@ -246,17 +249,19 @@ def test_ld_preload_injection_does_not_run(probe_box: Sandbox) -> None:
         echo preload; LD_PRELOAD=/tmp/evil.so /workspace/binary exit 0
         echo control; LD_PRELOAD=/tmp/evil.so /bin/true
     """)
-    code, text = agent(probe_box, script)
+    _code, text = agent(probe_box, script)
     control = text.split("control", 1)[1]
     assert "PWNED" in control, text  # the injection itself works...
     assert "PWNED" not in text.split("control", 1)[0], text  # ...but never through the proxy
 
 
 def test_other_users_are_refused(probe_box: Sandbox) -> None:
-    code, text = agent(probe_box, "/workspace/binary exit 0; echo rc=$?", user="65534:65534")
-    assert "rc=126" in text and "permission denied: uid 65534" in text, text
-    code, text = agent(probe_box, "/workspace/binary exit 0; echo rc=$?", user="root")
-    assert "rc=126" in text and "permission denied: uid 0" in text, text
+    _code, text = agent(probe_box, "/workspace/binary exit 0; echo rc=$?", user="65534:65534")
+    assert "rc=126" in text, text
+    assert "permission denied: uid 65534" in text, text
+    _code, text = agent(probe_box, "/workspace/binary exit 0; echo rc=$?", user="root")
+    assert "rc=126" in text, text
+    assert "permission denied: uid 0" in text, text
     refusals = [r for r in probe_box.call_log() if "refused" in r.get("error", "")]
     assert {r["uid"] for r in refusals} >= {0, 65534}
 
@@ -316,7 +321,8 @@ s = conn(); s.send(os.urandom(4096)); outcomes["random"] = reply(s)
 for i in range(40):
     s = conn(); s.send(os.urandom(i * 7)); s.close()
 # A bare request with no descriptors at all: runs with stdio closed; must not hurt anything.
-s = conn(); s.send(HEADER.pack(b"PBX1", 1, 0, 0, 3, 0, 0, 0, 0, 0, 9, 0) + b"x\\0exit\\x003\\0"); outcomes["no-fds"] = reply(s)
+s = conn(); s.send(HEADER.pack(b"PBX1", 1, 0, 0, 3, 0, 0, 0, 0, 0, 9, 0) + b"x\\0exit\\x003\\0")
+outcomes["no-fds"] = reply(s)
 normal = subprocess.run(["/workspace/binary", "argv", "still", "works"], capture_output=True)
 outcomes["normal"] = [normal.returncode, normal.stdout.decode()]
 outcomes["long"] = [long_call.wait(30), long_call.stdout.read().decode().startswith("pid=")]
@@ -339,14 +345,15 @@ def test_hostile_requests_kill_neither_the_daemon_nor_other_calls(probe_box: San
 
 
 def test_files_created_by_the_reference_belong_to_the_agent(probe_box: Sandbox) -> None:
-    code, text = agent(probe_box, "cd /workspace/src && /workspace/binary touch made-by-ref && stat -c '%u:%g %a' "
+    _code, text = agent(probe_box, "cd /workspace/src && /workspace/binary touch made-by-ref && stat -c '%u:%g %a' "
                                   "made-by-ref && rm made-by-ref && echo removed")
     assert f"uid={probe_box.layout.agent_uid} gid={probe_box.layout.agent_gid} mode=644" in text
-    assert f"{probe_box.layout.agent_uid}:{probe_box.layout.agent_gid} 644" in text and "removed" in text
+    assert f"{probe_box.layout.agent_uid}:{probe_box.layout.agent_gid} 644" in text
+    assert "removed" in text
 
 
 def test_no_daemon_descriptor_reaches_the_reference(probe_box: Sandbox) -> None:
-    code, text = agent(probe_box, "/workspace/binary fds < /dev/null 2>/dev/null | cat")
+    _code, text = agent(probe_box, "/workspace/binary fds < /dev/null 2>/dev/null | cat")
     assert [line.split(" -> ")[0] for line in text.strip().splitlines()] == ["0", "1", "2"], text
 
 
@@ -355,9 +362,12 @@ def test_calls_are_recorded_and_proc_mem_flagged(probe_box: Sandbox) -> None:
                      "/workspace/binary cat /proc/1/mem; /workspace/binary argv logged 'two words'")
     records = probe_box.call_log()
     last = records[-3:]
-    assert last[0]["flags"] == ["proc-mem"] and last[1]["flags"] == ["proc-mem"]
+    assert last[0]["flags"] == ["proc-mem"]
+    assert last[1]["flags"] == ["proc-mem"]
     assert last[2]["argv"] == ["/workspace/binary", "argv", "logged", "two words"]
-    assert last[2]["cwd"] == "/workspace/src" and last[2]["exit"] == 0 and last[2]["duration_s"] >= 0
+    assert last[2]["cwd"] == "/workspace/src"
+    assert last[2]["exit"] == 0
+    assert last[2]["duration_s"] >= 0
     assert last[2]["uid"] == probe_box.layout.agent_uid
 
 
@@ -365,7 +375,7 @@ def test_script_reference_gets_a_plain_message(engine: Any, run_labels: Labels) 
     require_image(engine, CALCULATOR)
     with Sandbox(CALCULATOR, labels=run_labels, cpus=1, memory=1 << 30, lifetime=600) as box:
         assert box.layout.reference_kind == "script"
-        code, text = agent(box, "/workspace/binary 1 + 2; echo rc=$?")
+        _code, text = agent(box, "/workspace/binary 1 + 2; echo rc=$?")
     assert "rc=126" in text
     assert "is a script (#!/bin/bash" in text or "is a script (#!/usr/bin/env bash" in text, text
     assert "cannot run from an execute-only file (mode 111)" in text
@@ -378,7 +388,8 @@ def test_daemon_refuses_to_serve_when_suid_dumpable_is_1(tmp_path: Any) -> None:
     from pytest_programbench.proxy_build import DAEMON_SOURCE
 
     spec = importlib.util.spec_from_file_location("pb_proxy_daemon_under_test", DAEMON_SOURCE)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     daemon = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(daemon)
     flag = tmp_path / "suid_dumpable"

@@ -154,8 +154,10 @@ def main() -> None:
             resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
         except (ImportError, OSError, ValueError):
             pass
-        signal.signal(value, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [value])
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP cannot be set (nor caught)
+            signal.signal(value, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [value])
         os.kill(os.getpid(), value)
         os._exit(128 + value)
     sys.stdout.flush()
