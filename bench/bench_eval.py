@@ -1,0 +1,214 @@
+"""Evaluation wall time: the official ``programbench eval`` against ``pytest --pb-submissions`` on the same submissions.
+
+    python bench/bench_eval.py [--repeat N] [--variant good] [--skip official-wheels,...]
+
+Runs, on copies of the test bed's run directory ``testbed/.state/submissions/<variant>`` (all four fixture tasks):
+
+* ``official`` — the ``programbench eval`` CLI (1.2.5) as is, ``--docker-cpus 2``, ``PROGRAMBENCH_BLOB_DIR`` set.
+  Offline, its ``pip3 install pytest-rerunfailures==16.4`` fails after pip's retries, so it runs with reruns off.
+  The only shim: the CLI's task catalogue also holds the test bed's task dirs (``load_all_instances`` default).
+* ``official+wheels`` — the same CLI given the rerunfailures wheels as it would get them from PyPI with internet
+  (``DOCKER_RUN_ARGS``: a read-only mount and ``PIP_NO_INDEX``/``PIP_FIND_LINKS``): reruns on, like ours.
+* ``pytest -n 1``, ``pytest -n 2`` — the plugin, reruns on (the host's cached wheels).
+* ``pytest -n 1, reruns off`` — the plugin without wheels (``PYTEST_PROGRAMBENCH_WHEELS`` pointing nowhere): the
+  like-for-like comparison with the offline ``official`` row.
+
+Prints a table (wall seconds, ratio to ``official`` and to ``official+wheels``, mean score) and writes JSON to
+``bench/results/bench_eval-<UTC>.json``. Needs the test bed: ``bash testbed/setup.sh``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+STATE = REPO / "testbed" / ".state"
+RESULTS = REPO / "bench" / "results"
+
+# The official CLI, with its task catalogue extended to a directory holding the test bed's tasks too.
+OFFICIAL_SHIM = r"""
+import sys
+from pathlib import Path
+from programbench import constants
+from programbench.utils import load_data
+load_data.load_all_instances.__defaults__ = (Path(sys.argv[1]),)
+if sys.argv[2]:
+    constants.DOCKER_RUN_ARGS.extend(["-v", sys.argv[2] + ":/tmp/pytest-programbench-wheels:ro",
+                                      "-e", "PIP_NO_INDEX=1", "-e", "PIP_FIND_LINKS=/tmp/pytest-programbench-wheels"])
+from programbench.cli.main import app
+sys.argv = ["programbench", *sys.argv[3:]]
+app()
+"""
+
+
+def read_env() -> dict[str, str]:
+    env_sh = STATE / "env.sh"
+    if not env_sh.is_file():
+        sys.exit(f"{env_sh} is missing: run `bash testbed/setup.sh` first")
+    values = {}
+    for raw in env_sh.read_text().splitlines():
+        line = raw.strip().removeprefix("export ")
+        if "=" in line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            values[key] = value.strip("'\"")
+    return values
+
+
+def merged_tasks_dir(work: Path, env: dict[str, str]) -> Path:
+    """The packaged tasks plus the test bed's, as symlinks (what the official CLI will see)."""
+    from programbench.constants import TASKS_DIR
+
+    merged = work / "tasks"
+    merged.mkdir()
+    for root in (TASKS_DIR, Path(env["PB_TESTBED_TASKS_DIR"])):
+        for task in root.iterdir():
+            if (task / "task.yaml").is_file():
+                link = merged / task.name
+                if link.exists():
+                    link.unlink()
+                link.symlink_to(task)
+    return merged
+
+
+def scores_from_eval_json(run_dir: Path, tasks_dir: Path) -> dict[str, float]:
+    """Per-task scores of a run directory, the official way (``programbench info``'s computation)."""
+    from programbench.eval.eval import EvaluationResult
+    from programbench.utils.load_data import get_active_branches, get_ignored_tests, load_all_instances
+
+    instances = {i["instance_id"]: i for i in load_all_instances(tasks_dir)}
+    out = {}
+    for path in sorted(run_dir.glob("*/*.eval.json")):
+        inst = instances[path.parent.name]
+        result = EvaluationResult.model_validate_json(path.read_text())
+        out[path.parent.name] = result.for_branches(get_active_branches(inst)).without_ignored(
+            get_ignored_tests(inst)).score
+    return out
+
+
+def timed(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path) -> tuple[float, int]:
+    started = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.run(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False)
+    return time.monotonic() - started, proc.returncode
+
+
+def run_official(name: str, source: Path, work: Path, tasks_dir: Path, env: dict[str, str],
+                 wheels: str) -> dict[str, Any]:
+    run_dir = work / name.replace("+", "-") / source.name
+    shutil.copytree(source, run_dir)
+    penv = {**os.environ, "PROGRAMBENCH_BLOB_DIR": env["PB_TESTBED_BLOB_DIR"]}
+    cmd = [sys.executable, "-c", OFFICIAL_SHIM, str(tasks_dir), wheels, "eval", str(run_dir), "--docker-cpus", "2"]
+    seconds, rc = timed(cmd, env=penv, cwd=work, log=work / f"{name.replace('+', '-')}.log")
+    return {"name": name, "seconds": seconds, "returncode": rc, "scores": scores_from_eval_json(run_dir, tasks_dir)}
+
+
+def run_plugin(name: str, source: Path, work: Path, tasks_dir: Path, env: dict[str, str], workers: int,
+               reruns: bool) -> dict[str, Any]:
+    slug = name.replace(" ", "").replace(",", "-").replace("=", "")
+    run_copy = work / f"{slug}-input" / source.name
+    shutil.copytree(source, run_copy)
+    output = work / f"{slug}-output"
+    penv = dict(os.environ)
+    if not reruns:
+        penv["PYTEST_PROGRAMBENCH_WHEELS"] = str(work / "no-wheels")
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pb-submissions", str(run_copy),
+           "--pb-tasks-dir", env["PB_TESTBED_TASKS_DIR"], "--pb-include-fixtures", "--pb-blob-dir",
+           env["PB_TESTBED_BLOB_DIR"], "--pb-cpus", "2", "--pb-output", str(output)]
+    if workers > 1:
+        cmd += ["-n", str(workers)]
+    cwd = work / f"{slug}-cwd"
+    cwd.mkdir()
+    seconds, rc = timed(cmd, env=penv, cwd=cwd, log=work / f"{slug}.log")
+    return {"name": name, "seconds": seconds, "returncode": rc, "scores": scores_from_eval_json(output, tasks_dir)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=1, help="runs of every configuration (the best is kept)")
+    parser.add_argument("--variant", default="good", help="test bed run directory (good, wrong, hang, ...)")
+    parser.add_argument("--skip", default="", help="comma-separated configuration names to leave out")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args()
+
+    env = read_env()
+    source = Path(env["PB_TESTBED_RUNS"]) / args.variant
+    if not source.is_dir():
+        sys.exit(f"no run directory {source}")
+    from pytest_programbench.rerunfailures import ensure_wheels
+
+    wheels = ensure_wheels()
+    if not wheels.available:
+        print(f"WARNING: no rerunfailures wheels ({wheels.reason}): official+wheels and the reruns-on rows "
+              f"are skipped", file=sys.stderr)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    configs: list[tuple[str, Any]] = [
+        ("official", lambda w, t: run_official("official", source, w, t, env, "")),
+        ("official+wheels", lambda w, t: run_official("official+wheels", source, w, t, env, str(wheels.directory))),
+        ("pytest -n 1", lambda w, t: run_plugin("pytest -n 1", source, w, t, env, 1, True)),
+        ("pytest -n 2", lambda w, t: run_plugin("pytest -n 2", source, w, t, env, 2, True)),
+        ("pytest -n 1, reruns off", lambda w, t: run_plugin("pytest -n 1, reruns off", source, w, t, env, 1, False)),
+        ("pytest -n 2, reruns off", lambda w, t: run_plugin("pytest -n 2, reruns off", source, w, t, env, 2, False)),
+    ]
+    if not wheels.available:
+        skip |= {"official+wheels", "pytest -n 1", "pytest -n 2"}
+    rows: dict[str, dict[str, Any]] = {}
+    work_root = Path(tempfile.mkdtemp(prefix="pb-bench-"))
+    try:
+        tasks_dir = merged_tasks_dir(work_root, env)
+        for attempt in range(args.repeat):
+            for name, run in configs:
+                if name in skip:
+                    continue
+                work = work_root / f"{attempt}-{name.replace(' ', '').replace(',', '-').replace('+', '-')}"
+                work.mkdir()
+                row = run(work, tasks_dir)
+                print(f"[{attempt + 1}/{args.repeat}] {name}: {row['seconds']:.1f} s (exit {row['returncode']})",
+                      file=sys.stderr)
+                best = rows.get(name)
+                row["all_seconds"] = [*(best or {}).get("all_seconds", []), round(row["seconds"], 2)]
+                if best is None or row["seconds"] < best["seconds"]:
+                    rows[name] = row
+                else:
+                    best["all_seconds"] = row["all_seconds"]
+    finally:
+        if not args.keep:
+            shutil.rmtree(work_root, ignore_errors=True)
+
+    base = rows.get("official", {}).get("seconds")
+    base_wheels = rows.get("official+wheels", {}).get("seconds")
+    tasks = sorted(next(iter(rows.values()))["scores"]) if rows else []
+    print()
+    print(f"{len(tasks)} submissions from {source} ({', '.join(tasks)}); best of {args.repeat}")
+    print(f"{'configuration':26s} {'wall s':>8s} {'÷ official':>11s} {'÷ off.+wheels':>14s} {'mean score':>11s}")
+    for name, row in rows.items():
+        ratio = f"{row['seconds'] / base:.2f}x" if base else "-"
+        ratio_w = f"{row['seconds'] / base_wheels:.2f}x" if base_wheels else "-"
+        mean = sum(row["scores"].values()) / len(row["scores"]) if row["scores"] else float("nan")
+        row["ratio_official"] = round(row["seconds"] / base, 3) if base else None
+        row["ratio_official_wheels"] = round(row["seconds"] / base_wheels, 3) if base_wheels else None
+        row["mean_score"] = mean
+        print(f"{name:26s} {row['seconds']:8.1f} {ratio:>11s} {ratio_w:>14s} {mean:11.3f}")
+    mismatched = {name: row["scores"] for name, row in rows.items()
+                  if rows.get("official") and row["scores"] != rows["official"]["scores"]}
+    if mismatched:
+        print(f"scores differing from the official run: {json.dumps(mismatched)}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = RESULTS / f"bench_eval-{stamp}.json"
+    out.write_text(json.dumps({"when": stamp, "variant": args.variant, "repeat": args.repeat,
+                               "cores": os.cpu_count(), "tasks": tasks, "rows": rows}, indent=2, default=str))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
