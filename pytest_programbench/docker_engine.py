@@ -273,8 +273,13 @@ def describe_unreachable(exc: BaseException) -> str:
     host = _docker_host()
     path = _socket_path()
     causes = _causes(exc)
+    described = next((e for e in causes if isinstance(e, EngineConnectionError)), None)
+    if described is not None:  # already said (the client's own layer raised it): never say it twice
+        return str(described)
     text = " ".join(str(e) for e in causes)
-    if any(isinstance(e, FileNotFoundError) for e in causes) or "No such file or directory" in text:
+    if "path too long" in text:
+        why = f"the socket path {path} is too long for a Unix socket (at most 107 bytes)"
+    elif any(isinstance(e, FileNotFoundError) for e in causes) or "No such file or directory" in text:
         why = f"there is no socket at {path} (dockerd is not running)" if path else "its address does not exist"
     elif any(isinstance(e, ConnectionRefusedError) for e in causes) or "Connection refused" in text:
         why = f"connection refused at {path or host} (dockerd is not running)"

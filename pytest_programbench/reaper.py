@@ -201,13 +201,14 @@ def _created(info: Mapping[str, Any]) -> float:
 
 
 def reap_dead_runs(current_run: str | None, *, engine: Any | None = None, run_dirs: Iterable[Path] = (),
-                   now: float | None = None, slot_dirs: bool = True) -> ReapReport:
+                   now: float | None = None, slot_dirs: bool = True, runs: Iterable[str] | None = None) -> ReapReport:
     """Remove the containers, then the images, of every dead run on the engine; never raises for engine trouble.
 
     ``current_run`` is this session's run id (never touched). ``run_dirs``: where to look for ``pb-run.json`` of
-    runs whose objects carry no owner label (e.g. ``<rootdir>/pb-runs``).
+    runs whose objects carry no owner label (e.g. ``<rootdir>/pb-runs``). ``runs``: judge only these run ids.
     """
     from docker.errors import APIError, NotFound
+    from requests.exceptions import RequestException
 
     report = ReapReport()
     try:
@@ -218,10 +219,14 @@ def reap_dead_runs(current_run: str | None, *, engine: Any | None = None, run_di
         api = engine.api
         containers = api.containers(all=True, filters={"label": RUN_LABEL})
         images = api.images(all=True, filters={"label": RUN_LABEL})
-    except (EngineUnavailable, APIError) as exc:
+    except (EngineUnavailable, APIError, RequestException) as exc:
         report.errors.append(f"cannot list the engine's containers: {exc}")
         log.warning("reaper: %s", report.errors[-1])
         return report
+    if runs is not None:
+        only = set(runs)
+        containers = [c for c in containers if (c.get("Labels") or {}).get(RUN_LABEL) in only]
+        images = [i for i in images if (i.get("Labels") or {}).get(RUN_LABEL) in only]
     records = load_run_records(run_dirs)
     here = _here()
     now = time.time() if now is None else now
@@ -246,7 +251,7 @@ def reap_dead_runs(current_run: str | None, *, engine: Any | None = None, run_di
         except APIError as exc:
             if "already in progress" not in str(exc):
                 report.errors.append(f"container {info['Id'][:12]}: {exc}")
-        except EngineUnavailable as exc:
+        except (EngineUnavailable, RequestException) as exc:
             report.errors.append(f"container {info['Id'][:12]}: {exc}")
             break
     for info in images:
@@ -265,6 +270,7 @@ def reap_dead_runs(current_run: str | None, *, engine: Any | None = None, run_di
 def _remove_image(api: Any, info: Mapping[str, Any], report: ReapReport) -> bool:
     """Untag, then delete, without force; an image any container still uses (a live run's) stays."""
     from docker.errors import APIError, NotFound
+    from requests.exceptions import RequestException
 
     image_id = str(info["Id"])
     try:
@@ -282,7 +288,7 @@ def _remove_image(api: Any, info: Mapping[str, Any], report: ReapReport) -> bool
     except APIError as exc:
         report.errors.append(f"image {image_id[:19]} kept: {getattr(exc, 'explanation', None) or exc}")
         return False
-    except EngineUnavailable as exc:
+    except (EngineUnavailable, RequestException) as exc:
         report.errors.append(f"image {image_id[:19]}: {exc}")
         return False
     return True

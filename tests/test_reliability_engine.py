@@ -1,0 +1,601 @@
+"""The reliable engine client: fast clear failure, bounded retries through outages, idempotent heavy operations,
+backpressure across processes, and a missing or hung engine in real sessions.
+
+Faults are injected by :class:`FaultProxy`, a Unix-socket proxy in front of the real shared engine: it can go away
+(as an engine does while it restarts), answer a request with a 5xx itself, or forward a request and drop the
+response (the operation happened, the client never heard). The shared engine itself is never disturbed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from pytest_programbench import RUN_LABEL, backpressure, docker_engine
+from pytest_programbench.docker_engine import (
+    EXPIRES_LABEL,
+    HOW_TO_START,
+    OWNER_LABEL,
+    EngineConnectionError,
+    EngineUnavailable,
+)
+from tests.conftest import Testbed
+
+UPSTREAM = "/var/run/docker.sock"
+
+
+# ---------------------------------------------------------------------------------------------- the proxy
+
+
+@dataclass
+class Rule:
+    method: str
+    path: re.Pattern[str]
+    action: str  # "status:<code>" | "drop_response"
+    remaining: int
+
+
+@dataclass
+class FaultProxy:
+    path: Path
+    upstream: str = UPSTREAM
+    rules: list[Rule] = field(default_factory=list)
+    requests_seen: list[str] = field(default_factory=list)
+    _listener: socket.socket | None = None
+    _conns: list[socket.socket] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.path}"
+
+    def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(self.path))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def stop(self) -> None:
+        """Like an engine going away: the socket disappears and every open connection is cut."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
+    def fail(self, method: str, path: str, action: str, times: int = 1) -> None:
+        self.rules.append(Rule(method, re.compile(path), action, times))
+
+    def seen(self, method: str, path: str) -> int:
+        pattern = re.compile(path)
+        return sum(1 for line in self.requests_seen if line.startswith(method + " ") and pattern.search(line))
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                upstream.connect(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            muted = threading.Event()  # set: the engine's answers are swallowed (a lost response)
+            threading.Thread(target=self._client_to_upstream, args=(client, upstream, muted), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, muted), daemon=True).start()
+
+    def _rule_for(self, chunk: bytes) -> Rule | None:
+        match = re.match(rb"([A-Z]+) (\S+) HTTP/1\.[01]\r\n", chunk)
+        if not match:
+            return None
+        method, target = match.group(1).decode(), match.group(2).decode()
+        self.requests_seen.append(f"{method} {target}")
+        with self._lock:
+            for rule in self.rules:
+                if rule.remaining > 0 and rule.method == method and rule.path.search(target):
+                    rule.remaining -= 1
+                    return rule
+        return None
+
+    def _client_to_upstream(self, client: socket.socket, upstream: socket.socket, muted: threading.Event) -> None:
+        try:
+            while True:
+                chunk = client.recv(1 << 16)
+                if not chunk:
+                    break
+                rule = self._rule_for(chunk)
+                if rule is not None and rule.action.startswith("status:"):
+                    code = int(rule.action.split(":")[1])
+                    body = json.dumps({"message": f"injected fault {code}"}).encode()
+                    client.sendall(f"HTTP/1.1 {code} Injected\r\nContent-Type: application/json\r\nContent-Length: "
+                                   f"{len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+                    break
+                if rule is not None and rule.action == "drop_response":
+                    muted.set()
+                upstream.sendall(chunk)
+                if rule is not None and rule.action == "drop_response":
+                    time.sleep(1.0)  # let the engine do it; the client never hears back
+                    break
+        except OSError:
+            pass
+        finally:
+            for sock in (client, upstream):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    @staticmethod
+    def _pump(source: socket.socket, dest: socket.socket, muted: threading.Event) -> None:
+        try:
+            while True:
+                chunk = source.recv(1 << 16)
+                if not chunk:
+                    break
+                if not muted.is_set():
+                    dest.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dest.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture
+def fresh_engine_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's client and engine health, as if new; restored afterwards."""
+    monkeypatch.setattr(docker_engine, "_client", None)
+    monkeypatch.setattr(docker_engine, "_state", docker_engine._EngineState())
+    monkeypatch.setattr(docker_engine, "_owner", None)
+    yield
+    current = docker_engine._client
+    if current is not None:
+        with contextlib.suppress(Exception):
+            current.close()
+
+
+@pytest.fixture
+def proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_engine_state: None,
+          docker_client: Any) -> Iterator[FaultProxy]:
+    fault = FaultProxy(Path(f"/tmp/pbfp-{uuid.uuid4().hex[:8]}.sock"))
+    fault.start()
+    monkeypatch.setenv("DOCKER_HOST", fault.url)
+    yield fault
+    fault.stop()
+
+
+def restart_after(proxy: FaultProxy, seconds: float) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(seconds), proxy.start()), daemon=True)
+    thread.start()
+    return thread
+
+
+def labelled(run: str) -> dict[str, str]:
+    return {RUN_LABEL: run}
+
+
+def remove_run(docker_client: Any, run: str) -> None:
+    for info in docker_client.api.containers(all=True, filters={"label": f"{RUN_LABEL}={run}"}):
+        with contextlib.suppress(Exception):
+            docker_client.api.remove_container(info["Id"], force=True)
+
+
+# ---------------------------------------------------------------------------------------------- first contact
+
+
+def test_missing_engine_fails_fast_with_one_clear_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          fresh_engine_state: None) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/docker.sock")
+    started = time.monotonic()
+    with pytest.raises(EngineUnavailable) as first:
+        docker_engine.client()
+    assert time.monotonic() - started < 5
+    assert str(first.value) == (f"Docker engine unreachable at unix://{tmp_path}/docker.sock: there is no socket at "
+                                f"{tmp_path}/docker.sock (dockerd is not running); {HOW_TO_START}")
+    # Remembered: a burst of items does not probe a dead engine one by one.
+    started = time.monotonic()
+    with pytest.raises(EngineUnavailable) as second:
+        docker_engine.client()
+    assert time.monotonic() - started < 0.5
+    assert str(second.value) == str(first.value)
+    assert docker_engine.preflight() == str(first.value)
+
+
+def test_stale_socket_is_connection_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            fresh_engine_state: None) -> None:
+    path = tmp_path / "stale.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.close()  # the file stays, nobody listens: ECONNREFUSED
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
+    with pytest.raises(EngineUnavailable, match=r"connection refused at .*stale\.sock \(dockerd is not running\)"):
+        docker_engine.client()
+
+
+def test_hung_engine_fails_within_the_ping_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   fresh_engine_state: None) -> None:
+    path = tmp_path / "hung.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(16)  # accepts connections, never answers
+    monkeypatch.setattr(docker_engine, "PING_TIMEOUT", 2.0)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
+    started = time.monotonic()
+    try:
+        with pytest.raises(EngineUnavailable, match=r"no answer within 2 s \(the engine is hung or overloaded\)"):
+            docker_engine.client()
+    finally:
+        server.close()
+    assert time.monotonic() - started < 10
+
+
+# ---------------------------------------------------------------------------------------------- outages, retries
+
+
+def test_a_read_waits_out_an_outage(proxy: FaultProxy, testbed: Testbed) -> None:
+    api = docker_engine.client().api
+    proxy.stop()
+    restart_after(proxy, 1.5)
+    started = time.monotonic()
+    assert api.inspect_image(testbed.base_image)["Id"].startswith("sha256:")
+    assert time.monotonic() - started >= 1.0
+    state = docker_engine.engine_state()
+    assert state.outages == 1
+    assert state.retries >= 1
+    assert state.outage_since is None, "the engine answered: the outage is over"
+
+
+def test_the_outage_budget_bounds_the_wait(proxy: FaultProxy, testbed: Testbed,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    api = docker_engine.client().api
+    monkeypatch.setattr(docker_engine, "OUTAGE_BUDGET", 2.0)
+    proxy.stop()
+    started = time.monotonic()
+    with pytest.raises(EngineConnectionError, match="gave up docker inspect_image after") as caught:
+        api.inspect_image(testbed.base_image)
+    assert 2.0 <= time.monotonic() - started < 10
+    assert isinstance(caught.value, EngineUnavailable)
+    assert isinstance(caught.value, requests.exceptions.ConnectionError)
+    assert HOW_TO_START in str(caught.value)
+    # Still the same outage: the next call does not wait again.
+    started = time.monotonic()
+    with pytest.raises(EngineConnectionError):
+        api.images()
+    assert time.monotonic() - started < 1.0
+
+
+def test_exec_calls_are_never_retried(proxy: FaultProxy) -> None:
+    api = docker_engine.client().api
+    proxy.stop()
+    started = time.monotonic()
+    with pytest.raises(EngineConnectionError):
+        api.exec_inspect("0123456789ab")
+    with pytest.raises(EngineConnectionError):
+        api.exec_create("0123456789ab", ["true"])
+    assert time.monotonic() - started < 1.0
+    assert docker_engine.engine_state().retries == 0
+
+
+def test_create_through_an_outage_makes_exactly_one_container(proxy: FaultProxy, testbed: Testbed,
+                                                              docker_client: Any) -> None:
+    run = "r" + uuid.uuid4().hex[:7]
+    api = docker_engine.client().api
+    try:
+        proxy.stop()
+        restart_after(proxy, 1.0)
+        created = api.create_container(testbed.base_image, command=["sleep", "60"], labels=labelled(run),
+                                       host_config=api.create_host_config(network_mode="none"))
+        found = docker_client.api.containers(all=True, filters={"label": f"{RUN_LABEL}={run}"})
+        assert [c["Id"] for c in found] == [created["Id"]]
+    finally:
+        remove_run(docker_client, run)
+
+
+def test_create_whose_response_was_lost_is_adopted_not_duplicated(proxy: FaultProxy, testbed: Testbed,
+                                                                  docker_client: Any) -> None:
+    run = "r" + uuid.uuid4().hex[:7]
+    api = docker_engine.client().api
+    proxy.fail("POST", r"/containers/create", "drop_response")
+    try:
+        created = api.create_container(testbed.base_image, command=["sleep", "60"], labels=labelled(run),
+                                       host_config=api.create_host_config(network_mode="none"))
+        assert proxy.seen("POST", r"/containers/create") == 2
+        found = docker_client.api.containers(all=True, filters={"label": f"{RUN_LABEL}={run}"})
+        assert [c["Id"] for c in found] == [created["Id"]], "the retry must adopt the first attempt's container"
+        assert found[0]["Names"][0].startswith(f"/pb-{run}-")
+    finally:
+        remove_run(docker_client, run)
+
+
+def test_removal_whose_response_was_lost_succeeds(proxy: FaultProxy, testbed: Testbed, docker_client: Any) -> None:
+    run = "r" + uuid.uuid4().hex[:7]
+    created = docker_client.api.create_container(testbed.base_image, command=["sleep", "60"], labels=labelled(run))
+    api = docker_engine.client().api
+    proxy.fail("DELETE", r"/containers/", "drop_response")
+    try:
+        assert api.remove_container(created["Id"], force=True) is None
+        assert proxy.seen("DELETE", r"/containers/") == 2
+        assert docker_client.api.containers(all=True, filters={"label": f"{RUN_LABEL}={run}"}) == []
+    finally:
+        remove_run(docker_client, run)
+
+
+def test_server_errors_are_retried_for_heavy_operations(proxy: FaultProxy, testbed: Testbed,
+                                                        docker_client: Any) -> None:
+    run = "r" + uuid.uuid4().hex[:7]
+    api = docker_engine.client().api
+    proxy.fail("POST", r"/containers/create", "status:500", times=2)
+    proxy.fail("POST", r"/containers/[0-9a-f]+/start", "status:503", times=1)
+    try:
+        created = api.create_container(testbed.base_image, command=["sleep", "60"], labels=labelled(run),
+                                       host_config=api.create_host_config(network_mode="none"))
+        api.start(created["Id"])
+        assert proxy.seen("POST", r"/containers/create") == 3
+        assert proxy.seen("POST", r"/containers/[0-9a-f]+/start") == 2
+        assert docker_client.api.inspect_container(created["Id"])["State"]["Running"]
+    finally:
+        remove_run(docker_client, run)
+
+
+def test_server_errors_of_a_pull_are_not_retried(proxy: FaultProxy) -> None:
+    from docker.errors import APIError
+
+    api = docker_engine.client().api
+    proxy.fail("POST", r"/images/create", "status:500", times=5)
+    with pytest.raises(APIError, match="injected fault 500"):
+        api.pull("programbench/does-not-exist", tag="nope")
+    assert proxy.seen("POST", r"/images/create") == 1
+
+
+def test_client_errors_are_not_retried(proxy: FaultProxy) -> None:
+    from docker.errors import ImageNotFound
+
+    api = docker_engine.client().api
+    with pytest.raises(ImageNotFound):
+        api.create_container("programbench/does-not-exist:nope", labels=labelled("r0000000"))
+    assert proxy.seen("POST", r"/containers/create") == 1
+
+
+# ---------------------------------------------------------------------------------------------- labels
+
+
+@dataclass
+class _Run:
+    run_id: str
+    controller_pid: int
+    hostname: str
+    started: float
+
+
+def test_configured_runs_label_owner_and_deadline(fresh_engine_state: None, testbed: Testbed, docker_client: Any,
+                                                  monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(backpressure, "slots_root", lambda: tmp_path / "slots")
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    for name in (backpressure.ENV_DIR, backpressure.ENV_LIMIT):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(backpressure, "_config", None)
+    run = _Run("r" + uuid.uuid4().hex[:7], os.getpid(), socket.gethostname(), time.time())
+    docker_engine.configure_run(run, concurrency=3)
+    try:
+        assert backpressure.current() == (3, tmp_path / "slots" / run.run_id)
+        assert os.environ[backpressure.ENV_DIR] == str(tmp_path / "slots" / run.run_id)
+        api = docker_engine.client().api
+        before = time.time()
+        created = api.create_container(testbed.base_image, entrypoint=["sleep"], command=["120"],
+                                       labels=labelled(run.run_id))
+        labels = docker_client.api.inspect_container(created["Id"])["Config"]["Labels"]
+        owner = docker_engine.Owner.parse(labels[OWNER_LABEL])
+        assert owner is not None
+        assert (owner.hostname, owner.pid, owner.boot_id) == (run.hostname, run.controller_pid,
+                                                              docker_engine.boot_id())
+        expires = float(labels[EXPIRES_LABEL])
+        margin = docker_engine.EXPIRY_MARGIN
+        assert before + 120 + margin - 1 <= expires <= time.time() + 120 + margin + 1
+        owner_json = json.loads((tmp_path / "slots" / run.run_id / backpressure.OWNER_FILE).read_text())
+        assert owner_json["controller_pid"] == os.getpid()
+    finally:
+        remove_run(docker_client, run.run_id)
+        backpressure.reset()
+
+
+# ---------------------------------------------------------------------------------------------- backpressure
+
+_WORKER = textwrap.dedent("""
+    import json, sys, threading, time
+    from docker.api.client import APIClient
+
+    intervals = []
+    lock = threading.Lock()
+
+    def recorded(name):
+        original = getattr(APIClient, name)
+        def call(self, *args, **kwargs):
+            started = time.time()
+            try:
+                time.sleep(0.05)  # make overlaps likely
+                return original(self, *args, **kwargs)
+            finally:
+                with lock:
+                    intervals.append((name, started, time.time()))
+        return call
+
+    for name in ("create_container", "start", "remove_container"):
+        setattr(APIClient, name, recorded(name))
+
+    from pytest_programbench import docker_engine
+    image, run, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    api = docker_engine.client().api
+
+    def one(k):
+        created = api.create_container(image, command=["sleep", "30"], labels={"pytest-programbench": run},
+                                       host_config=api.create_host_config(network_mode="none"))
+        api.start(created["Id"])
+        api.remove_container(created["Id"], force=True)
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(count)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    print(json.dumps(intervals))
+""")
+
+
+def max_overlap(intervals: list[tuple[str, float, float]]) -> int:
+    events = sorted([(start, 1) for _n, start, _e in intervals] + [(end, -1) for _n, _s, end in intervals])
+    current = peak = 0
+    for _when, delta in events:
+        current += delta
+        peak = max(peak, current)
+    return peak
+
+
+def test_heavy_operations_are_capped_across_processes(tmp_path: Path, testbed: Testbed,
+                                                      docker_client: Any) -> None:
+    run = "r" + uuid.uuid4().hex[:7]
+    env = {**os.environ, backpressure.ENV_DIR: str(tmp_path / "slots"), backpressure.ENV_LIMIT: "2"}
+    env.pop("DOCKER_HOST", None)
+    try:
+        procs = [subprocess.Popen([sys.executable, "-c", _WORKER, testbed.base_image, run, "4"], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        results = [p.communicate(timeout=300) for p in procs]
+        for proc, (_out, err) in zip(procs, results, strict=True):
+            assert proc.returncode == 0, err
+        intervals = [tuple(i) for out, _err in results for i in json.loads(out.strip().splitlines()[-1])]
+        assert len(intervals) == 4 * 4 * 3
+        assert max_overlap(intervals) == 2, "16 workers' worth of heavy calls, never more than 2 at once"  # type: ignore[arg-type]
+        assert docker_client.api.containers(all=True, filters={"label": f"{RUN_LABEL}={run}"}) == []
+    finally:
+        remove_run(docker_client, run)
+
+
+def test_a_dead_holder_frees_its_slot(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from pytest_programbench import backpressure
+        backpressure.configure(limit=1, directory=sys.argv[1], export=False)
+        held = backpressure.acquire("create")
+        print("held", flush=True)
+        time.sleep(600)
+    """), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        assert backpressure.in_use(tmp_path) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert backpressure.in_use(tmp_path) == 0
+
+
+def test_a_streamed_build_holds_its_slot_until_the_stream_ends(fresh_engine_state: None, tmp_path: Path,
+                                                               testbed: Testbed, docker_client: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    monkeypatch.setattr(backpressure, "_config", None)
+    backpressure.configure(limit=2, directory=tmp_path / "slots", export=False)
+    tag = f"pbtest-build/{uuid.uuid4().hex[:8]}:x"
+    try:
+        api = docker_engine.client().api
+        dockerfile = f"FROM {testbed.base_image}\nLABEL pbtest=1\n".encode()
+        stream = api.build(fileobj=io.BytesIO(dockerfile), tag=tag, network_mode="none", rm=True, decode=True)
+        assert backpressure.in_use(tmp_path / "slots") == 1
+        chunks = list(stream)
+        assert backpressure.in_use(tmp_path / "slots") == 0
+        assert any("aux" in c or "stream" in c for c in chunks)
+    finally:
+        with contextlib.suppress(Exception):
+            docker_client.api.remove_image(tag, force=True)
+        backpressure.reset()
+
+
+def test_a_thread_holding_a_slot_does_not_deadlock_on_a_nested_call(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backpressure, "_config", None)
+    backpressure.configure(limit=1, directory=tmp_path, export=False)
+    try:
+        with backpressure.slot("build"), backpressure.slot("create"):
+            assert backpressure.in_use(tmp_path) == 1
+        assert backpressure.in_use(tmp_path) == 0
+    finally:
+        backpressure.reset()
+
+
+# ---------------------------------------------------------------------------------------------- real sessions
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+
+def _session(pytester: pytest.Pytester, testbed: Testbed, docker_host: str, *extra: str,
+             env: dict[str, str] | None = None) -> tuple[pytest.RunResult, float]:
+    for key, value in {"DOCKER_HOST": docker_host, **(env or {})}.items():
+        os.environ[key] = value  # pytester's subprocess inherits it; monkeypatch restores below
+    started = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
+        "--pb-submissions", str(testbed.submissions), "--pb-filter", "pbfix__", "--pb-output",
+        str(pytester.path / "run"), *extra, timeout=300)
+    return result, time.monotonic() - started
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["single", "xdist"])
+def test_session_with_no_engine_errors_every_item_with_the_message(pytester: pytest.Pytester, testbed: Testbed,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   xdist: list[str]) -> None:
+    socket_path = Path(f"/tmp/pbnone-{uuid.uuid4().hex[:8]}.sock")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{socket_path}")
+    result, seconds = _session(pytester, testbed, f"unix://{socket_path}", *xdist)
+    result.assert_outcomes(errors=3)
+    message = (f"Docker engine unreachable at unix://{socket_path}: there is no socket at {socket_path} "
+               f"(dockerd is not running); {HOW_TO_START}")
+    assert result.stdout.str().count(message) >= 3, result.stdout.str()[-3000:]
+    assert seconds < 120
+
+
+def test_session_with_a_hung_engine_does_not_hang(pytester: pytest.Pytester, testbed: Testbed,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    path = Path(f"/tmp/pbhung-{uuid.uuid4().hex[:8]}.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(64)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
+    monkeypatch.setenv("PB_DOCKER_PING_TIMEOUT", "3")
+    try:
+        result, seconds = _session(pytester, testbed, f"unix://{path}", "-n", "2",
+                                   env={"PB_DOCKER_PING_TIMEOUT": "3"})
+    finally:
+        server.close()
+        path.unlink()
+    result.assert_outcomes(errors=3)
+    result.stdout.fnmatch_lines([f"*Docker engine unreachable at unix://{path}: no answer within 3 s (the engine is "
+                                 "hung or overloaded)*"])
+    assert seconds < 120
