@@ -143,6 +143,25 @@ def test_probe_matches_direct_execution(probe_box: Sandbox) -> None:
     _assert_same(probe_box, PROBE_CASES)
 
 
+# (resource number, soft, hard); -1 is unlimited. The proxy takes its fast path for limits its worker can adopt
+# for a moment and the general (fork) path for the others: both must be faithful.
+LIMIT_CASES: list[tuple[list[tuple[int, int, int]], str]] = [
+    ([(4, -1, -1)], "fast"),  # ulimit -c unlimited
+    ([(7, 1024, 1024)], "fast"),  # ulimit -n 1024 (hard lowered: that worker retires)
+    ([(7, 1024, 1024)], "fast"),
+    ([(7, 10, 10)], "general"),  # too few descriptors for the worker itself
+    ([(0, 1000, -1)], "general"),  # CPU seconds: never adopted by the worker
+    ([(3, 65536, -1)], "general"),  # a 64 KiB stack
+]
+
+
+def test_rlimits_match_direct_execution(probe_box: Sandbox) -> None:
+    cases: list[dict[str, Any]] = [{"argv": ["./probe", "ids"], "limits": limits} for limits, _ in LIMIT_CASES]
+    _assert_same(probe_box, cases)
+    paths = [r["path"] for r in probe_box.call_log() if r.get("argv") == ["./probe", "ids"]][-len(cases):]
+    assert paths == [path for _, path in LIMIT_CASES]
+
+
 def test_signals_are_forwarded_and_death_reproduced(probe_box: Sandbox) -> None:
     """SIGINT/SIGHUP/SIGUSR1/SIGWINCH reach the reference; SIGTERM makes it exit 42, as directly."""
     outcomes = {}

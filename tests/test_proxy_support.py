@@ -12,6 +12,7 @@ print what a reference sees (argv, env, ids, fds, terminal), crash, die by a sig
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -144,7 +145,12 @@ int main(int argc, char **argv) {
         getrlimit(RLIMIT_CORE, &rl);
         printf("core=%lld/%lld\n", (long long)rl.rlim_cur, (long long)rl.rlim_max);
         getrlimit(RLIMIT_NOFILE, &rl);
-        printf("nofile=%lld/%lld\n", (long long)rl.rlim_cur, (long long)rl.rlim_max);
+        printf("nofile=%lld/%lld\nlimits=", (long long)rl.rlim_cur, (long long)rl.rlim_max);
+        for (int r = 0; r < 16; r++) {
+            getrlimit(r, &rl);
+            printf("%lld/%lld ", (long long)rl.rlim_cur, (long long)rl.rlim_max);
+        }
+        printf("\n");
         printf("isatty=%d%d%d\n", isatty(0), isatty(1), isatty(2));
         status_line("SigIgn");
         status_line("SigBlk");
@@ -239,7 +245,10 @@ for spec in specs:
             resource.setrlimit(resource.RLIMIT_CORE, (spec["core"], resource.getrlimit(resource.RLIMIT_CORE)[1]))
         if spec.get("umask") is not None:
             os.umask(spec["umask"])
-    needs_prepare = spec.get("ignore") or spec.get("core") is not None or spec.get("umask") is not None
+        for number, soft, hard in spec.get("limits", []):
+            resource.setrlimit(number, (soft, hard))
+    needs_prepare = (spec.get("ignore") or spec.get("core") is not None or spec.get("umask") is not None
+                     or spec.get("limits"))
     try:
         done = subprocess.run(spec["argv"], executable=spec["exe"], env=spec.get("env"), cwd=spec.get("cwd"),
                               input=base64.b64decode(spec.get("stdin", "")), capture_output=True,
@@ -316,6 +325,10 @@ def probe_image(engine: Any) -> str:
                              conf={"Labels": {CACHE_LABEL: digest}, "Cmd": ["bash"], "WorkingDir": "/workspace"})
         finally:
             container.remove(force=True)
+        for stale in engine.images.list(PROBE_REPO):  # earlier versions of the probe
+            if ref not in stale.tags:
+                with contextlib.suppress(Exception):
+                    engine.images.remove(stale.id, force=False)
     return ref
 
 
@@ -362,7 +375,8 @@ def run_both(box: Sandbox, cases: Sequence[dict[str, Any]], *, user: str = "agen
     for case in cases:
         base = {"argv": list(case["argv"]), "env": case.get("env", AGENT_ENV), "cwd": case.get("cwd", "/workspace/src"),
                 "stdin": base64.b64encode(case.get("stdin", b"")).decode(), "ignore": case.get("ignore", []),
-                "core": case.get("core"), "umask": case.get("umask"), "timeout": case.get("timeout", 60)}
+                "core": case.get("core"), "umask": case.get("umask"), "limits": case.get("limits", []),
+                "timeout": case.get("timeout", 60)}
         specs.append({**base, "exe": DIRECT})
         specs.append({**base, "exe": "/workspace/binary"})
     box.put_file(json.dumps(specs).encode(), "/tmp/pbtest-specs.json", owner="root", mode=0o644)

@@ -358,7 +358,7 @@ def _exec_child(ref_fd: int, request: Request, argv: list[str], env: dict[str, s
                 os.write(errpipe, b"cwd %d" % (exc.errno or 0))
                 _child_message(f"binary: cannot enter the working directory: {os.strerror(exc.errno or 0)}\n")
                 os._exit(code)
-        blocked = {sig for sig in range(1, 65) if request.sig_blocked >> (sig - 1) & 1}
+        blocked = _signal_set(request.sig_blocked)
         # Last: the caller's limits and signal mask (a tight limit must not break our own set-up).
         _apply_rlimits(request.rlimits)
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
@@ -397,24 +397,89 @@ def _current_rlimits() -> list[tuple[int, int]]:
     return out
 
 
+def _from_wire(value: int) -> int:
+    return resource.RLIM_INFINITY if resource is not None and value == RLIM_INFINITY_WIRE else value
+
+
+def _to_wire(value: int) -> int:
+    return RLIM_INFINITY_WIRE if resource is not None and value == resource.RLIM_INFINITY else value
+
+
 def _apply_rlimits(limits: list[tuple[int, int]]) -> None:
     if resource is None:
         return
-    for number, (cur, top) in enumerate(limits):
-        soft = resource.RLIM_INFINITY if cur == RLIM_INFINITY_WIRE else cur
-        hard = resource.RLIM_INFINITY if top == RLIM_INFINITY_WIRE else top
+    for number, (soft, hard) in enumerate(limits):
         with contextlib.suppress(OSError, ValueError):
-            resource.setrlimit(number, (soft, hard))
+            resource.setrlimit(number, (_from_wire(soft), _from_wire(hard)))
+
+
+def _adopt_rlimits(limits: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
+    """Take on the caller's limits; returns the previous soft limits (wire values) to restore."""
+    previous: list[tuple[int, int]] = []
+    if resource is None:
+        return previous
+    for number, soft, hard in limits:
+        previous.append((number, _to_wire(resource.getrlimit(number)[0])))
+        resource.setrlimit(number, (_from_wire(soft), _from_wire(hard)))
+    return previous
+
+
+def _restore_soft_rlimits(previous: list[tuple[int, int]]) -> None:
+    """Back to the worker's soft limits, as far as a lowered hard limit allows (the worker then retires)."""
+    if resource is None:
+        return
+    for number, soft in previous:
+        hard = _to_wire(resource.getrlimit(number)[1])
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(number, (_from_wire(min(soft, hard)), _from_wire(hard)))
+
+
+# glibc's internal signals (SIGCANCEL, SIGSETXID): no program may rely on them, Python cannot set them, and a
+# caller started by glibc's posix_spawn has them ignored. They are left out of every comparison.
+_LIBC_INTERNAL = frozenset({32, 33})
+
+
+def _signal_set(mask: int) -> list[int]:
+    return [sig for sig in range(1, 65) if mask >> (sig - 1) & 1 and sig not in _LIBC_INTERNAL]
+
+
+# Limits the worker may take on for the moment of a spawn without endangering itself; a caller with any other
+# limit changed (CPU, DATA, AS, NPROC, RTTIME, a tiny stack or descriptor table) takes the general path.
+_RLIMIT_CPU, _RLIMIT_FSIZE, _RLIMIT_DATA, _RLIMIT_STACK, _RLIMIT_NPROC, _RLIMIT_NOFILE = 0, 1, 2, 3, 6, 7
+_RLIMIT_AS, _RLIMIT_RTTIME = 9, 15
+_UNSAFE_RLIMITS = frozenset({_RLIMIT_CPU, _RLIMIT_DATA, _RLIMIT_NPROC, _RLIMIT_AS, _RLIMIT_RTTIME})
+_RLIMIT_FLOORS = {_RLIMIT_NOFILE: 64, _RLIMIT_STACK: 1 << 20}
+
+
+def rlimit_changes(request: Request, own: list[tuple[int, int]]) -> list[tuple[int, int, int]] | None:
+    """(resource, soft, hard) of the caller's limits that differ from the worker's (wire values), or None when
+    the worker cannot safely adopt them for a moment."""
+    changes = []
+    for number, (soft, hard) in enumerate(request.rlimits[: len(own)]):
+        have_soft, have_hard = own[number]
+        if (soft, hard) == (have_soft, have_hard):
+            continue
+        if number in _UNSAFE_RLIMITS or soft > hard or hard > have_hard:
+            return None
+        if soft < _RLIMIT_FLOORS.get(number, 0) or (number == _RLIMIT_FSIZE and hard != have_hard):
+            return None
+        changes.append((number, soft, hard))
+    return changes
 
 
 def fast_path_possible(request: Request, own_rlimits: list[tuple[int, int]]) -> bool:
-    """Whether ``subprocess`` (vfork) reproduces the caller's process state exactly."""
+    """Whether ``subprocess`` (vfork) reproduces the caller's process state exactly.
+
+    Ignored and blocked signals and most rlimits are taken on by the worker for the moment of the spawn, except
+    an ignored SIGCHLD (the worker would lose its child's status): that, a closed standard descriptor, a terminal
+    or a limit the worker cannot adopt (see ``rlimit_changes``) take the general path.
+    """
     return (
         sys.version_info >= (3, 9)
+        and resource is not None
         and all(bit in request.fds for bit in (FD_STDIN, FD_STDOUT, FD_STDERR))
-        and request.sig_ignored == 0
-        and request.sig_blocked == 0
-        and request.rlimits[: len(own_rlimits)] == own_rlimits[: len(request.rlimits)]
+        and signal.SIGCHLD not in _signal_set(request.sig_ignored)
+        and rlimit_changes(request, own_rlimits) is not None
     )
 
 
@@ -426,7 +491,8 @@ class SpawnError(Exception):
         self.detail = detail
 
 
-def _spawn_fast(ref_fd: int, request: Request, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _spawn_fast(ref_fd: int, request: Request, argv: list[str], env: dict[str, str],
+                limits: list[tuple[int, int, int]]) -> subprocess.Popen[bytes]:
     """Start the reference with vfork+exec (through ``/proc/self/fd/N`` of the close-on-exec O_PATH descriptor).
 
     The kernel opens the file before it closes close-on-exec descriptors, so the path works for a compiled
@@ -434,12 +500,21 @@ def _spawn_fast(ref_fd: int, request: Request, argv: list[str], env: dict[str, s
     reaped the child itself: ``Popen.__del__`` would otherwise reap a child that already exited.
     """
     cwd_fd = request.fds.get(FD_CWD)
+    # The child inherits the worker's ignored signals and mask at the moment of the vfork (handlers are reset):
+    # make them the caller's for that moment. SIGPIPE and SIGXFSZ, which Python ignores, included.
+    ignored = set(_signal_set(request.sig_ignored)) - {signal.SIGKILL, signal.SIGSTOP}
+    saved: dict[int, Any] = {}
+    for sig in ignored | {signal.SIGPIPE, signal.SIGXFSZ}:
+        with contextlib.suppress(OSError, ValueError):
+            saved[sig] = signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+    old_limits = _adopt_rlimits(limits)
+    old_mask = signal.pthread_sigmask(signal.SIG_SETMASK, _signal_set(request.sig_blocked))
     try:
         child = subprocess.Popen(
             argv, executable=f"/proc/self/fd/{ref_fd}", stdin=request.fds[FD_STDIN],
             stdout=request.fds[FD_STDOUT], stderr=request.fds[FD_STDERR],
             cwd=None if cwd_fd is None else f"/proc/self/fd/{cwd_fd}", env=env, close_fds=False,
-            start_new_session=True, umask=request.umask, restore_signals=True)
+            start_new_session=True, umask=request.umask, restore_signals=False)
     except OSError as exc:
         number = exc.errno or 0
         if cwd_fd is not None and exc.filename == f"/proc/self/fd/{cwd_fd}":
@@ -448,6 +523,12 @@ def _spawn_fast(ref_fd: int, request: Request, argv: list[str], env: dict[str, s
         raise SpawnError(127 if number == errno.ENOENT else 126,
                          f"binary: cannot run the reference program: {os.strerror(number)}\n",
                          "exec: " + os.strerror(number)) from None
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        _restore_soft_rlimits(old_limits)
+        for sig, handler in saved.items():
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                signal.signal(sig, handler)
     return child
 
 
@@ -663,8 +744,8 @@ def drop_privileges(cfg: Config) -> None:
     os.setresuid(cfg.agent_uid, cfg.agent_uid, cfg.agent_uid)
 
 
-def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log_fd: int, wake_r: int) -> None:
-    """Serve one connection in a worker (already running as the agent)."""
+def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log_fd: int, wake_r: int) -> bool:
+    """Serve one connection in a worker (already running as the agent); True when the worker must retire."""
     started = time.time()
     clock = time.monotonic()
     record: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}
@@ -676,14 +757,14 @@ def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log
         send_reply(conn, REPLY_REFUSED, 126,
                    f"binary: permission denied: uid {peer_uid} may not run the reference program\n")
         _append_log(log_fd, record)
-        return
+        return False
     try:
         request = read_request(conn)
     except (ProtocolError, OSError, ValueError, struct.error) as exc:
         record["error"] = f"bad request: {exc}"
         send_reply(conn, REPLY_ERROR, 125, f"binary: malformed request to the proxy ({exc})\n")
         _append_log(log_fd, record)
-        return
+        return False
     argv = request.argv or ["binary"]
     if not argv[0]:
         argv = ["binary", *argv[1:]]
@@ -699,7 +780,7 @@ def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log
                    "execute-only file (mode 111), so it cannot be run through /workspace/binary\n")
         request.close()
         _append_log(log_fd, record)
-        return
+        return False
     relay: Relay | None = None
     if any(os.isatty(request.fds[bit]) for bit in (FD_STDIN, FD_STDOUT, FD_STDERR) if bit in request.fds):
         try:
@@ -710,12 +791,14 @@ def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log
     record["tty"] = relay is not None
 
     fast = relay is None and fast_path_possible(request, cfg.rlimits)
+    limits = (rlimit_changes(request, cfg.rlimits) or []) if fast else []
+    retire = any(hard != cfg.rlimits[number][1] for number, _soft, hard in limits)
     record["path"] = "fast" if fast else "general"
     err_r = err_w = -1
     popen: subprocess.Popen[bytes] | None = None
     try:
         if fast:
-            popen = _spawn_fast(ref_fd, request, argv, env)
+            popen = _spawn_fast(ref_fd, request, argv, env, limits)
             pid = popen.pid
         else:
             err_r, err_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -737,7 +820,7 @@ def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log
             relay.close()
         if err_r >= 0:
             os.close(err_r)
-        return
+        return retire
     finally:
         if err_w >= 0:
             os.close(err_w)
@@ -805,6 +888,7 @@ def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log
         conn.setblocking(True)
         send_reply(conn, kind_, value)
     _append_log(log_fd, record)
+    return retire
 
 
 def _kill_group(pid: int, sig: int) -> None:
@@ -864,13 +948,15 @@ def worker_main(cfg: Config, listener: socket.socket, ref_fd: int, kind: str, no
         with contextlib.suppress(OSError):
             os.write(notify_w, NOTE.pack(me, NOTE_BUSY))
         try:
-            handle_call(cfg, ref_fd, kind, conn, log_fd=log_fd, wake_r=wake_r)
+            retire = handle_call(cfg, ref_fd, kind, conn, log_fd=log_fd, wake_r=wake_r)
         except Exception as exc:
             _log_error(f"call failed: {exc!r}")
             send_reply(conn, REPLY_ERROR, 125, f"binary: internal proxy error ({exc.__class__.__name__})\n")
             conn.close()
             return  # a fresh worker takes over; this one may be in an inconsistent state
         conn.close()
+        if retire:  # the caller's lower hard limits stuck to this worker: a fresh one takes over
+            return
         with contextlib.suppress(OSError):
             os.write(notify_w, NOTE.pack(me, NOTE_IDLE))
 
