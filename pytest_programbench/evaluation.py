@@ -491,6 +491,10 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
         if DISK_FULL in text.lower():
             outcome.infra_error = f"the Docker host ran out of disk space: {text}"
             return outcome
+        lost = getattr(exc, "filename", None)
+        if isinstance(exc, FileNotFoundError) and lost and Path(str(lost)).is_relative_to(blobs.directory):
+            outcome.infra_error = f"a hidden test archive disappeared during the evaluation: {text}"
+            return outcome
         # `programbench eval` scores an instance whose pipeline raised as 0 with the exception's type as error.
         log.warning("%s: the official pipeline raised inside the submission's containers: %s", task.instance_id, text)
         result = _official_not_run(task.instance_id, active, tests_by_branch, error_code=type(exc).__name__,
