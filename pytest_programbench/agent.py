@@ -158,7 +158,9 @@ class AgentRunner:
                 break
         template = Path(self.settings.prompt_template) if self.settings.prompt_template else None
         prompt = render_prompt(PromptContext(self.task, sandbox.layout.docs, readme,
-                                             model_relay=bool(self.settings.model_endpoint)), template)
+                                             # A host-loop agent's sandbox reaches nothing at all.
+                                             model_relay=bool(self.settings.model_endpoint) and not self.spec.on_host),
+                                 template)
         sandbox.put_file(prompt.encode(), PROMPT_PATH, mode=0o644, owner="root")
         return prompt
 

@@ -123,6 +123,10 @@ class ProgramBenchSession:
             from pytest_programbench.agent import AgentSpec
 
             self.agent_spec = AgentSpec.parse(settings.agent, on_host=settings.agent_on_host)
+            if self.agent_spec.kind == "mini-swe-agent" and not config.option.collectonly:
+                from pytest_programbench.mini_swe_agent import preflight
+
+                preflight(settings)
         self.submissions: SubmissionsDir | None = None
         self.without_submission: list[str] = []
         if settings.submissions:

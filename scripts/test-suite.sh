@@ -2,7 +2,7 @@
 # The project's test suite on a fresh machine: install, start Docker + build the test bed, run pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q -e '.[dev]'
+python3 -m pip install -q -e '.[dev,mini]'
 bash testbed/setup.sh
 # No network during tests: the hidden test archives come from the local blob dir.
 export HF_HUB_OFFLINE=1
