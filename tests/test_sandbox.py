@@ -141,6 +141,18 @@ def test_exec_returns_while_a_background_process_holds_the_output(box: Sandbox) 
     box.kill_agent_processes()
 
 
+def test_proxy_survives_killing_every_agent_process(box: Sandbox) -> None:
+    """kill_agent_processes (after an agent timeout) also kills the proxy's agent-uid workers: they come back."""
+    box.kill_agent_processes()
+    deadline = time.monotonic() + 10
+    while True:
+        _code, text = agent(box, "echo back | /workspace/binary")
+        if text == "back\n" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert text == "back\n"
+
+
 def test_put_file(box: Sandbox) -> None:
     box.put_file(b"# the prompt\n", "/workspace/src/PROMPT.md")
     box.put_file(b"secret", "/tmp/root-only", mode=0o600, owner="root")

@@ -1068,6 +1068,8 @@ def _ensure_agent(name: str, uid: int) -> tuple[int, int, str]:
         return entry.pw_uid, entry.pw_gid, entry.pw_dir
     except KeyError:
         pass
+    while _uid_taken(uid):  # the image already has a user with that uid: take the next free one
+        uid += 1
     home = "/home/" + name
     shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
     gid = uid
@@ -1102,6 +1104,16 @@ def _ensure_agent(name: str, uid: int) -> tuple[int, int, str]:
     os.makedirs(entry.pw_dir, mode=0o755, exist_ok=True)
     os.chown(entry.pw_dir, entry.pw_uid, entry.pw_gid)
     return entry.pw_uid, entry.pw_gid, entry.pw_dir
+
+
+def _uid_taken(uid: int) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
 
 
 def _group_exists(name: str) -> bool:
