@@ -376,7 +376,8 @@ class Sandbox:
             timed_out = False
             finished_at: float | None = None
             while reader.is_alive():
-                reader.join(0.25)
+                # Quick answers for short commands, few engine calls for a six-hour agent run.
+                reader.join(min(2.0, 0.1 + (time.monotonic() - started) / 30))
                 if not reader.is_alive():
                     break
                 now = time.monotonic()
