@@ -321,7 +321,21 @@ class ProgramBenchSession:
         overridden = [t.instance_id for t in self.selection.tasks if t.overridden]
         if overridden:
             lines.append(f"programbench overridden by --pb-tasks-dir: {', '.join(overridden)}")
+        if self.agent_spec is not None:
+            lines.append(f"programbench agent: {self.agent_spec.kind}" + (" (on the host)" if self.agent_spec.on_host
+                                                                          else " (in the sandbox)"))
+            if not self.collect_only:
+                lines.append(f"programbench binary proxy client: {self._proxy_client_label()}")
         return lines
+
+    def _proxy_client_label(self) -> str:
+        """Built (or found in its cache) once here, so a fallback to the slow Python client is visible up front."""
+        from pytest_programbench.proxy_build import ProxyBuildError, build_client
+
+        try:
+            return build_client().label
+        except (ProxyBuildError, OSError) as exc:
+            return f"unavailable ({exc}); each sandbox will try again"
 
     # -- run lifecycle ----------------------------------------------------------------------------------------
 
