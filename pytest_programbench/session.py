@@ -266,6 +266,16 @@ class ProgramBenchSession:
             item.add_marker(pytest.mark.timeout(item_timeout(item.task, self.settings), method="signal"))
         return (yield)
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+        report: pytest.TestReport = yield
+        from pytest_programbench.verdict import InfrastructureError
+
+        # An infrastructure error is a message, not a traceback of the harness.
+        if call.excinfo is not None and isinstance(call.excinfo.value, InfrastructureError):
+            report.longrepr = str(call.excinfo.value)
+        return report
+
     # -- xdist ------------------------------------------------------------------------------------------------
 
     @pytest.hookimpl(optionalhook=True)

@@ -19,6 +19,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 TESTBED = REPO / "testbed"
 
+# No test may reach the Hugging Face hub: every pytest session a test starts inherits this.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 
 class NonLoopbackConnection(AssertionError):
     """A test tried to reach an address outside this machine's loopback."""
