@@ -75,12 +75,13 @@ class PrivateEngine:
             raise EngineStartError("dockerd is not installed: run `bash testbed/setup.sh`")
         self.root.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text(json.dumps({"bridge": "none", "iptables": False, "ip-masq": False}))
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "DOCKER_HOST")}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [dockerd, "--config-file", str(self.config_file), "--host", self.url,
                  "--data-root", str(self.data_root), "--exec-root", str(self.exec_root),
                  "--pidfile", str(self.pidfile)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         self.starts += 1
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
