@@ -180,14 +180,15 @@ class RunSummary:
         errors = [r for r in self.records.values() if r.outcome == ERROR]
         if errors:
             lines.append(f"errors ({len(errors)}, infrastructure, not scored):")
-            lines.extend(f"  {r.instance_id}: {r.reasons[-1] if r.reasons else 'unknown'}" for r in errors)
+            lines.extend(f"  {r.instance_id}: {_first_line(r.reasons[-1]) if r.reasons else 'unknown'}"
+                         for r in errors)
         return lines
+
+
+def _first_line(text: str) -> str:
+    return next((line for line in text.splitlines() if line.strip()), text)
 
 
 def _reason(report: pytest.TestReport) -> str:
     text = report.longreprtext.strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines:
-        return report.outcome
-    # Our messages lead with "<task>: ..."; a traceback ends with the exception line.
-    return (lines[0] if lines[0].startswith(report.nodeid.removeprefix("programbench::")) else lines[-1])[:1000]
+    return text[:4000] if text else report.outcome

@@ -60,7 +60,7 @@ def junit_properties(outcome: TaskOutcome) -> list[tuple[str, Any]]:
         return value if isinstance(value, bool | int | float | str) else str(value)
 
     return [
-        ("score", round(outcome.score, 6)),
+        ("score", outcome.score),
         ("n_passed", outcome.n_passed),
         ("n_tests", outcome.n_tests),
         ("error_code", plain(outcome.error_code)),
