@@ -12,8 +12,9 @@ slot does not take a second one (no self-deadlock when a heavy call nests anothe
 
 Configuration, first match wins: :func:`configure` (the session calls it at configure time, on the controller and
 on every worker), else the environment (``PB_DOCKER_CONCURRENCY``, ``PB_DOCKER_SLOTS_DIR``; :func:`configure`
-exports both, so xdist workers spawned afterwards inherit them), else :data:`DEFAULT_LIMIT` slots local to the
-process. A limit of 0 means no cap.
+exports both, so xdist workers spawned afterwards inherit them), else, in an xdist worker, :data:`DEFAULT_LIMIT`
+slots shared by the workers of the session (keyed by xdist's ``PYTEST_XDIST_TESTRUNUID``), else
+:data:`DEFAULT_LIMIT` slots local to the process. A limit of 0 means no cap.
 """
 
 from __future__ import annotations
@@ -135,10 +136,29 @@ def current() -> tuple[int, Path | None]:
     with _lock:
         if _config is None:
             env_dir = os.environ.get(ENV_DIR, "").strip()
-            _config = _Config(_env_limit(), Path(env_dir) if env_dir else None)
-            if _config.directory is not None:
-                _config.directory.mkdir(parents=True, exist_ok=True)
+            directory = Path(env_dir) if env_dir else _xdist_default()
+            _config = _Config(_env_limit(), directory)
+            if directory is not None:
+                directory.mkdir(parents=True, exist_ok=True)
+                if not env_dir and not (directory / OWNER_FILE).exists():
+                    _write_owner(directory, _parent_owner())
         return _config.limit, _config.directory
+
+
+def _xdist_default() -> Path | None:
+    """Unconfigured xdist workers of one session still share slots: keyed by xdist's test run uid."""
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID", "").strip()
+    return slots_root() / f"xdist-{uid}" if uid and os.environ.get("PYTEST_XDIST_WORKER") else None
+
+
+def _parent_owner() -> dict[str, object]:
+    """The controller of an xdist worker is its parent process (popen gateways)."""
+    from pytest_programbench.docker_engine import boot_id
+    from pytest_programbench.reaper import process_start_time
+
+    parent = os.getppid()
+    return {"hostname": socket.gethostname(), "controller_pid": parent,
+            "started": (process_start_time(parent) or time.time()) + 1.0, "boot_id": boot_id()}
 
 
 def stats() -> SlotStats:
