@@ -157,6 +157,12 @@ class ProgramBenchSession:
         if not config.option.collectonly and not settings.agent and not settings.submissions:
             raise pytest.UsageError(NOTHING_TO_RUN)
         register_languages(config, {t.language for t in catalogue})
+        method = config.getoption("timeout_method", None) or config.getini("timeout_method")
+        if method == "thread":
+            config.issue_config_time_warning(ProgramBenchWarning(
+                "pytest-timeout's thread method os._exit()s the whole worker when it fires; ProgramBench items use "
+                "the signal method regardless (their markers say so), other tests of this session do not"),
+                stacklevel=2)
         if is_worker(config):
             identity = RunIdentity.from_dict(config.workerinput[WORKERINPUT_KEY])  # type: ignore[attr-defined]
         else:

@@ -303,3 +303,22 @@ def test_project_collection_never_enters_the_testbed() -> None:
     assert collected, proc.stdout
     assert not [line for line in collected if not line.startswith("tests/")]
     assert (repo / "testbed" / "tasks").is_dir(), "the fixture tasks live in testbed/tasks"
+
+
+def test_thread_timeout_method_is_warned(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--co", "-q", "--pb-filter", "jgm", "--timeout-method", "thread")
+    result.stdout.fnmatch_lines(["*ProgramBenchWarning: pytest-timeout's thread method os._exit()s the whole worker*"])
+
+
+def test_item_timeout_is_above_every_clock() -> None:
+    from pytest_programbench.catalogue import Catalogue
+    from pytest_programbench.options import Settings
+    from pytest_programbench.session import TIMEOUT_MARGIN, item_timeout
+
+    task = next(t for t in Catalogue.load() if t.instance_id == "jgm__pandoc.5caad90")
+    branches = sum(1 for info in task.load_instance()["branches"].values() if not info.get("ignored"))
+    evaluate_only = Settings(submissions="x", compile_timeout=100, test_timeout=10, branch_retries=1)
+    assert item_timeout(task, evaluate_only) == 100 + branches * 2 * 10 + TIMEOUT_MARGIN
+    with_agent = Settings(agent="true", agent_timeout=1000, compile_timeout=100, test_timeout=10, branch_workers=2,
+                          branch_retries=0)
+    assert item_timeout(task, with_agent) == 1000 + 100 + -(-branches // 2) * 10 + TIMEOUT_MARGIN
