@@ -1,0 +1,299 @@
+"""Every bad input of the earlier issues, one table, with the message each gets.
+
+Four kinds of answer, each the right one for its input:
+
+* ``usage`` — a configuration mistake: the session refuses to start (exit 4) with one line naming the option, the
+  value and what would be valid. Nothing runs, nothing is created.
+* ``usage-or-error`` — a configuration mistake that is today only found when the item runs (it errors, with the
+  message, and is never scored); it should move to ``usage`` (see the report of issue 7). Either is accepted, the
+  message is required, a score never is.
+* ``error`` — the infrastructure cannot run the task (its metadata, hidden tests, image, engine, disk): the item is
+  an error, with the message, never a score.
+* ``failure`` — the submission's own fault: scored the official way (0 here), the message says why.
+
+Placeholders in arguments: ``{tasks}`` (the test bed's tasks), ``{blobs}``, ``{subs}`` (good submissions),
+``{tmp}`` (this test's directory; ``setup`` builds what a case needs there).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_programbench.docker_engine import HOW_TO_START
+from tests.conftest import Testbed
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+CATLIKE = "pbfix__catlike.c47c47c"
+NOTHING_TO_RUN = "*nothing to run: pass --pb-agent CMD to run an agent, or --pb-submissions DIR*"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple[str, ...]
+    kind: str  # usage | usage-or-error | error | failure
+    message: str  # an fnmatch pattern of one output line
+    env: dict[str, str] = field(default_factory=dict)
+    setup: Callable[[Path, Testbed], None] | None = None
+    collect_only: bool = False  # usage cases that need no run
+
+
+# -- set-ups ------------------------------------------------------------------------------------------------------
+
+
+def _task_copy(tmp: Path, testbed: Testbed, tests_json: str | None = None, *, new_id: str = CATLIKE,
+               dockerfile: bool = True, trees: bool = True) -> Path:
+    task = tmp / "tasks" / new_id
+    shutil.copytree(testbed.tasks_dir / CATLIKE, task)
+    if tests_json is not None:
+        (task / "tests.json").write_text(tests_json)
+    if not dockerfile:
+        (task / "Dockerfile").unlink()
+    if not trees:
+        shutil.rmtree(task / "tests")
+    return task
+
+
+def _submission(tmp: Path, data: bytes) -> None:
+    (tmp / "subs" / CATLIKE).mkdir(parents=True)
+    (tmp / "subs" / CATLIKE / "submission.tar.gz").write_bytes(data)
+
+
+def _good_submission_bytes(testbed: Testbed) -> bytes:
+    return (testbed.submissions / CATLIKE / "submission.tar.gz").read_bytes()
+
+
+def _no_compile_sh(tmp: Path, testbed: Testbed) -> None:
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        info = tarfile.TarInfo("main.c")
+        payload = b"int main(void) { return 0; }\n"
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    _submission(tmp, buffer.getvalue())
+
+
+def _not_a_run(tmp: Path, _testbed: Testbed) -> None:
+    (tmp / "notarun").mkdir()
+
+
+def _a_finished_run(tmp: Path, _testbed: Testbed) -> None:
+    (tmp / "oldrun").mkdir()
+    (tmp / "oldrun" / "pb-run.json").write_text(json.dumps({"run_id": "0ld0ld00"}))
+
+
+def _bad_difficulty(tmp: Path, _testbed: Testbed) -> None:
+    task = tmp / "tasks" / "bad__task.0000000"
+    task.mkdir(parents=True)
+    (task / "task.yaml").write_text("language: c\ndifficulty: impossible\n")
+
+
+def _empty_dirs(tmp: Path, _testbed: Testbed) -> None:
+    for name in ("replay", "emptyblobs"):
+        (tmp / name).mkdir()
+
+
+def _image_missing(tmp: Path, testbed: Testbed) -> None:
+    _task_copy(tmp, testbed, new_id="pbnoimage__catlike.c47c47c", dockerfile=False)
+    shutil.copytree(testbed.blob_dir / CATLIKE, tmp / "blobs" / "pbnoimage__catlike.c47c47c")
+    (tmp / "subs" / "pbnoimage__catlike.c47c47c").mkdir(parents=True)
+    (tmp / "subs" / "pbnoimage__catlike.c47c47c" / "submission.tar.gz").write_bytes(_good_submission_bytes(testbed))
+
+
+def _needs_a_pull(tmp: Path, testbed: Testbed) -> None:
+    _image_missing(tmp, testbed)
+
+
+EVAL = ("--pb-tasks-dir", "{tasks}", "--pb-blob-dir", "{blobs}", "--pb-filter", CATLIKE)
+AGENT = (*EVAL, "--pb-agent", "true")
+COPY = ("--pb-tasks-dir", "{tmp}/tasks", "--pb-blob-dir", "{blobs}", "--pb-submissions", "{subs}", "--pb-filter",
+        CATLIKE)
+
+CASES: list[Case] = [
+    # -- selection (issue 2) ------------------------------------------------------------------------------------
+    Case("language", ("--pb-language", "klingon"), "usage",
+         "*--pb-language: unknown language 'klingon'; choose from c, cpp, go, haskell, java, rust*", collect_only=True),
+    Case("difficulty", ("--pb-difficulty", "brutal"), "usage",
+         "*--pb-difficulty: unknown difficulty 'brutal'; choose from easy, medium, hard, unset*", collect_only=True),
+    Case("filter-regex", ("--pb-filter", "foo("), "usage", "*--pb-filter: 'foo(' is not a valid regex*",
+         collect_only=True),
+    Case("slice", ("--pb-slice", "1-3"), "usage", "*--pb-slice: '1-3' is not a slice; write A:B*", collect_only=True),
+    Case("shuffle", ("--pb-shuffle", "seven"), "usage", "*--pb-shuffle: 'seven' is not an integer*",
+         collect_only=True),
+    Case("tasks-dir-missing", ("--pb-tasks-dir", "/nonexistent/tasks"), "usage",
+         "*--pb-tasks-dir: /nonexistent/tasks is not a directory*", collect_only=True),
+    Case("nothing-matched", ("--pb-filter", "zzz_nothing"), "usage",
+         "*no ProgramBench task matched: --pb-filter 'zzz_nothing' matched none of 200 tasks*", collect_only=True),
+    Case("malformed-task-yaml", ("--pb-tasks-dir", "{tmp}/tasks"), "usage",
+         "*malformed task: */bad__task.0000000/task.yaml: field 'difficulty' is 'impossible'*",
+         setup=_bad_difficulty, collect_only=True),
+    Case("nothing-to-run", ("--pb-language", "go"), "usage", NOTHING_TO_RUN),
+    Case("empty-agent", ("--pb-language", "go", "--pb-agent", ""), "usage", "*--pb-agent*"),
+    # -- evaluation options (issue 3) ---------------------------------------------------------------------------
+    Case("pull", ("--pb-pull", "always"), "usage", "*--pb-pull: 'always' is not one of: never, missing*",
+         collect_only=True),
+    Case("min-score", ("--pb-min-score", "2"), "usage",
+         "*--pb-min-score: 2.0 is out of range (minimum 0.0, maximum 1.0)*", collect_only=True),
+    Case("memory", ("--pb-memory", "lots"), "usage", "*--pb-memory: 'lots' is not a size (examples: 512m, 8g, *",
+         collect_only=True),
+    Case("cpus", ("--pb-cpus", "0"), "usage", "*--pb-cpus: 0 is below the minimum of 1*", collect_only=True),
+    Case("branch-workers", ("--pb-branch-workers", "0"), "usage", "*--pb-branch-workers: 0 is below the minimum of 1*",
+         collect_only=True),
+    Case("branch-retries", ("--pb-branch-retries", "-1"), "usage",
+         "*--pb-branch-retries: -1 is below the minimum of 0*", collect_only=True),
+    Case("compile-timeout", ("--pb-compile-timeout", "0"), "usage",
+         "*--pb-compile-timeout: 0 is below the minimum of 1*", collect_only=True),
+    Case("test-timeout", ("--pb-test-timeout", "1h"), "usage", "*--pb-test-timeout: '1h' is not an integer*",
+         collect_only=True),
+    Case("blob-dir-missing", ("--pb-blob-dir", "/nonexistent/blobs"), "usage",
+         "*--pb-blob-dir: /nonexistent/blobs is not a directory*", collect_only=True),
+    Case("blob-env-missing", ("--pb-language", "c"), "usage",
+         "*PROGRAMBENCH_BLOB_DIR: /nonexistent/env-blobs is not a directory*",
+         env={"PROGRAMBENCH_BLOB_DIR": "/nonexistent/env-blobs"}, collect_only=True),
+    Case("submissions-missing", ("--pb-submissions", "/nonexistent/subs"), "usage",
+         "*--pb-submissions: /nonexistent/subs is not a directory*", collect_only=True),
+    # -- sandbox and agent options (issues 4, 5) ----------------------------------------------------------------
+    Case("sandbox-cpus", ("--pb-sandbox-cpus", "0"), "usage", "*--pb-sandbox-cpus: 0.0 is out of range*",
+         collect_only=True),
+    Case("sandbox-memory", ("--pb-sandbox-memory", "lots"), "usage", "*--pb-sandbox-memory: 'lots' is not a size*",
+         collect_only=True),
+    Case("agent-timeout", ("--pb-agent-timeout", "abc"), "usage", "*--pb-agent-timeout: 'abc' is not an integer*",
+         collect_only=True),
+    Case("replay-missing", ("--pb-agent", "replay:/nonexistent/replay"), "usage",
+         "*--pb-agent replay:DIR: /nonexistent/replay is not a directory*", collect_only=True),
+    Case("agent-env-unset", (*AGENT, "--pb-agent-env", "PB_BAD_INPUT_UNSET"), "usage-or-error",
+         "*--pb-agent-env: PB_BAD_INPUT_UNSET is not set on the host*"),
+    Case("agent-env-name", (*AGENT, "--pb-agent-env", "1BAD=x"), "usage-or-error",
+         "*--pb-agent-env: '1BAD' is not a variable name*"),
+    Case("prompt-template-missing", (*AGENT, "--pb-prompt-template", "/nonexistent/prompt.j2"), "usage-or-error",
+         "*/nonexistent/prompt.j2*"),
+    Case("model-endpoint-scheme", (*AGENT, "--pb-model-endpoint", "ftp://example.invalid/v1"), "usage-or-error",
+         "*model endpoint 'ftp://example.invalid/v1': the scheme must be http or https*"),
+    Case("agent-mount-missing", (*AGENT, "--pb-agent-mount", "/nonexistent/mount"), "usage-or-error",
+         "*/nonexistent/mount*"),
+    Case("replay-without-the-task", (*AGENT[:-2], "--pb-agent", "replay:{tmp}/replay"), "failure",
+         "*compile_failed: chmod: cannot access './compile.sh': No such file or directory*", setup=_empty_dirs),
+    # -- run options (issue 6) ----------------------------------------------------------------------------------
+    Case("infra-retries", ("--pb-infra-retries", "-1"), "usage", "*--pb-infra-retries: -1 is below the minimum of 0*",
+         collect_only=True),
+    Case("min-mean", ("--pb-min-mean", "1.5"), "usage", "*--pb-min-mean: 1.5 is out of range*", collect_only=True),
+    Case("resume-missing", ("--pb-resume", "/nonexistent/run"), "usage",
+         "*--pb-resume: /nonexistent/run is not a directory*", collect_only=True),
+    Case("resume-not-a-run", ("--pb-language", "go", "--pb-agent", "true", "--pb-resume", "{tmp}/notarun"), "usage",
+         "*--pb-resume: */notarun holds no pb-run.json; it is not a run directory*", setup=_not_a_run,
+         collect_only=True),
+    Case("output-holds-a-run", ("--pb-language", "go", "--pb-agent", "true", "--pb-output", "{tmp}/oldrun"),
+         "usage", "*--pb-output: */oldrun already holds a run; pass --pb-resume */oldrun to continue it*",
+         setup=_a_finished_run, collect_only=True),
+    # -- tasks, hidden tests, images, engine, disk: errors ------------------------------------------------------
+    Case("tests-json-not-json", COPY, "error",
+         "*malformed task: */tasks/pbfix__catlike.c47c47c/tests.json: not valid JSON*",
+         setup=lambda tmp, tb: (_task_copy(tmp, tb, "{not json"), None)[1]),
+    Case("tests-json-branches", COPY, "error",
+         "*malformed task: */tests.json: field 'branches' must be a mapping of branch -> info*",
+         setup=lambda tmp, tb: (_task_copy(tmp, tb, '{"branches": []}'), None)[1]),
+    Case("tests-json-branch-tests", COPY, "error", "*malformed task: */tests.json: branch 'b1' needs a 'tests' list*",
+         setup=lambda tmp, tb: (_task_copy(tmp, tb, '{"branches": {"b1": {"tests": "all"}}}'), None)[1]),
+    Case("no-hidden-tests", ("--pb-tasks-dir", "{tmp}/tasks", "--pb-blob-dir", "{tmp}/emptyblobs",
+                             "--pb-submissions", "{subs}", "--pb-filter", CATLIKE), "error",
+         "*pbfix__catlike.c47c47c: no hidden tests found (looked in blob dir */emptyblobs/pbfix__catlike.c47c47c/tests;"
+         " task dir */tasks/pbfix__catlike.c47c47c/tests)*",
+         setup=lambda tmp, tb: (_empty_dirs(tmp, tb), _task_copy(tmp, tb, trees=False), None)[2]),
+    Case("image-missing", ("--pb-tasks-dir", "{tmp}/tasks", "--pb-blob-dir", "{tmp}/blobs", "--pb-submissions",
+                           "{tmp}/subs", "--pb-pull", "never"), "error",
+         "*image programbench/pbnoimage_1776_catlike.c47c47c:task_cleanroom_v6 is not present locally; not pulled "
+         "(--pb-pull never); and * has no Dockerfile to build it from*", setup=_image_missing),
+    Case("engine-unreachable", (*EVAL, "--pb-submissions", "{subs}"), "error",
+         f"*Docker engine unreachable at unix:///nonexistent/docker.sock: there is no socket at "
+         f"/nonexistent/docker.sock (dockerd is not running); {HOW_TO_START}*",
+         env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"}),
+    Case("disk-full-before-pull", ("--pb-tasks-dir", "{tmp}/tasks", "--pb-blob-dir", "{tmp}/blobs",
+                                   "--pb-submissions", "{tmp}/subs"), "error",
+         "*not enough disk space to pull programbench/pbnoimage_1776_catlike.c47c47c:task_cleanroom_v6: the Docker "
+         "data root * has * free, 1000.0 TiB needed*", env={"PB_DISK_IMAGE_NEED": "1000t"}, setup=_needs_a_pull),
+    # -- submissions: the submission's fault, scored ------------------------------------------------------------
+    Case("submission-garbage", (*EVAL[:-2], "--pb-submissions", "{tmp}/subs", "--pb-filter", CATLIKE), "failure",
+         "*invalid_submission_archive: */submission.tar.gz is not gzip-compressed (the evaluator unpacks it with "
+         "tar -xzf)*", setup=lambda tmp, _tb: _submission(tmp, b"\x00garbage" * 64)),
+    Case("submission-empty-file", (*EVAL[:-2], "--pb-submissions", "{tmp}/subs", "--pb-filter", CATLIKE), "failure",
+         "*invalid_submission_archive: */submission.tar.gz is not gzip-compressed*",
+         setup=lambda tmp, _tb: _submission(tmp, b"")),
+    Case("submission-truncated", (*EVAL[:-2], "--pb-submissions", "{tmp}/subs", "--pb-filter", CATLIKE), "failure",
+         "*invalid_submission_archive: */submission.tar.gz is not a readable gzip tar: EOFError*",
+         setup=lambda tmp, tb: _submission(tmp, _good_submission_bytes(tb)[:300])),
+    Case("submission-without-compile-sh", (*EVAL[:-2], "--pb-submissions", "{tmp}/subs", "--pb-filter", CATLIKE),
+         "failure", "*compile_failed: chmod: cannot access './compile.sh': No such file or directory*",
+         setup=_no_compile_sh),
+]
+
+
+def _expand(args: tuple[str, ...], tmp: Path, testbed: Testbed) -> list[str]:
+    values = {"tasks": str(testbed.tasks_dir), "blobs": str(testbed.blob_dir), "subs": str(testbed.submissions),
+              "tmp": str(tmp)}
+    return [arg.format(**values) for arg in args]
+
+
+def _lines(result: pytest.RunResult) -> list[str]:
+    return result.outlines + result.errlines
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case: Case, pytester: pytest.Pytester, testbed: Testbed, monkeypatch: pytest.MonkeyPatch,
+                   docker_client: Any) -> None:
+    tmp = pytester.path
+    if case.setup is not None:
+        case.setup(tmp, testbed)
+    for key, value in case.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("PB_BAD_INPUT_UNSET", raising=False)
+    args = ["-p", "no:cacheprovider", *_expand(case.args, tmp, testbed)]
+    if case.collect_only:
+        args.append("--co")
+    elif "--pb-output" not in case.args:
+        args += ["--pb-output", str(tmp / "run"), "--pb-infra-retries", "0", "--junitxml", str(tmp / "junit.xml")]
+    result = pytester.runpytest_subprocess(*args, timeout=600)
+    text = "\n".join(_lines(result))
+
+    if case.kind == "usage" or (case.kind == "usage-or-error" and result.ret == pytest.ExitCode.USAGE_ERROR):
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-3000:]
+        result.stderr.fnmatch_lines([case.message])
+        assert not (tmp / "run").exists(), "a refused session creates no run directory"
+        return
+    outcomes = result.parseoutcomes()
+    if case.kind in ("error", "usage-or-error"):
+        assert outcomes.get("errors") == 1, text[-3000:]
+        assert "failed" not in outcomes, text[-3000:]
+        assert "passed" not in outcomes, text[-3000:]
+        result.stdout.fnmatch_lines([case.message])
+        assert "score" not in _junit_properties(tmp), "an error is never scored"
+    else:
+        assert case.kind == "failure"
+        assert outcomes.get("failed") == 1, text[-3000:]
+        result.stdout.fnmatch_lines(["*score 0.0000 (0/* tests passed), below --pb-min-score 1*", case.message])
+        assert _junit_properties(tmp)["score"] == "0.0"
+
+
+def _junit_properties(tmp: Path) -> dict[str, str]:
+    import xml.etree.ElementTree as ET
+
+    path = tmp / "junit.xml"
+    if not path.exists():
+        return {}
+    return {p.get("name", ""): p.get("value", "") for p in ET.parse(path).getroot().iter("property")}
+
+
+def test_the_table_covers_every_kind() -> None:
+    kinds = {c.kind for c in CASES}
+    assert kinds == {"usage", "usage-or-error", "error", "failure"}
+    assert len({c.id for c in CASES}) == len(CASES)
