@@ -136,3 +136,29 @@ def test_missing_blob_is_an_error(pytester: pytest.Pytester, testbed: Testbed) -
                                 CATLIKE, "--pb-output", str(pytester.path / "run"))
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*no hidden tests found*"])
+
+
+def test_min_mean_fails_the_session_and_junit_lists_hidden_tests(pytester: pytest.Pytester,
+                                                                 testbed: Testbed) -> None:
+    result = run(pytester, testbed, testbed.submissions.parent / "wrong", "--pb-filter", CATLIKE,
+                 "--pb-min-score", "0.01", "--pb-min-mean", "0.99", "--pb-junit-tests")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*programbench: mean over the selection 0.* is below --pb-min-mean 0.99*"])
+    props = properties(junit_cases(pytester)[CATLIKE])
+    hidden = {k.removeprefix("test:"): v for k, v in props.items() if k.startswith("test:")}
+    assert int(props["n_tests"]) == len(hidden)
+    assert sum(v == "passed" for v in hidden.values()) == int(props["n_passed"])
+    assert any(v != "passed" for v in hidden.values())
+
+
+def test_last_failed_reruns_only_failed_tasks(pytester: pytest.Pytester, testbed: Testbed) -> None:
+    mixed = pytester.mkdir("mixed")
+    shutil.copytree(testbed.submissions / RPN, mixed / RPN)
+    shutil.copytree(testbed.submissions.parent / "wrong" / CATLIKE, mixed / CATLIKE)
+    common = ["--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
+              "--pb-submissions", str(mixed), "--pb-filter", "pbfix__(rpn|catlike)", "--pb-cpus", "2"]
+    pytester.runpytest(*common, "--pb-output", str(pytester.path / "run1")).assert_outcomes(passed=1, failed=1)
+    again = pytester.runpytest(*common, "--pb-output", str(pytester.path / "run2"), "--lf")
+    again.assert_outcomes(failed=1, deselected=1)
+    assert not (pytester.path / "run2" / RPN).exists()
