@@ -1,4 +1,4 @@
-"""Shared fixtures of the project's own suite, and the network guard.
+"""Shared fixtures of the project's own suite; the network guard (tests/network_guard.py) for every session.
 
 The guard fails any test that opens a socket to a non-loopback address: the harness must never send traffic out.
 It raises before the connection is attempted, so a violating test sends nothing.
@@ -6,15 +6,15 @@ It raises before the connection is attempted, so a violating test sends nothing.
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.network_guard import install as install_network_guard
 
 REPO = Path(__file__).resolve().parent.parent
 TESTBED = REPO / "testbed"
@@ -23,44 +23,13 @@ TESTBED = REPO / "testbed"
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 
-class NonLoopbackConnection(AssertionError):
-    """A test tried to reach an address outside this machine's loopback."""
-
-
-def _is_loopback(address: Any) -> bool:
-    host = address[0] if isinstance(address, tuple) else address
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a hostname other than localhost would need DNS: not on this machine
-
-
-def _guarded(original: Any) -> Any:
-    def guarded(self: socket.socket, address: Any, *args: Any) -> Any:
-        if self.family in (socket.AF_INET, socket.AF_INET6) and not _is_loopback(address):
-            raise NonLoopbackConnection(f"test opened a socket to non-loopback address {address!r}")
-        return original(self, address, *args)
-
-    return guarded
-
-
-@pytest.fixture(autouse=True)
-def _network_guard(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("connect", "connect_ex"):
-        monkeypatch.setattr(socket.socket, name, _guarded(getattr(socket.socket, name)))
-    monkeypatch.setattr(socket.socket, "sendto", _guarded_sendto(socket.socket.sendto))
-
-
-def _guarded_sendto(original: Any) -> Any:
-    def sendto(self: socket.socket, data: bytes, *args: Any) -> Any:
-        address = args[-1]
-        if self.family in (socket.AF_INET, socket.AF_INET6) and not _is_loopback(address):
-            raise NonLoopbackConnection(f"test sent a datagram to non-loopback address {address!r}")
-        return original(self, data, *args)
-
-    return sendto
+# Every pytest session a test starts loads the guard too: the plugin under test runs in those. (PYTEST_PLUGINS, not
+# PYTEST_ADDOPTS: pytester clears the latter.)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+if "tests.network_guard" not in os.environ.get("PYTEST_PLUGINS", ""):
+    os.environ["PYTEST_PLUGINS"] = ",".join(p for p in (os.environ.get("PYTEST_PLUGINS", ""), "tests.network_guard")
+                                            if p)
+install_network_guard()
 
 
 # -- Docker-backed tests: they fail, never skip, when the engine or the test bed is missing --------------------

@@ -109,8 +109,9 @@ def test_agent_crash_is_scored_not_an_error(pytester: pytest.Pytester, testbed: 
 
 def test_agent_env_and_secrets(pytester: pytest.Pytester, testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PB_TEST_SECRET", "s3cr3t-value")
-    agent = ('test "$(printf %s "$PB_TEST_SECRET" | tr a-z A-Z)" = S3CR3T-VALUE && test "$PLAIN" = yes && test "$PB_TASK_ID" = ' + RPN +
-             ' && test "$PB_BINARY" = /workspace/binary && cp -r /pb-testbed/solutions/$PB_TASK_ID/. .')
+    agent = ('test "$(printf %s "$PB_TEST_SECRET" | tr a-z A-Z)" = S3CR3T-VALUE && test "$PLAIN" = yes && '
+             f'test "$PB_TASK_ID" = {RPN} && test "$PB_BINARY" = /workspace/binary && '
+             'cp -r /pb-testbed/solutions/$PB_TASK_ID/. .')
     result = run_agent(pytester, testbed, agent, "--pb-agent-env", "PB_TEST_SECRET", "--pb-agent-env", "PLAIN=yes")
     result.assert_outcomes(passed=1)
     run_dir = pytester.path / "run"

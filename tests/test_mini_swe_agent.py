@@ -20,32 +20,6 @@ from tests.scripted_llm import ScriptedLLM, Turn
 RPN = "pbfix__rpn.0b5e55e"
 SENTINEL = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
-# The inner session fails on any socket to a non-loopback address, from the moment its conftest is imported:
-# litellm, mini-swe-agent and the relay must reach nothing but 127.0.0.1.
-INNER_GUARD = '''
-import ipaddress, socket
-
-def _loopback(address):
-    host = address[0] if isinstance(address, tuple) else address
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-def _guard(original):
-    def guarded(self, address, *args):
-        if self.family in (socket.AF_INET, socket.AF_INET6) and not _loopback(address):
-            raise AssertionError(f"non-loopback connection to {address!r}")
-        return original(self, address, *args)
-    return guarded
-
-for _name in ("connect", "connect_ex"):
-    setattr(socket.socket, _name, _guard(getattr(socket.socket, _name)))
-'''
-
-
 def require_minisweagent() -> None:
     """The preset is an optional extra, but this suite installs it: missing, the test fails (never skips)."""
     os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
@@ -95,7 +69,6 @@ def tool_results(request: dict[str, Any]) -> list[str]:
 
 
 def run_session(pytester: pytest.Pytester, testbed: Testbed, llm: ScriptedLLM, *args: str) -> pytest.RunResult:
-    pytester.makeconftest(INNER_GUARD)
     return pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
         "--pb-filter", RPN, "--pb-agent", "mini-swe-agent", "--pb-model", "openai/scripted",

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import NonLoopbackConnection, Testbed
+from tests.conftest import Testbed
+from tests.network_guard import NonLoopbackConnection
 
 FIXTURE_IMAGES = {
     "pbfix__catlike.c47c47c": "programbench/pbfix_1776_catlike.c47c47c:task_cleanroom_v6",
@@ -84,3 +85,16 @@ def test_network_guard_allows_loopback() -> None:
     finally:
         client.close()
         server.close()
+
+
+def test_network_guard_reaches_the_sessions_a_test_starts(pytester: pytest.Pytester) -> None:
+    """The plugin under test mostly runs in subprocess sessions: the guard must be there too."""
+    pytester.makepyfile(test_out="""
+        import socket
+
+        def test_out():
+            socket.socket().connect(("10.255.255.1", 9))
+    """)
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*NonLoopbackConnection: a test reached for non-loopback address*"])
