@@ -93,10 +93,16 @@ HOW_TO_START = (
 
 
 class RunLike(Protocol):
-    run_id: str
-    controller_pid: int
-    hostname: str
-    started: float
+    """What the run's identity offers (read-only: RunIdentity is frozen)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def controller_pid(self) -> int: ...
+    @property
+    def hostname(self) -> str: ...
+    @property
+    def started(self) -> float: ...
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("resume", "Resume RUN_DIR: reuse finished results, re-run missing and errored tasks.",
            metavar="RUN_DIR"),
     Option("infra-retries", "Retries of an item that errored for infrastructure reasons.", "int", 1, metavar="N"),
+    Option("docker-concurrency", "Heavy engine operations (create, start, build, pull, commit, remove) in flight "
+           "at once across all workers (0: no cap).", "int", metavar="N"),
     Option("junit-tests", "Add every hidden test's status to the task's JUnit properties.", "bool", False),
     Option("blob-dir", "Hidden test archives in the PROGRAMBENCH_BLOB_DIR layout.", metavar="DIR"),
     Option("min-mean", "Fail the session when the mean score over the selection is below X.", "float",
@@ -250,6 +252,7 @@ class Settings:
     blob_dir: str | None = None
     min_mean: float | None = None
     junit_tests: bool = False
+    docker_concurrency: int | None = None
 
 
 def _parsers() -> dict[str, Callable[[str, Any], Any]]:
@@ -295,6 +298,7 @@ def _parsers() -> dict[str, Callable[[str, Any], Any]]:
         "blob_dir": lambda f, v: str(existing_dir(f, v)),
         "min_mean": lambda f, v: to_float(f, v, minimum=0.0, maximum=1.0),
         "junit_tests": lambda _f, v: to_bool(v),
+        "docker_concurrency": lambda f, v: to_int(f, v, minimum=0),
     }
 
 

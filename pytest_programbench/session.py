@@ -115,6 +115,11 @@ class ProgramBenchSession:
         self.collect_only = bool(config.option.collectonly)
         self.explicit_paths = config.args_source == pytest.Config.ArgsSource.ARGS
         self.worker_id: str = getattr(config, "workerinput", {}).get("workerid", "controller")
+        if not self.collect_only:
+            from pytest_programbench import docker_engine
+
+            # Owner labels on everything this process creates, and the cross-worker cap on heavy engine calls.
+            docker_engine.configure_run(identity, concurrency=settings.docker_concurrency)
         self.summary: RunSummary | None = None
         self.crashes: dict[str, list[str]] = {}
         self.min_mean_failed = ""
@@ -360,6 +365,13 @@ class ProgramBenchSession:
             return
         from importlib.metadata import version
 
+        from pytest_programbench.reaper import reap_dead_runs
+
+        # Leftovers of dead runs (their controller is gone or their lifetime expired), never a live run's.
+        reaped = reap_dead_runs(self.identity.run_id, run_dirs=[self.config.rootpath / "pb-runs"])
+        if reaped.containers or reaped.images:
+            log.warning("reaped %d containers and %d images of dead runs", len(reaped.containers),
+                        len(reaped.images))
         self.identity.materialise({
             "plugin_version": version("pytest-programbench"),
             "programbench_version": version("programbench"),
