@@ -23,12 +23,21 @@ TESTBED = REPO / "testbed"
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 
-# Every pytest session a test starts loads the guard too: the plugin under test runs in those. (PYTEST_PLUGINS, not
-# PYTEST_ADDOPTS: pytester clears the latter.)
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-if "tests.network_guard" not in os.environ.get("PYTEST_PLUGINS", ""):
-    os.environ["PYTEST_PLUGINS"] = ",".join(p for p in (os.environ.get("PYTEST_PLUGINS", ""), "tests.network_guard")
-                                            if p)
+GUARD_PLUGIN = "tests.network_guard"
+
+
+@pytest.fixture(autouse=True)
+def _guard_the_sessions_a_test_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pytest session a test starts loads the guard too: the plugin under test runs in those.
+
+    Set per test (not at import) so the suite's own xdist workers start as usual; PYTEST_PLUGINS, not
+    PYTEST_ADDOPTS, because pytester clears the latter.
+    """
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    plugins = [p for p in os.environ.get("PYTEST_PLUGINS", "").split(",") if p and p != GUARD_PLUGIN]
+    monkeypatch.setenv("PYTEST_PLUGINS", ",".join([*plugins, GUARD_PLUGIN]))
+
+
 install_network_guard()
 
 
