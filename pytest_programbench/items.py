@@ -54,8 +54,11 @@ class ProgramBenchItem(pytest.Item):
             if reasons:
                 self.outcome.notes = [*self.outcome.notes, *(f"infrastructure retry after {r}" for r in reasons)]
             return
+        # Identical reasons (an engine that is down) are said once.
+        distinct = list(dict.fromkeys(r.split(": ", 1)[1] for r in reasons))
+        shown = reasons if len(distinct) > 1 else [distinct[0]]
         raise InfrastructureError("\n".join(
-            [f"{self.task.instance_id}: infrastructure error after {len(reasons)} attempt(s):", *reasons]))
+            [f"{self.task.instance_id}: infrastructure error after {len(reasons)} attempt(s):", *shown]))
 
     def runtest(self) -> None:
         from pytest_programbench.verdict import assert_verdict

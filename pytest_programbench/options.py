@@ -103,6 +103,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("infra-retries", "Retries of an item that errored for infrastructure reasons.", "int", 1, metavar="N"),
     Option("docker-concurrency", "Heavy engine operations (create, start, build, pull, commit, remove) in flight "
            "at once across all workers (0: no cap).", "int", metavar="N"),
+    Option("prune-images", "Remove a task's image when it is done, if this run built or pulled it.", "bool",
+           False),
     Option("junit-tests", "Add every hidden test's status to the task's JUnit properties.", "bool", False),
     Option("blob-dir", "Hidden test archives in the PROGRAMBENCH_BLOB_DIR layout.", metavar="DIR"),
     Option("min-mean", "Fail the session when the mean score over the selection is below X.", "float",
@@ -253,6 +255,7 @@ class Settings:
     min_mean: float | None = None
     junit_tests: bool = False
     docker_concurrency: int | None = None
+    prune_images: bool = False
 
 
 def _parsers() -> dict[str, Callable[[str, Any], Any]]:
@@ -299,6 +302,7 @@ def _parsers() -> dict[str, Callable[[str, Any], Any]]:
         "min_mean": lambda f, v: to_float(f, v, minimum=0.0, maximum=1.0),
         "junit_tests": lambda _f, v: to_bool(v),
         "docker_concurrency": lambda f, v: to_int(f, v, minimum=0),
+        "prune_images": lambda _f, v: to_bool(v),
     }
 
 

@@ -88,10 +88,12 @@ class TaskPipeline:
     def _run(self) -> TaskOutcome:
         from programbench.utils.load_data import get_active_branches
 
+        from pytest_programbench import disk
         from pytest_programbench.blobs import BlobError, resolve_blobs
         from pytest_programbench.evaluation import EvalSettings, evaluate
         from pytest_programbench.images import ImageError, ensure_image
 
+        disk.require_for_run(self.artifacts.dir.parent)  # a DiskSpaceError is an EngineUnavailable: an error
         self.artifacts.dir.mkdir(parents=True, exist_ok=True)
         with self.phase("task"):
             try:
@@ -128,6 +130,8 @@ class TaskPipeline:
                 settings=EvalSettings.from_settings(self.settings), workdir=self.artifacts.dir,
             )
         self.meta["evaluation"] = result.meta()
+        if self.settings.prune_images and image.source in ("built", "pulled"):
+            self.meta["pruned"] = dataclasses.asdict(disk.prune_images([image.id]))
         if result.infra_error:
             raise InfrastructureError(result.infra_error)
         if result.result is not None:

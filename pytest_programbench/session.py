@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import warnings
 from collections import Counter
 from collections.abc import Generator
@@ -76,6 +77,31 @@ def fingerprint(settings: options.Settings) -> dict[str, Any]:
     return plain
 
 
+def validate_agent_inputs(settings: options.Settings) -> None:
+    """Bad agent inputs are usage errors before anything runs, not an error per item."""
+    from pytest_programbench.agent import AgentEnvError, agent_env
+
+    try:
+        agent_env(settings.agent_env)
+    except AgentEnvError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if settings.prompt_template and not Path(settings.prompt_template).is_file():
+        raise pytest.UsageError(f"--pb-prompt-template: {settings.prompt_template} is not a file")
+    if settings.model_endpoint:
+        from pytest_programbench.relay import RelayConfigError, Upstream
+
+        try:
+            Upstream.parse(settings.model_endpoint)
+        except RelayConfigError as exc:
+            raise pytest.UsageError(f"--pb-model-endpoint: {exc}") from None
+    if settings.model_key_env and settings.model_key_env not in os.environ:
+        raise pytest.UsageError(f"--pb-model-key-env: {settings.model_key_env} is not set on the host")
+    for spec in settings.agent_mounts:
+        host = spec.partition(":")[0]
+        if not Path(host).expanduser().exists():
+            raise pytest.UsageError(f"--pb-agent-mount: {host} does not exist")
+
+
 def public_settings(settings: options.Settings) -> dict[str, Any]:
     """The settings as written to files: ``--pb-agent-env`` values never leave the process."""
     values = dataclasses.asdict(settings)
@@ -128,6 +154,8 @@ class ProgramBenchSession:
             from pytest_programbench.agent import AgentSpec
 
             self.agent_spec = AgentSpec.parse(settings.agent, on_host=settings.agent_on_host)
+            if not config.option.collectonly:
+                validate_agent_inputs(settings)
             if self.agent_spec.kind == "mini-swe-agent" and not config.option.collectonly:
                 from pytest_programbench.mini_swe_agent import preflight
 
@@ -323,6 +351,8 @@ class ProgramBenchSession:
 
         try:
             docker_engine.sweep(self.identity.run_id, task=instance_id)
+        except docker_engine.EngineUnavailable as exc:  # the item's own error already says so
+            log.debug("could not remove the containers of %s: %s", instance_id, exc)
         except Exception as exc:  # the session-end sweep and the reaper remain
             log.warning("could not remove the containers of %s: %s", instance_id, exc)
 
@@ -347,6 +377,12 @@ class ProgramBenchSession:
                                                                           else " (in the sandbox)"))
             if not self.collect_only:
                 lines.append(f"programbench binary proxy client: {self._proxy_client_label()}")
+        if not self.collect_only:
+            from pytest_programbench import docker_engine
+
+            problem = docker_engine.preflight()
+            if problem:
+                lines.append(f"programbench: {problem} (every item will error)")
         return lines
 
     def _proxy_client_label(self) -> str:
@@ -368,7 +404,8 @@ class ProgramBenchSession:
         from pytest_programbench.reaper import reap_dead_runs
 
         # Leftovers of dead runs (their controller is gone or their lifetime expired), never a live run's.
-        reaped = reap_dead_runs(self.identity.run_id, run_dirs=[self.config.rootpath / "pb-runs"])
+        reaped = reap_dead_runs(self.identity.run_id,
+                                run_dirs=[self.config.rootpath / "pb-runs", self.identity.path.parent])
         if reaped.containers or reaped.images:
             log.warning("reaped %d containers and %d images of dead runs", len(reaped.containers),
                         len(reaped.images))
@@ -393,3 +430,6 @@ class ProgramBenchSession:
             return
         if report.errors:
             log.warning("sweep of run %s left: %s", self.identity.run_id, "; ".join(report.errors))
+        from pytest_programbench import backpressure
+
+        backpressure.release_run(self.identity.run_id)
