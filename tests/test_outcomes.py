@@ -106,7 +106,7 @@ def test_every_outcome_class_in_its_column(pytester: pytest.Pytester, testbed: T
     assert tasks[NOIMAGE]["outcome"] == "error"
     assert "pbfix_1776_noimage" in tasks[NOIMAGE]["reasons"][-1]
     assert tasks[NOENGINE]["outcome"] == "error"
-    assert "attempt 2" in " ".join(tasks[NOENGINE]["reasons"]), "the infra error was retried once"
+    assert "after 2 attempt(s)" in " ".join(tasks[NOENGINE]["reasons"]), "the infra error was retried once"
     catlike = tasks[CATLIKE]["score"]
     assert 0.0 < catlike < 1.0
     head = data["headline"]
