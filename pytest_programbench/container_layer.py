@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     import docker
 
 log = logging.getLogger(__name__)
+progress = logging.getLogger("pytest_programbench")  # the pipeline's progress logger
 
 # Per stream (stdout, stderr) of one command: keep this many bytes from the start and as many from the end.
 DEFAULT_OUTPUT_CAP = 256 * 1024
@@ -918,6 +919,7 @@ class SdkEvaluator(Evaluator):
     ) -> dict[str, Any]:
         if step_name == COMPILE_STEP:
             timeout = self.layer.compile_timeout
+            progress.info("[%s] compile (compile.sh, no network, %d s clock)", self.instance_id, timeout)
         elif step_name == RUN_TESTS_STEP:
             timeout = self.layer.test_timeout
         hooks = self.layer.hooks
@@ -948,6 +950,10 @@ class SdkEvaluator(Evaluator):
                          serial_pytest: bool = False) -> str:
         """Pass-through that remembers which branch this thread runs (to name a timed-out clock)."""
         self._current.branch = branch
+        # Live progress (--log-cli-level=INFO), named by task like the pipeline's phases.
+        position = self.tests_branches.index(branch) + 1 if branch in self.tests_branches else 0
+        progress.info("[%s] branch %d/%d: %s%s", self.instance_id, position, len(self.tests_branches), branch,
+                      " (serial retry)" if serial_pytest else "")
         try:
             return str(super()._run_test_branch(branch, image, log_buf, serial_pytest=serial_pytest))
         finally:

@@ -136,7 +136,9 @@ class TaskPipeline:
             raise InfrastructureError(result.infra_error)
         if result.result is not None:
             self.artifacts.write_eval_json(result.result)
-        return self._with_agent(task_outcome(result, instance))
+        outcome = self._with_agent(task_outcome(result, instance))
+        self.log.info("verdict: score %.4f (%d/%d)", outcome.score, outcome.n_passed, outcome.n_tests)
+        return outcome
 
     def _reuse_finished(self, image: ResolvedImage, blobs: BlobSet) -> TaskOutcome | None:
         """--pb-resume: a task that finished before keeps its result (no agent re-run) if nothing it used changed."""
