@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -12,6 +12,9 @@ from pytest_programbench.catalogue import Task
 from pytest_programbench.markers import SUITE, difficulty_marker, language_marker
 from pytest_programbench.plugin import SESSION_PLUGIN
 from pytest_programbench.verdict import TaskOutcome
+
+if TYPE_CHECKING:
+    from pytest_programbench.session import ProgramBenchSession
 
 
 class ProgramBenchSuite(pytest.Collector):
@@ -35,13 +38,19 @@ class ProgramBenchItem(pytest.Item):
         self.add_marker(language_marker(task.language))
         self.add_marker(difficulty_marker(task.difficulty))
 
+    @property
+    def pb_session(self) -> ProgramBenchSession:
+        """The opted-in session's state (items exist only when the session opted in)."""
+        session = self.config.pluginmanager.get_plugin(SESSION_PLUGIN)
+        assert session is not None, "items exist only in opted-in sessions"
+        return session  # type: ignore[no-any-return]
+
     def setup(self) -> None:
         """Run the pipeline; infrastructure errors are retried (``--pb-infra-retries``), never agent failures."""
         from pytest_programbench.pipeline import run_item_pipeline
         from pytest_programbench.verdict import InfrastructureError
 
-        session = self.config.pluginmanager.get_plugin(SESSION_PLUGIN)
-        assert session is not None, "items exist only in opted-in sessions"
+        session = self.pb_session
         reasons: list[str] = []
         for attempt in range(session.settings.infra_retries + 1):
             try:
@@ -63,9 +72,7 @@ class ProgramBenchItem(pytest.Item):
     def runtest(self) -> None:
         from pytest_programbench.verdict import assert_verdict
 
-        session = self.config.pluginmanager.get_plugin(SESSION_PLUGIN)
-        assert session is not None, "items exist only in opted-in sessions"
-        settings = session.settings
+        settings = self.pb_session.settings
         assert self.outcome is not None, "setup ran the pipeline"
         assert_verdict(self, self.outcome, min_score=settings.min_score, allow_flags=settings.allow_flags,
                        junit_tests=settings.junit_tests)

@@ -313,8 +313,4 @@ def task_outcome(result: EvaluationOutcome, instance: dict[str, Any]) -> TaskOut
 
 
 def run_item_pipeline(item: ProgramBenchItem) -> TaskOutcome:
-    from pytest_programbench.plugin import SESSION_PLUGIN
-
-    session = item.config.pluginmanager.get_plugin(SESSION_PLUGIN)
-    assert session is not None, "items exist only in opted-in sessions"
-    return TaskPipeline(session, item.task).run()
+    return TaskPipeline(item.pb_session, item.task).run()
