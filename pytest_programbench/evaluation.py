@@ -20,7 +20,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import logging
-import os
 import tarfile
 import threading
 import time
@@ -49,6 +48,7 @@ from pytest_programbench.container_layer import (
 )
 from pytest_programbench.docker_engine import EngineUnavailable, Labels
 from pytest_programbench.integrity import IntegrityFlag
+from pytest_programbench.options import cores
 from pytest_programbench.rerunfailures import CONTAINER_WHEEL_DIR, RerunWheels, ensure_wheels, pip_environment
 
 if TYPE_CHECKING:
@@ -69,15 +69,11 @@ SCORED_CRASHES = (RuntimeError, UnicodeDecodeError, EvalStepError, FileNotFoundE
 DISK_FULL = "no space left on device"
 
 
-def _cores() -> int:
-    return os.cpu_count() or 1
-
-
 @dataclass(frozen=True)
 class EvalSettings:
     """The evaluation knobs, plain and frozen (built from the plugin's Settings)."""
 
-    cpus: int = field(default_factory=lambda: min(10, _cores()))
+    cpus: int = field(default_factory=lambda: min(10, cores()))
     memory: int | None = None
     branch_workers: int = 1
     branch_retries: int = 1

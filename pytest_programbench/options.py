@@ -18,7 +18,7 @@ import pytest
 GROUP = "programbench"
 
 
-def _cores() -> int:
+def cores() -> int:
     return os.cpu_count() or 1
 
 
@@ -235,11 +235,11 @@ class Settings:
     model_key_env: str | None = None
     submissions: str | None = None
     require_all: bool = False
-    sandbox_cpus: float = field(default_factory=lambda: float(min(20, _cores())))
+    sandbox_cpus: float = field(default_factory=lambda: float(min(20, cores())))
     sandbox_memory: int = field(default_factory=lambda: min(60 << 30, int(_total_memory() * 0.8)))
     image_tag: str = "task_cleanroom_v6"
     pull: str = "missing"
-    cpus: int = field(default_factory=lambda: min(10, _cores()))
+    cpus: int = field(default_factory=lambda: min(10, cores()))
     memory: int | None = None
     branch_workers: int = 1
     branch_retries: int = 1
