@@ -51,8 +51,10 @@ log = logging.getLogger(__name__)
 _client: docker.DockerClient | None = None
 _client_lock = threading.Lock()
 
-# Generous: creates and commits wait behind other workers' on a loaded 2-core machine.
-API_TIMEOUT = 300
+# The socket timeout of every API call. Generous: creates and commits wait behind other workers' on a loaded 2-core
+# machine. It bounds request/response calls only: no command's window depends on it (exec streams are read with no
+# socket timeout and end when the command exits or its own clock fires). ``PB_DOCKER_API_TIMEOUT`` sets it.
+API_TIMEOUT = float(os.environ.get("PB_DOCKER_API_TIMEOUT", "300"))
 # The first contact: a hung engine must not hang every item.
 PING_TIMEOUT = float(os.environ.get("PB_DOCKER_PING_TIMEOUT", "10"))
 # After a failed first contact, further client() calls fail at once for this long (same message).
