@@ -117,13 +117,15 @@ BY_DEST = {o.dest: o for o in OPTIONS}
 def register(parser: pytest.Parser) -> None:
     group = parser.getgroup(GROUP, "ProgramBench (pytest-programbench)")
     for opt in OPTIONS:
+        # argparse %-formats help texts: a bare "%" would crash `pytest --help` in every project.
+        cli_help = opt.help.replace("%", "%%")
         if opt.kind == "bool":
-            group.addoption(opt.flag, dest=opt.dest, action="store_const", const=True, default=None, help=opt.help)
+            group.addoption(opt.flag, dest=opt.dest, action="store_const", const=True, default=None, help=cli_help)
         elif opt.kind == "list":
             group.addoption(opt.flag, dest=opt.dest, action="append", default=None, metavar=opt.metavar,
-                            help=opt.help)
+                            help=cli_help)
         else:
-            group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=opt.help)
+            group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=cli_help)
         ini_type = {"bool": "bool", "list": "args"}.get(opt.kind, "string")
         parser.addini(opt.ini, f"{opt.help} (ini twin of {opt.flag})", type=ini_type,  # type: ignore[arg-type]
                       default=None)

@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import shlex
-import socket
 import tarfile
 import threading
 import time
@@ -32,6 +31,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 from pytest_programbench.docker_engine import EngineUnavailable, Labels, client
+from pytest_programbench.exec_stream import ExecStream
 from pytest_programbench.proxy_build import DAEMON_SOURCE, ProxyClient, build_client
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ class ExecResult:
     duration: float
     timed_out: bool
     truncated: bool = False
+    notes: tuple[str, ...] = ()  # what the harness saw happen to the command (e.g. its stream broke)
 
     @property
     def text(self) -> str:
@@ -357,22 +358,33 @@ class Sandbox:
             argv = ["timeout", "-k", str(EXEC_KILL_GRACE), str(max(1, int(timeout))), *argv]
         environment = dict(self.agent_env()) if user == "agent" and self._layout is not None else {}
         environment.update(env or {})
+        from docker.errors import APIError
+
+        try:
+            return self._exec(argv, timeout=timeout, user=user, workdir=workdir, environment=environment,
+                              output=output, stdin=stdin, max_output=max_output, use_timeout=use_timeout)
+        except APIError as exc:  # the container or its exec vanished under a running command: not the agent's doing
+            raise SandboxError(f"the engine lost the sandbox's command {shell_join(argv)[:200]}: {exc}") from exc
+
+    def _exec(self, argv: list[str], *, timeout: float, user: str, workdir: str, environment: dict[str, str],
+              output: Path | None, stdin: bytes | None, max_output: int, use_timeout: bool) -> ExecResult:
         api = self.engine.api
         started = time.monotonic()
         exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True, stdin=stdin is not None,
                                   user=self._user(user), workdir=workdir, environment=environment)["Id"]
-        sock = api.exec_start(exec_id, socket=True)
-        raw: socket.socket = getattr(sock, "_sock", sock)
+        stream = ExecStream(api.exec_start(exec_id, socket=True))
         sink: IO[bytes] | None = None
         captured = bytearray()
         state = {"truncated": False}
+        notes: list[str] = []
         try:
             sink = open(output, "ab") if output is not None else None  # noqa: SIM115 - closed below
             if stdin is not None:
-                _send_stdin(raw, stdin)
-            reader = threading.Thread(target=_pump, args=(raw, sink, captured, max_output, state), daemon=True)
+                with contextlib.suppress(OSError):  # a command that does not read its stdin is its business
+                    stream.send(stdin)
+            reader = threading.Thread(target=_pump, args=(stream, sink, captured, max_output, state), daemon=True)
             reader.start()
-            deadline = started + timeout
+            deadline = started + timeout + (WATCHDOG_GRACE if use_timeout else 0)
             timed_out = False
             finished_at: float | None = None
             while reader.is_alive():
@@ -384,24 +396,45 @@ class Sandbox:
                 if finished_at is None and not api.exec_inspect(exec_id).get("Running", False):
                     finished_at = now  # the command ended; a background process may still hold the stream
                 if finished_at is not None and now - finished_at > 2.0:
-                    _shutdown(raw)
-                elif now > deadline + (WATCHDOG_GRACE if use_timeout else 0):
+                    stream.shutdown()
+                elif now > deadline:
                     timed_out = True
                     self.kill_agent_processes()
-                    _shutdown(raw)
+                    stream.shutdown()
             reader.join(5)
+            if not timed_out:
+                timed_out = self._outlive_broken_stream(exec_id, deadline, notes)
         finally:
-            _shutdown(raw)
-            with contextlib.suppress(Exception):
-                sock.close()
+            stream.close()
             if sink is not None:
+                for note in notes:
+                    sink.write(f"\n[pytest-programbench] {note}\n".encode())
                 sink.close()
         info = api.exec_inspect(exec_id)
         exit_code = None if info.get("Running") else info.get("ExitCode")
         duration = time.monotonic() - started
         if use_timeout and exit_code in (124, 137) and duration >= timeout:
             timed_out = True
-        return ExecResult(exit_code, bytes(captured), duration, timed_out, state["truncated"])
+        return ExecResult(exit_code, bytes(captured), duration, timed_out, state["truncated"], tuple(notes))
+
+    def _outlive_broken_stream(self, exec_id: str, deadline: float, notes: list[str]) -> bool:
+        """The connection ended while the command still runs: wait for the command itself (an exec cannot be
+        re-attached), up to its clock. True when the clock fired. Engine trouble while waiting propagates: an
+        infrastructure error, never a score."""
+        api = self.engine.api
+        if not api.exec_inspect(exec_id).get("Running", False):
+            return False
+        notes.append(f"the output stream of a running command broke at {time.strftime('%H:%M:%S')} UTC; "
+                     "its further output was not captured; the harness waited for it to end")
+        log.warning("exec %s: the output stream broke while the command runs; polling until it ends", exec_id[:12])
+        delay = 0.5
+        while api.exec_inspect(exec_id).get("Running", False):
+            if time.monotonic() > deadline:
+                self.kill_agent_processes()
+                return True
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
+        return False
 
     def kill_agent_processes(self) -> None:
         """SIGKILL every process of the agent user (the proxy's own workers are restarted by its master)."""
@@ -538,50 +571,18 @@ def _last_json_line(data: bytes) -> dict[str, Any] | None:
     return None
 
 
-def _send_stdin(raw: socket.socket, data: bytes) -> None:
-    raw.sendall(data)
-    with contextlib.suppress(OSError):
-        raw.shutdown(socket.SHUT_WR)
-
-
-def _shutdown(raw: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        raw.shutdown(socket.SHUT_RDWR)
-
-
-def _recv_exact(raw: socket.socket, size: int) -> bytes | None:
-    chunks = []
-    while size:
-        chunk = raw.recv(min(size, 1 << 16))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
-def _pump(raw: socket.socket, sink: IO[bytes] | None, captured: bytearray, limit: int,
+def _pump(stream: ExecStream, sink: IO[bytes] | None, captured: bytearray, limit: int,
           state: dict[str, bool]) -> None:
-    """Demultiplex docker's exec stream (8-byte frame headers) into ``sink`` or ``captured``."""
-    try:
-        while True:
-            header = _recv_exact(raw, 8)
-            if header is None:
-                return
-            size = int.from_bytes(header[4:8], "big")
-            payload = _recv_exact(raw, size)
-            if payload is None:
-                return
-            if sink is not None:
-                sink.write(payload)
-                sink.flush()
-            else:
-                room = max(0, limit - len(captured))
-                captured += payload[:room]
-                if len(payload) > room:
-                    state["truncated"] = True
-    except OSError:
-        return
+    """Copy the command's output (stdout and stderr interleaved) into ``sink`` or ``captured``."""
+    for _kind, payload in stream.frames():
+        if sink is not None:
+            sink.write(payload)
+            sink.flush()
+        else:
+            room = max(0, limit - len(captured))
+            captured += payload[:room]
+            if len(payload) > room:
+                state["truncated"] = True
 
 
 class _TooLarge(Exception):

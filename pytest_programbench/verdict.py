@@ -77,8 +77,16 @@ def junit_properties(outcome: TaskOutcome) -> list[tuple[str, Any]]:
     ]
 
 
+# Shell exit statuses that mean the agent never ran: said first, before any score.
+AGENT_NOT_RUN = {127: "command not found", 126: "command found but not executable"}
+
+
 def failure_message(outcome: TaskOutcome, min_score: float, *, flagged: bool) -> str:
-    lines = [f"{outcome.instance_id}: score {outcome.score:.4f} ({outcome.n_passed}/{outcome.n_tests} tests passed)"
+    lines = []
+    if outcome.agent_exit in AGENT_NOT_RUN:
+        lines.append(f"agent exited {outcome.agent_exit}: {AGENT_NOT_RUN[outcome.agent_exit]} (check --pb-agent; "
+                     "the shell's own message is in agent.log)")
+    lines += [f"{outcome.instance_id}: score {outcome.score:.4f} ({outcome.n_passed}/{outcome.n_tests} tests passed)"
              + (f", below --pb-min-score {min_score:g}" if outcome.score < min_score else "")]
     if outcome.error_code:
         lines.append(f"error code: {outcome.error_code}")
