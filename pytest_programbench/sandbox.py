@@ -15,6 +15,7 @@ label sweep (``docker_engine.sweep``) backs it up when a worker dies.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -48,6 +49,14 @@ DOCS_DIR = "/workspace/docs"
 BINARY_PATH = "/workspace/binary"
 PROXY_DIR = "/var/lib/pb-proxy"
 CALL_LOG = PROXY_DIR + "/calls.jsonl"
+DROPPED_LOG = PROXY_DIR + "/calls.dropped"
+# The daemon's bounds (proxy/daemon.py: LOG_MAX_BYTES, RECORD_MAX, --max-workers; a test pins them equal): the log
+# stops at its cap, but each worker may still append one record after the check.
+CALL_LOG_MAX = 64 << 20
+CALL_RECORD_MAX = 16 << 10
+PROXY_MAX_WORKERS = 512
+CALL_LOG_READ_LIMIT = CALL_LOG_MAX + PROXY_MAX_WORKERS * CALL_RECORD_MAX
+TAR_OVERHEAD = 1 << 20  # headers around one file in docker's archive
 LIFETIME_MARGIN = 1800  # seconds the container outlives the agent clock (packing, slow engines)
 DEFAULT_PIDS_LIMIT = 8192
 DEFAULT_SUBMISSION_LIMIT = 1 << 30  # bytes of uncompressed tar
@@ -57,21 +66,59 @@ CAP_DROP = ("SYS_PTRACE", "NET_RAW", "MKNOD", "AUDIT_WRITE", "NET_BIND_SERVICE",
 EXEC_KILL_GRACE = 10  # seconds between TERM and KILL of a timed-out command
 WATCHDOG_GRACE = 20  # seconds after the deadline before the host side kills and disconnects
 
-# Kills every process whose real uid is the agent's (run as root inside the container).
+# Run as root inside the container: freezes, then kills, every process whose real uid is the agent's, and repeats
+# until none is left. One pass of "kill all" misses a fork chain whose pids keep changing; a stopped process cannot
+# fork, so once a scan finds every agent process stopped, the kill passes converge. The proxy's idle workers (the
+# root master's forks, same command line) are left alone: the master would only replace them. Zombies are dead.
+# Prints one JSON line: passes, processes stopped and killed, and what was left when the deadline passed.
 _KILL_AGENT = """
-import os, signal
-uid = {uid}
-for name in os.listdir('/proc'):
-    if not name.isdigit():
-        continue
+import json, os, signal, time
+uid, master, deadline = {uid}, {master}, time.monotonic() + {budget}
+def cmdline(pid):
     try:
-        with open('/proc/' + name + '/status') as handle:
-            line = next(l for l in handle if l.startswith('Uid:'))
-        if int(line.split()[1]) == uid:
-            os.kill(int(name), signal.SIGKILL)
-    except (OSError, StopIteration, ValueError):
-        pass
+        with open('/proc/%s/cmdline' % pid, 'rb') as handle:
+            return handle.read()
+    except OSError:
+        return None
+master_cmd = cmdline(master)
+def agent_processes():
+    found = {{}}
+    for name in os.listdir('/proc'):
+        if not name.isdigit():
+            continue
+        try:
+            with open('/proc/' + name + '/stat') as handle:
+                fields = handle.read().rsplit(')', 1)[1].split()
+            with open('/proc/' + name + '/status') as handle:
+                real_uid = int(next(l for l in handle if l.startswith('Uid:')).split()[1])
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue
+        state, ppid = fields[0], int(fields[1])
+        if real_uid != uid or state in 'ZX':
+            continue
+        if master_cmd and ppid == master and cmdline(name) == master_cmd:
+            continue
+        found[int(name)] = state
+    return found
+stats = {{'passes': 0, 'stopped': set(), 'killed': set(), 'left': []}}
+for sig, done in ((signal.SIGSTOP, lambda procs: all(s in 'tT' for s in procs.values())),
+                  (signal.SIGKILL, lambda procs: not procs)):
+    while True:
+        procs = agent_processes()
+        if done(procs) or time.monotonic() > deadline:
+            break
+        stats['passes'] += 1
+        for pid in procs:
+            try:
+                os.kill(pid, sig)
+                stats['stopped' if sig == signal.SIGSTOP else 'killed'].add(pid)
+            except OSError:
+                pass
+        time.sleep(0.002)  # let the signals land before the next scan
+stats['left'] = sorted(agent_processes())
+print(json.dumps({{k: len(v) if isinstance(v, set) else v for k, v in stats.items()}}))
 """
+KILL_BUDGET = 30  # seconds the freeze-and-kill loop may take
 
 
 class SandboxError(Exception):
@@ -80,6 +127,10 @@ class SandboxError(Exception):
 
 class SubmissionTooLarge(Exception):
     """``/workspace/src`` exceeds the size limit: the agent's doing, so the item fails (score 0)."""
+
+
+class SubmissionUnpackable(Exception):
+    """``/workspace/src`` could not be packed while the sandbox was alive: the agent's files, so score 0."""
 
 
 @dataclass(frozen=True)
@@ -436,11 +487,21 @@ class Sandbox:
             delay = min(delay * 2, 10.0)
         return False
 
-    def kill_agent_processes(self) -> None:
-        """SIGKILL every process of the agent user (the proxy's own workers are restarted by its master)."""
-        with contextlib.suppress(Exception):
-            self.engine.api.exec_start(self.engine.api.exec_create(
-                self.id, ["python3", "-c", _KILL_AGENT.format(uid=self.layout.agent_uid)], user="0:0")["Id"])
+    def kill_agent_processes(self) -> dict[str, Any]:
+        """Freeze, then SIGKILL, every process of the agent user until none is left (see ``_KILL_AGENT``).
+
+        Returns the loop's counts (``passes``, ``stopped``, ``killed``, ``left``: pids still there when its budget
+        ran out; ``error`` when it could not run). The proxy master's idle workers are spared.
+        """
+        try:
+            api = self.engine.api
+            script = _KILL_AGENT.format(uid=self.layout.agent_uid, master=self.layout.daemon_pid,
+                                        budget=KILL_BUDGET)
+            output = api.exec_start(api.exec_create(self.id, ["python3", "-c", script], user="0:0")["Id"])
+        except Exception as exc:  # the sandbox is gone: nothing of the agent's is left running either
+            return {"error": str(exc)}
+        report = _last_json_line(output if isinstance(output, bytes) else b"")
+        return report if report is not None else {"error": output.decode("utf-8", "replace")[-500:]}
 
     # ------------------------------------------------------------------ files
     def put_file(self, data: bytes | Path, dest: str, *, mode: int = 0o644, owner: str = "agent") -> None:
@@ -460,31 +521,35 @@ class Sandbox:
                  exclude: Sequence[str] = ()) -> int:
         """Pack ``/workspace/src`` into ``dest`` (tar.gz whose root is the contents of src); returns its size.
 
-        Regular files, directories, symlinks and hard links are kept with their modes and mtimes; owners are
-        normalised to root. ``exclude`` holds top-level names to leave out (e.g. ``target``). More than
-        ``max_bytes`` of tar stream raises :class:`SubmissionTooLarge` and leaves no file behind.
+        Regular files, directories, symlinks and hard links are kept with their permission bits and mtimes;
+        setuid, setgid and sticky bits are cleared and owners normalised to root. ``exclude`` holds top-level names
+        to leave out (e.g. ``target``). More than ``max_bytes`` of tar stream raises :class:`SubmissionTooLarge`;
+        a stream that breaks while the sandbox is alive (the agent's files changed under the packer)
+        :class:`SubmissionUnpackable`; the engine failing :class:`SandboxError`. Every path leaves no file behind
+        and closes the archive stream (an open one holds the engine's lock on the container).
         """
         from docker.errors import DockerException
 
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.with_name(dest.name + ".partial")
         try:
-            stream, _stat = self._container_obj().get_archive(SRC_DIR)
-            source = _CappedStream(stream, max_bytes)
-            with tarfile.open(fileobj=source, mode="r|") as tar_in, tarfile.open(partial, "w:gz") as tar_out:
-                for member in tar_in:
-                    name = _strip_root(member.name)
-                    if not name or name.split("/", 1)[0] in exclude:
-                        continue
-                    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
-                        continue
-                    member.name = name
-                    if member.islnk():
-                        member.linkname = _strip_root(member.linkname)
-                    member.uid = member.gid = 0
-                    member.uname = member.gname = "root"
-                    member.pax_headers = {}
-                    tar_out.addfile(member, tar_in.extractfile(member) if member.isreg() else None)
+            with self._archive(SRC_DIR) as (stream, _stat):
+                source = _CappedStream(stream, max_bytes)
+                with tarfile.open(fileobj=source, mode="r|") as tar_in, tarfile.open(partial, "w:gz") as tar_out:
+                    for member in tar_in:
+                        name = _strip_root(member.name)
+                        if not name or name.split("/", 1)[0] in exclude:
+                            continue
+                        if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+                            continue
+                        member.name = name
+                        if member.islnk():
+                            member.linkname = _strip_root(member.linkname)
+                        member.mode &= 0o777  # no setuid/setgid/sticky: the submission is extracted as root
+                        member.uid = member.gid = 0
+                        member.uname = member.gname = "root"
+                        member.pax_headers = {}
+                        tar_out.addfile(member, tar_in.extractfile(member) if member.isreg() else None)
             os.replace(partial, dest)
         except _TooLarge as exc:
             partial.unlink(missing_ok=True)
@@ -492,48 +557,142 @@ class Sandbox:
         except DockerException as exc:
             partial.unlink(missing_ok=True)
             raise SandboxError(f"cannot pack {SRC_DIR}: {exc}") from exc
+        except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+            partial.unlink(missing_ok=True)
+            if not self._alive():
+                raise SandboxError(f"cannot pack {SRC_DIR}: {exc} (the sandbox is gone)") from exc
+            raise SubmissionUnpackable(f"{SRC_DIR} could not be packed: {type(exc).__name__}: {exc}") from exc
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
         return dest.stat().st_size
 
+    def _alive(self) -> bool:
+        """Whether the engine answers and the container runs (after a broken stream: whose fault was it?)."""
+        try:
+            return bool(self.engine.api.inspect_container(self.id)["State"].get("Running"))
+        except Exception:
+            return False
+
+    @contextlib.contextmanager
+    def _archive(self, path: str) -> Iterator[tuple[Iterator[bytes], dict[str, Any] | None]]:
+        """``GET /containers/{id}/archive``: the tar stream and the path's stat; the response is closed on exit.
+
+        (docker-py's ``get_archive`` returns a bare generator, whose response stays open when a reader stops early:
+        the engine then holds the container's lock, and removing the container blocks for the API timeout.)
+        """
+        api = self.engine.api
+        response = api._get(api._url("/containers/{0}/archive", self.id), params={"path": path}, stream=True,
+                            headers={"Accept-Encoding": "identity"})
+        try:
+            api._raise_for_status(response)
+            header = response.headers.get("x-docker-container-path-stat")
+            stat = json.loads(base64.b64decode(header)) if header else None
+            yield response.iter_content(2 << 20, False), stat
+        finally:
+            response.close()
+
     def read_file(self, path: str, *, max_bytes: int = 256 << 20) -> bytes:
-        """One file's bytes, read as root (e.g. the proxy's call log)."""
+        """One file's bytes, read as root (e.g. the proxy's call log); at most ``max_bytes``, else SandboxError."""
         from docker.errors import DockerException, NotFound
 
         try:
-            stream, _stat = self._container_obj().get_archive(path)
-            with tarfile.open(fileobj=_CappedStream(stream, max_bytes + (1 << 20)), mode="r|") as tar:
+            with self._archive(path) as (stream, _stat), \
+                    tarfile.open(fileobj=_CappedStream(stream, max_bytes + TAR_OVERHEAD), mode="r|") as tar:
                 for member in tar:
                     handle = tar.extractfile(member)
                     if handle is not None:
                         return handle.read()
         except NotFound as exc:
             raise FileNotFoundError(path) from exc
-        except (DockerException, _TooLarge) as exc:
-            raise SandboxError(f"cannot read {path}: {exc}") from exc
+        except (DockerException, _TooLarge, tarfile.TarError, EOFError, OSError) as exc:
+            raise SandboxError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
         raise SandboxError(f"{path} is not a regular file")
+
+    def read_call_log(self) -> CallLog:
+        """Every proxied call so far, oldest first: one record per call, its ``ended`` line, or its ``started``
+        line marked ``interrupted`` when the call never ended (its worker was killed, or it still runs).
+
+        Never raises for what the agent can cause: an unreadable log comes back as ``problem`` (the pipeline turns
+        it into a note and a flag, and the item is scored as usual).
+        """
+        try:
+            data = self.read_file(CALL_LOG, max_bytes=CALL_LOG_READ_LIMIT)
+        except FileNotFoundError:
+            return CallLog([], 0, None)
+        except SandboxError as exc:
+            return CallLog([], 0, f"the proxy's call log could not be read: {exc}")
+        dropped = 0
+        with contextlib.suppress(Exception), self._archive(DROPPED_LOG) as (_stream, stat):
+            dropped = int((stat or {}).get("size", 0))  # one byte per call: its size is the count, nothing read
+        return CallLog(merge_call_records(data), dropped, None)
 
     def call_log(self) -> list[dict[str, Any]]:
         """Every proxied call so far (argv, cwd, exit, signal, duration, flags), oldest first."""
-        try:
-            data = self.read_file(CALL_LOG)
-        except FileNotFoundError:
-            return []
-        records = []
-        for line in data.splitlines():
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict):
-                    records.append(record)
-        return records
+        return self.read_call_log().records
 
     def copy_call_log(self, dest: Path) -> int:
         """Write ``binary-calls.jsonl`` (one JSON object per line); returns the number of calls."""
-        records = self.call_log()
+        return self.save_call_log(dest).count
+
+    def save_call_log(self, dest: Path) -> CallLog:
+        """Write ``binary-calls.jsonl`` (one JSON object per line) and return what was read."""
+        read = self.read_call_log()
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
-        return len(records)
+        dest.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in read.records))
+        return read
+
+
+@dataclass(frozen=True)
+class CallLog:
+    """The proxy's call log as read after the agent's window."""
+
+    records: list[dict[str, Any]]
+    dropped: int  # calls made after the log reached its cap (counted, not recorded)
+    problem: str | None  # why the log could not be read (None: it was)
+
+    @property
+    def count(self) -> int:
+        return len(self.records) + self.dropped
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.problem:
+            out.append(self.problem)
+        if self.dropped:
+            out.append(f"the proxy's call log reached its cap ({CALL_LOG_MAX >> 20} MiB): {self.dropped} later "
+                       "call(s) counted, not recorded")
+        interrupted = sum(1 for r in self.records if r.get("interrupted"))
+        if interrupted:
+            out.append(f"{interrupted} call(s) of the reference never ended (their proxy worker was killed)")
+        return out
+
+
+def merge_call_records(data: bytes) -> list[dict[str, Any]]:
+    """One record per call from the log's lines: ``ended`` wins; a lone ``started`` becomes ``interrupted``."""
+    records: list[dict[str, Any]] = []
+    index: dict[str, int] = {}
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        call = record.get("call")
+        if not isinstance(call, str):
+            records.append(record)
+            continue
+        phase = record.pop("phase", "ended")
+        if call in index:
+            if phase == "ended":
+                records[index[call]] = record
+            continue
+        if phase == "started":
+            record.update(interrupted=True, exit=None, signal=None)
+        index[call] = len(records)
+        records.append(record)
+    return records
 
 
 # ---------------------------------------------------------------------------------------------- helpers

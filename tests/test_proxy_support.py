@@ -377,7 +377,8 @@ def run_both(box: Sandbox, cases: Sequence[dict[str, Any]], *, user: str = "agen
                 "stdin": base64.b64encode(case.get("stdin", b"")).decode(), "ignore": case.get("ignore", []),
                 "core": case.get("core"), "umask": case.get("umask"), "limits": case.get("limits", []),
                 "timeout": case.get("timeout", 60)}
-        specs.append({**base, "exe": DIRECT})
+        # The proxy sets PYTHONNOUSERSITE=1 for the reference (daemon.FORCED_ENV): the direct run gets it too.
+        specs.append({**base, "exe": DIRECT, "env": {**base["env"], "PYTHONNOUSERSITE": "1"}})
         specs.append({**base, "exe": "/workspace/binary"})
     box.put_file(json.dumps(specs).encode(), "/tmp/pbtest-specs.json", owner="root", mode=0o644)
     result = box.exec(f"python3 {RUNNER} < /tmp/pbtest-specs.json", timeout=600, user=user, workdir="/")

@@ -25,8 +25,10 @@ One call (see ``client.c`` for the other side):
    ``/proc/<pid>/{mem,maps,exe,fd}``; its files belong to the agent because it runs as the agent.
 4. Signals the client catches (INT, TERM, HUP, QUIT, USR1, USR2, WINCH, TSTP, CONT) arrive as single bytes and are
    delivered to the child's process group; if the client disappears the group is killed.
-5. The worker replies with the exit status or the signal that killed the child, and appends one JSON line to the
-   call log (argv, cwd, exit, duration, flags such as ``proc-mem`` for arguments naming ``/proc/*/mem``).
+5. The worker replies with the exit status or the signal that killed the child. The call log gets a ``started``
+   line before the reference runs and an ``ended`` line after (argv, cwd, exit, duration, flags such as ``proc-mem``
+   for arguments naming ``/proc/*/mem``), both with the call's id: a worker killed mid-call leaves its ``started``
+   line. Every line is bounded (``RECORD_MAX``: long values clipped, long lists cut, with counts).
 """
 
 from __future__ import annotations
@@ -94,19 +96,31 @@ RLIM_INFINITY_WIRE = (1 << 64) - 1
 # glibc strips most of them itself for set-uid programs (its "unsecure envvars"); the reference is not set-uid,
 # so we do it. Any ``LD_*`` is stripped, plus runtime hooks of languages a reference may embed.
 STRIP_ENV_EXACT = frozenset({
+    # glibc's own list of unsecure variables (sysdeps/generic/unsecvars.h), LD_* aside
     "GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH", "MALLOC_TRACE",
-    "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS",
+    "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TMPDIR", "TZDIR",
+    # runtimes a reference may embed: code or module paths read at start-up
     "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "NODE_OPTIONS", "PYTHONPATH", "PYTHONHOME",
-    "PYTHONSTARTUP", "PERL5OPT", "PERL5LIB", "RUBYOPT", "RUBYLIB",
+    "PYTHONSTARTUP", "PYTHONUSERBASE", "PERL5OPT", "PERL5LIB", "PERLLIB", "RUBYOPT", "RUBYLIB",
+    # OpenSSL loads engines and providers (shared objects) named by its configuration
+    "OPENSSL_CONF", "OPENSSL_ENGINES", "OPENSSL_MODULES",
 })
-STRIP_ENV_PREFIXES = ("LD_",)
+# Any LD_*; Lua's LUA_INIT, LUA_PATH, LUA_CPATH and their _5_x versioned forms.
+STRIP_ENV_PREFIXES = ("LD_", "LUA_INIT", "LUA_PATH", "LUA_CPATH")
+# Set for the reference whatever the caller had: an embedded Python never reads the user site under $HOME (which
+# the agent writes), where a .pth file or usercustomize would run code.
+FORCED_ENV = {"PYTHONNOUSERSITE": "1"}
 
 # Signals the client forwards; TSTP/CONT also stop and continue the child.
 FORWARDABLE = frozenset(range(1, 65))
 _PROC_MEM = re.compile(r"/proc/[^/\s]+/(?:task/[^/\s]+/)?mem\b")
 _PROC_SELF = re.compile(r"/proc/(?:self|thread-self|\d+)/(?:task/\d+/)?(?:exe|fd|map_files|root|cwd)\b")
-LOG_ARG_LIMIT = 4096
-LOG_MAX_BYTES = 256 << 20
+LOG_ARG_LIMIT = 1024  # characters of one logged value (argv entry, cwd, variable name)
+LOG_LIST_LIMIT = 64  # entries of a logged list (argv, stripped variables); the full count is recorded
+RECORD_MAX = 16 << 10  # bytes of one call-log line, whatever the caller sent
+LOG_MAX_BYTES = 64 << 20  # past this, calls are counted (``DROPPED_LOG``), not recorded
+DROPPED_LOG = PROXY_DIR + "/calls.dropped"  # one byte per call not recorded; its size is the count
+AUDIT_PATH_MAX = 4096  # longer arguments cannot be opened as paths (PATH_MAX), so they are matched as text only
 
 
 def stripped_env_name(name: str) -> bool:
@@ -128,19 +142,38 @@ def clean_env(entries: list[str]) -> tuple[dict[str, str], list[str]]:
     return env, removed
 
 
-def audit_flags(argv: list[str], cwd: str | None) -> list[str]:
-    """Flags for the call log: arguments that name (or resolve to) ``/proc/*/mem`` and the other self-views."""
+def audit(argv: list[str], cwd: str | None) -> tuple[list[str], dict[str, str]]:
+    """Flags for the call log and what the check saw: ``{argument: resolved path}`` for each flagged argument.
+
+    Every argument is matched as text and, resolved against the caller's cwd (symlinks followed), as a path; an
+    ``--opt=VALUE`` argument's value too. Advisory: the agent can swap a symlink between this check and the
+    reference's own open (docs/security.md), so the record says what the check saw, not what the reference read.
+    """
     flags: list[str] = []
-    for position, arg in enumerate(argv[1:]):
+    seen: dict[str, str] = {}
+    for arg in argv[1:]:
         texts = [arg]
-        if cwd and position < 256 and len(arg) < 4096 and "\0" not in arg:
-            with contextlib.suppress(OSError, ValueError):
-                texts.append(os.path.realpath(os.path.join(cwd, arg)))
+        candidates = [arg]
+        if arg.startswith("-") and "=" in arg:
+            candidates.append(arg.partition("=")[2])
+        if cwd:
+            for candidate in candidates:
+                if candidate and len(candidate) < AUDIT_PATH_MAX and "\0" not in candidate:
+                    with contextlib.suppress(OSError, ValueError):
+                        texts.append(os.path.realpath(os.path.join(cwd, candidate)))
         for text in texts:
             flag = "proc-mem" if _PROC_MEM.search(text) else "proc-self" if _PROC_SELF.search(text) else None
-            if flag and flag not in flags:
-                flags.append(flag)
-    return flags
+            if flag:
+                if flag not in flags:
+                    flags.append(flag)
+                if len(seen) < LOG_LIST_LIMIT:
+                    seen.setdefault(_clip_text(arg), _clip_text(text))
+    return flags, seen
+
+
+def audit_flags(argv: list[str], cwd: str | None) -> list[str]:
+    """Flags for the call log: arguments that name (or resolve to) ``/proc/*/mem`` and the other self-views."""
+    return audit(argv, cwd)[0]
 
 
 def wait_status_to_reply(status: int) -> tuple[int, int, bool]:
@@ -304,6 +337,7 @@ class Config:
         self.socket_path: str = args.socket
         self.reference: str = args.reference
         self.call_log: str = args.call_log
+        self.dropped_log: str = args.dropped_log
         self.agent_uid: int = args.agent_uid
         self.agent_gid: int = args.agent_gid
         self.groups: list[int] = [int(g) for g in args.groups.split(",") if g] if args.groups else []
@@ -714,22 +748,81 @@ def _open_log(path: str) -> int:
         return -1
 
 
-def _append_log(fd: int, record: dict[str, Any]) -> None:
-    """One JSON line per call, written with a single ``write`` on an ``O_APPEND`` descriptor."""
-    if fd < 0:
-        return
-    line = (json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8", "replace")
-    try:
-        if os.fstat(fd).st_size > LOG_MAX_BYTES:
-            line = (json.dumps({"time": record.get("time"), "error": "call log full; call not recorded"})
-                    + "\n").encode()
-        os.write(fd, line)
-    except OSError as exc:
-        _log_error(f"cannot write the call log: {exc}")
+class CallLog:
+    """The worker's two root-only files, opened before it drops to the agent's uid: the call log and the count of
+    calls that found it full (one byte each, so its size is the count)."""
+
+    def __init__(self, path: str, dropped_path: str) -> None:
+        self.fd = _open_log(path)
+        self.dropped_fd = _open_log(dropped_path)
+
+    def append(self, record: dict[str, Any]) -> None:
+        """One bounded JSON line, written with a single ``write`` on an ``O_APPEND`` descriptor.
+
+        Past ``LOG_MAX_BYTES`` the call is counted instead. Concurrent workers may each still append one line after
+        the check: the log never exceeds ``LOG_MAX_BYTES + max_workers * RECORD_MAX`` (the host reads that much).
+        """
+        if self.fd < 0:
+            return
+        try:
+            if os.fstat(self.fd).st_size >= LOG_MAX_BYTES:
+                if self.dropped_fd >= 0 and record.get("phase") != "started":
+                    os.write(self.dropped_fd, b".")
+                return
+            os.write(self.fd, bounded_line(record))
+        except OSError as exc:
+            _log_error(f"cannot write the call log: {exc}")
 
 
-def _clip(argv: list[str]) -> list[str]:
-    return [a if len(a) <= LOG_ARG_LIMIT else a[:LOG_ARG_LIMIT] + f"...[{len(a)} chars]" for a in argv[:1024]]
+def _clip_text(text: str) -> str:
+    return text if len(text) <= LOG_ARG_LIMIT else text[:LOG_ARG_LIMIT] + f"...[{len(text)} chars]"
+
+
+def _clip(values: list[str], limit: int = LOG_LIST_LIMIT) -> list[str]:
+    return [_clip_text(v) for v in values[:limit]]
+
+
+def _encode(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8", "replace")
+
+
+def bounded_line(record: dict[str, Any]) -> bytes:
+    """``record`` as one JSON line of at most ``RECORD_MAX`` bytes.
+
+    Lists are cut to ``LOG_LIST_LIMIT`` entries and strings clipped to ``LOG_ARG_LIMIT`` characters, with the full
+    counts kept (``argv_count``, ``stripped_env_count``). JSON escaping can still multiply a value sixfold (control
+    characters become ``\\u00XX``), so lists are then cut further; a record that still does not fit keeps only
+    its scalar fields and says how long it was.
+    """
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            if len(value) > LOG_LIST_LIMIT:
+                out[f"{key}_count"] = len(value)
+            out[key] = _clip(value)
+        elif isinstance(value, dict):
+            out[key] = {_clip_text(str(k)): _clip_text(str(v)) for k, v in list(value.items())[:LOG_LIST_LIMIT]}
+        elif isinstance(value, str):
+            out[key] = _clip_text(value)
+        else:
+            out[key] = value
+    line = _encode(out)
+    keep = LOG_LIST_LIMIT
+    while len(line) > RECORD_MAX and keep > 1:
+        keep //= 4
+        for key, value in record.items():
+            if isinstance(value, list) and key in out:
+                out[f"{key}_count"] = len(value)
+                out[key] = [v[:64] if isinstance(v, str) else v for v in out[key][:keep]]
+            elif isinstance(value, dict) and key in out:
+                out[key] = {k[:64]: v[:64] for k, v in list(out[key].items())[:keep]}
+        line = _encode(out)
+    if len(line) > RECORD_MAX:
+        slim = {k: v[:256] if isinstance(v, str) else v for k, v in out.items()
+                if v is None or isinstance(v, (str, int, float, bool))}
+        slim["clipped_bytes"] = len(line)
+        line = _encode(slim)
+    return line
 
 
 def drop_privileges(cfg: Config) -> None:
@@ -744,11 +837,13 @@ def drop_privileges(cfg: Config) -> None:
     os.setresuid(cfg.agent_uid, cfg.agent_uid, cfg.agent_uid)
 
 
-def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log_fd: int, wake_r: int) -> bool:
+def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log: CallLog, wake_r: int) -> bool:
     """Serve one connection in a worker (already running as the agent); True when the worker must retire."""
     started = time.time()
     clock = time.monotonic()
-    record: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}
+    # The id joins a call's "started" and "ended" lines (worker pid + a clock: unique in the container).
+    record: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                              "call": f"{os.getpid()}.{time.monotonic_ns()}", "phase": "ended"}
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     peer_pid, peer_uid, _peer_gid = struct.unpack("3i", creds)
     record.update(pid=peer_pid, uid=peer_uid)
@@ -756,21 +851,25 @@ def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log
         record["error"] = f"refused: uid {peer_uid} is not allowed"
         send_reply(conn, REPLY_REFUSED, 126,
                    f"binary: permission denied: uid {peer_uid} may not run the reference program\n")
-        _append_log(log_fd, record)
+        log.append(record)
         return False
     try:
         request = read_request(conn)
     except (ProtocolError, OSError, ValueError, struct.error) as exc:
         record["error"] = f"bad request: {exc}"
         send_reply(conn, REPLY_ERROR, 125, f"binary: malformed request to the proxy ({exc})\n")
-        _append_log(log_fd, record)
+        log.append(record)
         return False
     argv = request.argv or ["binary"]
     if not argv[0]:
         argv = ["binary", *argv[1:]]
     env, removed = clean_env(request.env_entries)
+    env.update(FORCED_ENV)
     cwd = _fd_path(request.fds.get(FD_CWD))
-    record.update(argv=_clip(argv), cwd=cwd, flags=audit_flags(argv, cwd))
+    flags, seen = audit(argv, cwd)
+    record.update(argv=argv, cwd=cwd, flags=flags)  # bounded when written (bounded_line)
+    if seen:
+        record["flag_paths"] = seen
     if removed:
         record["stripped_env"] = sorted(set(removed))
     if kind == "script":
@@ -779,7 +878,7 @@ def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log
                    f"binary: the reference program is a script (#!{cfg.interpreter}); a script cannot run from an "
                    "execute-only file (mode 111), so it cannot be run through /workspace/binary\n")
         request.close()
-        _append_log(log_fd, record)
+        log.append(record)
         return False
     relay: Relay | None = None
     if any(os.isatty(request.fds[bit]) for bit in (FD_STDIN, FD_STDOUT, FD_STDERR) if bit in request.fds):
@@ -796,6 +895,8 @@ def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log
     record["path"] = "fast" if fast else "general"
     err_r = err_w = -1
     popen: subprocess.Popen[bytes] | None = None
+    # Before the reference runs: a worker killed mid-call (the agent shares its uid) still leaves this line.
+    log.append({**record, "phase": "started"})
     try:
         if fast:
             popen = _spawn_fast(ref_fd, request, argv, env, limits)
@@ -815,7 +916,7 @@ def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log
             detail = f"fork failed: {exc}"
         record.update(error=detail, exit=code, signal=None, core=False)
         send_reply(conn, REPLY_ERROR, code, message)
-        _append_log(log_fd, record)
+        log.append(record)
         if relay is not None:
             relay.close()
         if err_r >= 0:
@@ -887,7 +988,7 @@ def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log
     if not client_gone:
         conn.setblocking(True)
         send_reply(conn, kind_, value)
-    _append_log(log_fd, record)
+    log.append(record)
     return retire
 
 
@@ -934,7 +1035,7 @@ def worker_main(cfg: Config, listener: socket.socket, ref_fd: int, kind: str, no
             os.dup2(null, target, inheritable=False)
     if null > 2:
         os.close(null)
-    log_fd = _open_log(cfg.call_log)
+    log = CallLog(cfg.call_log, cfg.dropped_log)
     drop_privileges(cfg)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
@@ -948,7 +1049,7 @@ def worker_main(cfg: Config, listener: socket.socket, ref_fd: int, kind: str, no
         with contextlib.suppress(OSError):
             os.write(notify_w, NOTE.pack(me, NOTE_BUSY))
         try:
-            retire = handle_call(cfg, ref_fd, kind, conn, log_fd=log_fd, wake_r=wake_r)
+            retire = handle_call(cfg, ref_fd, kind, conn, log=log, wake_r=wake_r)
         except Exception as exc:
             _log_error(f"call failed: {exc!r}")
             send_reply(conn, REPLY_ERROR, 125, f"binary: internal proxy error ({exc.__class__.__name__})\n")
@@ -1289,6 +1390,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--socket", default=SOCKET_PATH)
     v.add_argument("--reference", default=REFERENCE)
     v.add_argument("--call-log", default=CALL_LOG)
+    v.add_argument("--dropped-log", default=DROPPED_LOG)
     v.add_argument("--agent-uid", type=int, required=True)
     v.add_argument("--agent-gid", type=int, required=True)
     v.add_argument("--groups", default="")
