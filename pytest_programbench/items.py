@@ -45,29 +45,42 @@ class ProgramBenchItem(pytest.Item):
         assert session is not None, "items exist only in opted-in sessions"
         return session  # type: ignore[no-any-return]
 
+    @property
+    def task_dir(self) -> Path:
+        """This task's directory in the run directory (agent.log, submission, eval.json, pb-meta.json)."""
+        return self.pb_session.identity.path / self.task.instance_id
+
     def setup(self) -> None:
         """Run the pipeline; infrastructure errors are retried (``--pb-infra-retries``), never agent failures."""
-        from pytest_programbench.pipeline import run_item_pipeline
+        from pytest_programbench.pipeline import item_pipeline
         from pytest_programbench.verdict import InfrastructureError
 
         session = self.pb_session
+        # Said for errors too (setup), so they come first; plain strings for xdist.
+        self.user_properties.extend([("language", self.task.language), ("difficulty", self.task.difficulty),
+                                     ("run_dir", str(self.task_dir))])
+        pipeline = item_pipeline(self)
         reasons: list[str] = []
         for attempt in range(session.settings.infra_retries + 1):
             try:
-                self.outcome = run_item_pipeline(self)
+                self.outcome = pipeline.run()
             except InfrastructureError as exc:
                 reasons.append(f"attempt {attempt + 1}: {exc}")
+                pipeline.retried_after.append(reasons[-1])
                 self.user_properties.append((f"infra_attempt_{attempt + 1}", str(exc)[:2000]))
                 session.forget_task_containers(self.task.instance_id)
+                if not exc.retryable:
+                    break
                 continue
-            if reasons:
-                self.outcome.notes = [*self.outcome.notes, *(f"infrastructure retry after {r}" for r in reasons)]
             return
-        # Identical reasons (an engine that is down) are said once.
+        # The first line is the reason, once (pytest's short summary and ours show it; the header is the task id);
+        # identical reasons (an engine that is down) are said once.
         distinct = list(dict.fromkeys(r.split(": ", 1)[1] for r in reasons))
-        shown = reasons if len(distinct) > 1 else [distinct[0]]
-        raise InfrastructureError("\n".join(
-            [f"{self.task.instance_id}: infrastructure error after {len(reasons)} attempt(s):", *shown]))
+        lines = [f"infrastructure error after {len(reasons)} attempt(s): {distinct[-1]}"]
+        if len(distinct) > 1:
+            lines += ["every attempt:", *(f"  {r}" for r in reasons)]
+        lines.append(f"run directory: {self.task_dir}")
+        raise InfrastructureError("\n".join(lines))
 
     def runtest(self) -> None:
         from pytest_programbench.verdict import assert_verdict
@@ -75,7 +88,7 @@ class ProgramBenchItem(pytest.Item):
         settings = self.pb_session.settings
         assert self.outcome is not None, "setup ran the pipeline"
         assert_verdict(self, self.outcome, min_score=settings.min_score, allow_flags=settings.allow_flags,
-                       junit_tests=settings.junit_tests)
+                       junit_tests=settings.junit_tests, task_dir=self.task_dir)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | Any:
         from pytest_programbench.verdict import InfrastructureError, VerdictFailure
@@ -86,5 +99,6 @@ class ProgramBenchItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
-        # No domain: pytest would turn the dots of an instance id into "::" when it shows one.
+        # No domain here: pytest's progress lines would turn the dots of an instance id into "::". The failure
+        # header gets the task id from ProgramBenchSession.pytest_runtest_logreport instead.
         return self.path, None, ""

@@ -49,7 +49,12 @@ class TaskPipeline:
         self.log = TaskLog(log, {"task": task.instance_id})
         self.timings: dict[str, float] = {}
         self.agent_result: AgentResult | None = None
+        self.submission: Path | None = None  # kept across infrastructure retries: the agent runs once
+        self.retried_after: list[str] = []  # the infrastructure errors of earlier attempts (the item's retries)
         self.pack_error = ""
+        self.pack_error_code = "submission_too_large"
+        self.agent_notes: list[str] = []  # from the agent's window (call log, packing): joined to the outcome
+        self.agent_flags: list[str] = []
         self.reused = False
         self.relay_stats: dict[str, Any] | None = None
         self.meta: dict[str, Any] = {"instance_id": task.instance_id, "run_id": session.identity.run_id,
@@ -78,6 +83,8 @@ class TaskPipeline:
             self.meta.update(state="interrupted", error=f"{type(exc).__name__}: {exc}")
             raise
         else:
+            if self.retried_after:
+                outcome.notes = [*outcome.notes, *(f"infrastructure retry after {r}" for r in self.retried_after)]
             self.meta.update(state="finished", outcome=outcome.as_dict())
             return outcome
         finally:
@@ -93,7 +100,8 @@ class TaskPipeline:
         from pytest_programbench.evaluation import EvalSettings, evaluate
         from pytest_programbench.images import ImageError, ensure_image
 
-        disk.require_for_run(self.artifacts.dir.parent)  # a DiskSpaceError is an EngineUnavailable: an error
+        # A DiskSpaceError is an EngineUnavailable: an error. An agent run also needs its sandbox's storage limit.
+        disk.require_for_run(self.artifacts.dir.parent, sandbox=self.session.submissions is None)
         self.artifacts.dir.mkdir(parents=True, exist_ok=True)
         with self.phase("task"):
             try:
@@ -120,7 +128,7 @@ class TaskPipeline:
             if reused is not None:
                 return reused
 
-        submission = self._submission(image)
+        submission = self.submission if self.submission is not None else self._submission(image)
         if submission is None:
             return self._no_submission(instance)
 
@@ -169,67 +177,104 @@ class TaskPipeline:
             return None
         atomic_copy(submissions.archive(self.task.instance_id), self.artifacts.submission)
         self.meta["submission_source"] = str(submissions.archive(self.task.instance_id))
-        return self.artifacts.submission
+        self.submission = self.artifacts.submission
+        return self.submission
 
     def _run_agent(self, image: ResolvedImage) -> Path | None:
-        """Sandbox, agent, pack: the agent's window. Only the sandbox itself failing is infrastructure."""
-        from pytest_programbench.agent import AgentRunner
-        from pytest_programbench.sandbox import Sandbox, SandboxError, SubmissionTooLarge
+        """Sandbox, agent, pack: the agent's window. Only the sandbox itself failing is infrastructure.
 
+        The agent runs once per task: after it ended, a failing step (packing, evaluation) is retried on its own and
+        an agent whose work is lost with its sandbox is not run again (its cost is paid; ``--pb-resume`` can)."""
+        from pytest_programbench.agent import AgentRunner
+        from pytest_programbench.sandbox import Sandbox, SandboxError, SubmissionTooLarge, SubmissionUnpackable
+
+        if self.agent_result is not None:
+            raise InfrastructureError(
+                "the agent finished but its sandbox was lost before its work was packed; the agent is not run a "
+                "second time (re-run the task with --pb-resume)", retryable=False)
         spec = self.session.agent_spec
         assert spec is not None
         self.meta["agent"] = {"spec": spec.label}
         relay = self._start_relay(on_host=spec.on_host)
-        with self.phase("sandbox"):
-            sandbox = Sandbox.for_task(self.task, self.settings, self.labels, image_id=image.id)
-            if relay is not None and not spec.on_host:
-                from pytest_programbench.relay import SANDBOX_SOCKET_DIR
-
-                sandbox.mounts = (*sandbox.mounts, (str(relay.socket_dir), SANDBOX_SOCKET_DIR))
-            try:
-                sandbox.start()
-                if relay is not None and not spec.on_host:
-                    from pytest_programbench.relay import start_bridge
-
-                    start_bridge(sandbox.engine.containers.get(sandbox.id))
-            except (SandboxError, RuntimeError) as exc:
-                sandbox.close()
-                if relay is not None:
-                    relay.close()
-                raise InfrastructureError(f"sandbox: {exc}") from exc
-            self.meta["sandbox"] = {"container": sandbox.id, "proxy_client": sandbox.proxy_client.label,
-                                    "reference_kind": sandbox.layout.reference_kind}
-        extra_env: dict[str, str] = {}
-        if relay is not None:
-            extra_env = relay.agent_env() if spec.on_host else relay.sandbox_env()
         try:
-            with self.phase("agent"):
-                runner = AgentRunner(spec, self.task, self.settings, log_path=self.artifacts.agent_log,
-                                     extra_env=extra_env)
+            with self.phase("sandbox"):
+                sandbox = Sandbox.for_task(self.task, self.settings, self.labels, image_id=image.id)
+                if relay is not None and not spec.on_host:
+                    from pytest_programbench.relay import SANDBOX_SOCKET_DIR
+
+                    sandbox.mounts = (*sandbox.mounts, (str(relay.socket_dir), SANDBOX_SOCKET_DIR))
                 try:
+                    sandbox.start()
+                    if relay is not None and not spec.on_host:
+                        from pytest_programbench.relay import start_bridge
+
+                        start_bridge(sandbox.engine.containers.get(sandbox.id))
+                except (SandboxError, RuntimeError) as exc:
+                    sandbox.close()
+                    raise InfrastructureError(f"sandbox: {exc}") from exc
+                self.meta["sandbox"] = {"container": sandbox.id, "proxy_client": sandbox.proxy_client.label,
+                                        "reference_kind": sandbox.layout.reference_kind}
+            extra_env: dict[str, str] = {}
+            if relay is not None:
+                extra_env = relay.agent_env() if spec.on_host else relay.sandbox_env()
+            try:
+                with self.phase("agent"):
+                    runner = AgentRunner(spec, self.task, self.settings, log_path=self.artifacts.agent_log,
+                                         extra_env=extra_env)
                     result = runner.run(sandbox)
-                finally:
-                    if relay is not None:
-                        relay.close()  # records are complete only once the relay is closed
-                        self.relay_stats = relay.stats().as_dict()
-                        self.meta["relay"] = self.relay_stats
-            self.agent_result = result
-            self.meta["agent"].update(result.meta())
-            self._require_alive(sandbox)
-            with self.phase("pack"):
-                try:
-                    size = sandbox.pack_src(self.artifacts.submission)
-                except SubmissionTooLarge as exc:
-                    self.meta["agent"]["pack_error"] = str(exc)
-                    self.pack_error = str(exc)
-                    return None
-                self.meta["submission_bytes"] = size
-            self.meta["binary_calls"] = sandbox.copy_call_log(self.artifacts.binary_calls)
-        except SandboxError as exc:
-            raise InfrastructureError(f"sandbox: {exc}") from exc
+                self.agent_result = result
+                self.meta["agent"].update(result.meta())
+                self._require_alive(sandbox)
+                # Before packing, so that it is kept whatever packing does. Unreadable: a note and a flag, scored.
+                calls = sandbox.save_call_log(self.artifacts.binary_calls)
+                self.meta["binary_calls"] = calls.count
+                self.agent_notes += calls.notes()
+                if calls.problem:
+                    self.agent_flags.append("call-log-unreadable")
+                with self.phase("pack"):
+                    try:
+                        size = self._pack(sandbox)
+                    except (SubmissionTooLarge, SubmissionUnpackable) as exc:  # the agent's files: scored 0
+                        self.meta["agent"]["pack_error"] = str(exc)
+                        self.pack_error = str(exc)
+                        if isinstance(exc, SubmissionUnpackable):
+                            self.pack_error_code = "submission_unpackable"
+                        return None
+                    self.meta["submission_bytes"] = size
+            except SandboxError as exc:
+                raise InfrastructureError(f"sandbox: {exc}") from exc
+            finally:
+                sandbox.close()
         finally:
-            sandbox.close()
-        return self.artifacts.submission
+            # Only once the sandbox is gone: its socket directory is bind-mounted there, and an engine cannot read
+            # a container's files (packing) once a bind-mount source vanished. Records are complete once closed.
+            if relay is not None:
+                relay.close()
+                self.relay_stats = relay.stats().as_dict()
+                self.meta["relay"] = self.relay_stats
+        self.submission = self.artifacts.submission
+        return self.submission
+
+    def _pack(self, sandbox: Sandbox) -> int:
+        """Pack ``/workspace/src``; an engine failure is retried in place (``--pb-infra-retries``), never the agent."""
+        from pytest_programbench.sandbox import SandboxError
+
+        failures: list[str] = []
+        while True:
+            try:
+                size = sandbox.pack_src(self.artifacts.submission)
+            except SandboxError as exc:
+                failures.append(str(exc))
+                self.log.warning("packing failed (%s): %s", len(failures), exc)
+                if len(failures) > self.settings.infra_retries:
+                    raise InfrastructureError(
+                        "packing the agent's work failed after the agent finished (the agent is not run a second "
+                        "time): " + "; ".join(failures), retryable=False) from exc
+                self._require_alive(sandbox)
+                continue
+            if failures:
+                self.meta.setdefault("notes", []).append(f"packing retried after: {'; '.join(failures)}")
+            return size
 
     def _start_relay(self, *, on_host: bool) -> ModelRelay | None:
         """--pb-model-endpoint: the agent's only way out, recorded per task."""
@@ -266,7 +311,7 @@ class TaskPipeline:
             if f"{branch}/{name}" not in ignored
         )
         if self.pack_error:
-            code, note = "submission_too_large", self.pack_error
+            code, note = self.pack_error_code, self.pack_error
         else:
             code, note = "no_submission", f"no submission.tar.gz in {self.settings.submissions} (--pb-require-all)"
         self.meta["outcome"] = code
@@ -282,6 +327,10 @@ class TaskPipeline:
                 outcome.clock_fired = self.agent_result.clock_fired
         if self.relay_stats is not None:
             outcome.tokens = {k: v for k, v in self.relay_stats.items() if isinstance(v, int | float | None)}
+        if self.agent_notes:
+            outcome.notes = [*outcome.notes, *self.agent_notes]
+        if self.agent_flags:
+            outcome.flags = [*outcome.flags, *(f for f in self.agent_flags if f not in outcome.flags)]
         return outcome
 
 
@@ -312,5 +361,6 @@ def task_outcome(result: EvaluationOutcome, instance: dict[str, Any]) -> TaskOut
     )
 
 
-def run_item_pipeline(item: ProgramBenchItem) -> TaskOutcome:
-    return TaskPipeline(item.pb_session, item.task).run()
+def item_pipeline(item: ProgramBenchItem) -> TaskPipeline:
+    """One pipeline per item, kept across infrastructure retries so finished steps are not repeated."""
+    return TaskPipeline(item.pb_session, item.task)
