@@ -15,15 +15,20 @@ those with docker-py equivalents, so the semantics stay the official code's:
 * ``programbench.eval.eval.remove_image`` is wrapped by a dispatcher that removes images committed by this layer
   through the SDK and hands every other reference to the original function unchanged.
 
-Deliberate differences, each documented at its site: every container has ``network_mode="none"`` (compile.sh and
-the hidden tests run with no network at all), a pids limit, labels, a self-expiring lifetime; the
-``pytest-rerunfailures`` install step runs against a host-provided wheel directory with ``--no-index``; command
-output in the log is capped with a marker (``results_read`` never is); undecodable bytes in command output are
-replaced instead of crashing the evaluation.
+Networks as the official: every container gets the engine's default network (``docker run`` without
+``--network``) and the official ``internet_control`` blackholes DNS around ``compile.sh``; ``--pb-strict`` gives every
+container ``network_mode="none"`` instead. Command output is decoded strictly, as ``subprocess.run(text=True)`` does:
+undecodable bytes raise :class:`UndecodableOutput` (a ``UnicodeDecodeError``), which the official scores 0.
+
+Deliberate differences, each documented at its site and in README's evaluation section: a pids limit, labels, a
+self-expiring lifetime (counted from each container's start); the ``pytest-rerunfailures`` install step runs
+against a host-provided wheel directory with ``--no-index``; command output in the log is capped with a marker
+(``results_read`` never is).
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import io
 import logging
@@ -32,6 +37,7 @@ import select
 import socket
 import stat
 import struct
+import subprocess
 import tarfile
 import tempfile
 import threading
@@ -43,7 +49,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
 import requests.exceptions
-from programbench.constants import DOCKER_CP_TIMEOUT, DOCKER_EXECUTABLE, WORKSPACE_DIR
+from programbench.constants import DOCKER_CP_TIMEOUT, DOCKER_EXECUTABLE, DOCKER_RUN_TIMEOUT, WORKSPACE_DIR
 from programbench.eval import eval as official_eval
 from programbench.eval.eval import EvaluationResult, Evaluator
 from programbench.exceptions import EvalStepError
@@ -147,16 +153,37 @@ def _api_error_text(exc: Exception) -> str:
 # --------------------------------------------------------------------------------------------- output capture
 
 
+class UndecodableOutput(UnicodeDecodeError):
+    """A command printed bytes that are not UTF-8: ``subprocess.run(text=True)`` raises here, and the official
+    evaluator scores the instance 0 (error ``UnicodeDecodeError``). ``output`` keeps what was printed, the bytes
+    that could not be decoded written as ``\\xNN`` escapes, for the log."""
+
+    def __init__(self, cause: UnicodeDecodeError, *, stream: str, output: str) -> None:
+        super().__init__(cause.encoding, cause.object, cause.start, cause.end, cause.reason)
+        self.stream = stream
+        self.output = output
+
+    def __str__(self) -> str:
+        return f"{self.stream} of the command is not UTF-8: {super().__str__()}"
+
+
 class CappedBuffer:
-    """Keeps the first and last ``cap`` bytes of a stream and counts what lies between."""
+    """Keeps the first and last ``cap`` bytes of a stream and counts what lies between.
+
+    Every byte (kept or not) also goes through a strict incremental UTF-8 decoder, so a stream the official
+    evaluator could not decode is known even when its bad bytes fall in the omitted middle.
+    """
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self.head = bytearray()
         self.tail = bytearray()
         self.total = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+        self.decode_error: UnicodeDecodeError | None = None
 
     def write(self, data: bytes) -> None:
+        self._check(data, final=False)
         self.total += len(data)
         room = self.cap - len(self.head)
         if room > 0:
@@ -166,6 +193,19 @@ class CappedBuffer:
             self.tail += data
             if len(self.tail) > self.cap:
                 del self.tail[: len(self.tail) - self.cap]
+
+    def _check(self, data: bytes, *, final: bool) -> None:
+        if self.decode_error is not None:
+            return
+        try:
+            self._decoder.decode(data, final)
+        except UnicodeDecodeError as exc:
+            self.decode_error = exc
+
+    def finish(self) -> UnicodeDecodeError | None:
+        """End of stream: the first decoding error, if any (a truncated sequence at the end counts)."""
+        self._check(b"", final=True)
+        return self.decode_error
 
     @property
     def omitted(self) -> int:
@@ -180,8 +220,19 @@ class CappedBuffer:
 
 
 def _decode(data: bytes) -> str:
-    """Like ``subprocess.run(text=True)``: UTF-8 with universal newlines (undecodable bytes replaced)."""
-    return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+    """Universal newlines as ``subprocess.run(text=True)``; for display only, so bytes that are not UTF-8 show as
+    ``\\xNN`` escapes (whether a command's output decodes is decided by :meth:`CappedBuffer.finish`)."""
+    return data.decode("utf-8", errors="backslashreplace").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _strict_output(out: CappedBuffer, err: CappedBuffer) -> str:
+    """stdout then stderr as the official's ``result.stdout + result.stderr``; raises as its decoding would."""
+    text = out.text("stdout") + err.text("stderr")
+    for buffer, stream in ((out, "stdout"), (err, "stderr")):
+        problem = buffer.finish()
+        if problem is not None:
+            raise UndecodableOutput(problem, stream=stream, output=text)
+    return text
 
 
 # --------------------------------------------------------------------------------------------- exec plumbing
@@ -193,11 +244,19 @@ class _ExecStream:
     def __init__(self, sock: Any) -> None:
         self._holder = sock  # keeps the HTTP response (and so the connection) alive
         self.raw: socket.socket = getattr(sock, "_sock", sock)
-        self._buf = bytearray()
+        # The engine may send the first frames in the same write as its 101 answer: http.client then holds
+        # them in the buffer it parsed the headers from, where select() on the socket never sees them
+        # (docker-py issues 425 and 3332). They come first.
+        self._buf = bytearray(_take_buffered(sock, self.raw))
         self.eof = False
 
     def pump(self, deadline: float, sinks: Mapping[int, Callable[[bytes], None]]) -> bool:
-        """Read frames until EOF (True) or the deadline (False)."""
+        """Read frames until EOF (True) or the deadline (False).
+
+        Waits in ``select`` with no socket timeout involved: a silent command is read until it exits or its own
+        clock (``deadline``) fires, however long the engine client's API timeout is.
+        """
+        self._parse(sinks)
         while not self.eof:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -257,6 +316,25 @@ class _ExecStream:
                     closer()
 
 
+def _take_buffered(holder: Any, raw: socket.socket) -> bytes:
+    """What ``http.client`` already read past the 101 response's headers (never waits for more)."""
+    from pytest_programbench.exec_stream import _buffered_reader
+
+    reader = _buffered_reader(holder)
+    if reader is None:
+        return b""
+    previous = raw.gettimeout()
+    try:
+        raw.setblocking(False)  # only what is already buffered: an empty buffer must not wait on the socket
+        data = reader.read1(1 << 20)
+    except (OSError, ValueError):
+        data = b""
+    finally:
+        with contextlib.suppress(OSError):
+            raw.settimeout(previous)
+    return bytes(data or b"")
+
+
 class Reaper:
     """Removes containers and images in the background, in submission order; ``drain`` waits for all of it."""
 
@@ -309,7 +387,9 @@ class SdkContainerEnvironment:
     Same constructor semantics (``image``, ``cwd``, ``executable`` kept for log strings, ``timeout`` as the
     default command timeout, ``cpus`` as ``--cpus`` and ``PYTEST_XDIST_AUTO_NUM_WORKERS``, ``env`` layered over
     that, ``run_args`` of which ``--init`` is honoured), plus the harness's own: labels, memory, lifetime,
-    output cap and the engine.
+    output cap, the engine, the network mode (``"default"``: what ``docker run`` without ``--network`` gets; ``"none"``
+    under ``--pb-strict``) and ``start``: False creates the container without starting it (see :meth:`start`), so
+    a container made ahead of its use has its whole lifetime left when it is used.
     """
 
     def __init__(
@@ -329,6 +409,8 @@ class SdkContainerEnvironment:
         output_cap: int = DEFAULT_OUTPUT_CAP,
         name_prefix: str = "pb-eval",
         reaper: Reaper | None = None,
+        network_mode: str = "default",
+        start: bool = True,
     ) -> None:
         from docker.errors import APIError
 
@@ -343,6 +425,7 @@ class SdkContainerEnvironment:
         self._api = engine.api
         self._removed = False
         self.container_id = ""
+        self.started = False
         self.exec_env: dict[str, str] | None = None  # extra environment for the next execute() only
         self.reaper: Reaper | None = reaper
         self.before_image_removal: Callable[[], None] | None = reaper.drain if reaper is not None else None
@@ -352,7 +435,7 @@ class SdkContainerEnvironment:
         env_dict = {"PYTEST_XDIST_AUTO_NUM_WORKERS": str(cpus), **(env or {})}
         host_config = self._api.create_host_config(
             init=True,
-            network_mode="none",  # deliberate: no network in any evaluation container
+            network_mode=network_mode,
             nano_cpus=int(cpus * 1_000_000_000),
             pids_limit=PIDS_LIMIT,
             mem_limit=memory,
@@ -369,15 +452,42 @@ class SdkContainerEnvironment:
                 detach=True,
             )
             self.container_id = created["Id"]
-            self._api.start(self.container_id)
         except APIError as exc:
             self.cleanup()
             raise RuntimeError(f"Failed to start container: {_api_error_text(exc)}") from exc
+        except requests.exceptions.Timeout as exc:
+            self.cleanup()
+            # The official's `docker run` runs under DOCKER_RUN_TIMEOUT: the same exception, so the same outcome.
+            raise subprocess.TimeoutExpired(["docker", "run", self.image], DOCKER_RUN_TIMEOUT) from exc
         except Exception as exc:
             self.cleanup()
             if _is_connection_failure(exc):
                 raise _engine_unavailable(exc) from exc
             raise
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the created container: its ``sleep <lifetime>`` counts from here."""
+        from docker.errors import APIError
+
+        if self.started:
+            return
+        try:
+            self._api.start(self.container_id)
+        except APIError as exc:
+            self.cleanup()
+            raise RuntimeError(f"Failed to start container: {_api_error_text(exc)}") from exc
+        except requests.exceptions.Timeout as exc:
+            self.cleanup()
+            # The official's `docker run` runs under DOCKER_RUN_TIMEOUT: the same exception, so the same outcome.
+            raise subprocess.TimeoutExpired(["docker", "run", self.image], DOCKER_RUN_TIMEOUT) from exc
+        except Exception as exc:
+            self.cleanup()
+            if _is_connection_failure(exc):
+                raise _engine_unavailable(exc) from exc
+            raise
+        self.started = True
 
     # ----------------------------------------------------------------------------------------- execute
 
@@ -400,7 +510,7 @@ class SdkContainerEnvironment:
         finally:
             stream.close()
         returncode = self._exit_code(exec_id)
-        return {"output": out.text("stdout") + err.text("stderr"), "returncode": returncode, "exception_info": ""}
+        return {"output": _strict_output(out, err), "returncode": returncode, "exception_info": ""}
 
     def _start_exec(
         self,
@@ -538,17 +648,38 @@ class SdkContainerEnvironment:
         if isinstance(started, dict):
             raise RuntimeError(f"tar stream into container failed: {started['output'].strip()}")
         exec_id, stream = started
+        out = CappedBuffer(self.output_cap)
         err = CappedBuffer(self.output_cap)
         deadline = time.monotonic() + DOCKER_CP_TIMEOUT
+        # Output is read while the input is sent (as subprocess.run's communicate does): a tar that warns once
+        # per member (an archive made on macOS) would otherwise block on its full stderr and stop reading stdin.
+        box: list[bool] = []
+        failures: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                box.append(stream.pump(deadline, {1: out.write, 2: err.write}))
+            except BaseException as exc:  # re-raised in the caller's thread
+                failures.append(exc)
+
+        reader = threading.Thread(target=read, name="pb-tar-output", daemon=True)
+        reader.start()
         try:
             send_error = stream.send_file(source, deadline)
-            finished = stream.pump(deadline, {1: err.write, 2: err.write})
+            reader.join(max(0.0, deadline - time.monotonic()) + DRAIN_GRACE)
         finally:
+            if reader.is_alive():
+                stream.close()  # unblocks the reader
+                reader.join(DRAIN_GRACE)
             stream.close()
+        if failures:
+            raise failures[0]
+        finished = bool(box and box[0])
         if not finished:
             self._host_kill()
             raise RuntimeError(f"tar stream into container timed out after {DOCKER_CP_TIMEOUT}s")
         code = self._exit_code(exec_id)
+        _strict_output(out, err)  # the official decodes tar's output (text=True) whatever its exit status
         if code != 0:
             detail = err.text("stderr").strip()
             if code == 97:
@@ -670,6 +801,10 @@ class SdkContainerEnvironment:
                              conf={"Labels": dict(self.labels)})
         except APIError as exc:
             raise RuntimeError(f"docker commit failed: {_api_error_text(exc)}") from exc
+        except requests.exceptions.Timeout as exc:
+            # The official's `docker commit` runs under DOCKER_RUN_TIMEOUT: the same exception, so the same 0.
+            raise subprocess.TimeoutExpired(["docker", "commit", self.container_id, image_ref],
+                                            DOCKER_RUN_TIMEOUT) from exc
         except Exception as exc:
             if _is_connection_failure(exc):
                 raise _engine_unavailable(exc) from exc
@@ -823,6 +958,9 @@ class LayerConfig:
     output_cap: int = DEFAULT_OUTPUT_CAP
     hooks: StepHooks = field(default_factory=StepHooks)
     prefetch: bool = True  # create the next branch's fresh container while the current branch runs
+    # "default" = the official network behaviour (the engine's default network; DNS blackholed around
+    # compile.sh by the official internet_control); "none" under --pb-strict.
+    network_mode: str = "default"
 
 
 class SdkEvaluator(Evaluator):
@@ -837,6 +975,7 @@ class SdkEvaluator(Evaluator):
         self.envs: list[SdkContainerEnvironment] = []
         self.compile_env_started = False
         self.timed_out: list[str] = []  # "compile" or "test:<branch>", one per timed-out window
+        self.crash_log: list[dict[str, Any]] = []  # a branch step's entry that raised (its log dies with it)
         self.reaper = Reaper()
         self._envs_lock = threading.Lock()
         self._current = threading.local()
@@ -853,7 +992,8 @@ class SdkEvaluator(Evaluator):
             env["PYTEST_XDIST_AUTO_NUM_WORKERS"] = "1"
         return env
 
-    def _make_env(self, image: str, *, serial_pytest: bool, compile_phase: bool) -> SdkContainerEnvironment:
+    def _make_env(self, image: str, *, serial_pytest: bool, compile_phase: bool,
+                  start: bool = True) -> SdkContainerEnvironment:
         window = self.layer.compile_timeout if compile_phase else self.layer.test_timeout
         container = SdkContainerEnvironment(
             image=image,
@@ -869,6 +1009,8 @@ class SdkEvaluator(Evaluator):
             lifetime=window + LIFETIME_MARGIN,
             output_cap=self.layer.output_cap,
             reaper=self.reaper,
+            network_mode=self.layer.network_mode,
+            start=start,
         )
         with self._envs_lock:
             self.envs.append(container)
@@ -890,11 +1032,15 @@ class SdkEvaluator(Evaluator):
                 self._branch_envs_handed += 1
                 wanted = len(self.tests_branches) - self._branch_envs_handed - len(queue)
                 if wanted > 0:
+                    # Created ahead, started when its branch starts: its lifetime counts from its own use, so a
+                    # long branch before it can never run it down.
                     queue.append(self._prefetch_pool.submit(self._make_env, image, serial_pytest=False,
-                                                            compile_phase=False))
+                                                            compile_phase=False, start=False))
         if ready is not None:
             try:
-                return cast(SdkContainerEnvironment, ready.result())
+                container = cast(SdkContainerEnvironment, ready.result())
+                container.start()
+                return container
             except EngineUnavailable:
                 raise
             except Exception as exc:
@@ -928,11 +1074,20 @@ class SdkEvaluator(Evaluator):
         if hooks.step_env is not None:
             env.exec_env = hooks.step_env(step_name, env)
         n_before = len(log_buf)
+        t0 = time.monotonic()
         try:
             result: dict[str, Any] = super()._run_step(
                 command, env=cast(Any, env), log_buf=log_buf, step_name=step_name, accept_failure=accept_failure,
                 timeout=timeout,
             )
+        except UndecodableOutput as exc:
+            # The official raises here too (and scores 0); the step's output stays in the log, escaped.
+            entry = {"step": step_name, "command": command, "wall_time": time.monotonic() - t0,
+                     "output": exc.output, "returncode": None, "exception_info": f"UnicodeDecodeError: {exc}"}
+            log_buf.append(entry)
+            if log_buf is not self.result.log:
+                self.crash_log.append(entry)
+            raise
         finally:
             env.exec_env = None
             if len(log_buf) > n_before:

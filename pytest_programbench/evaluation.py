@@ -9,10 +9,13 @@ an :class:`EvaluationOutcome`:
   .score``, through the official functions only; ``n_passed`` / ``n_tests`` of that filtered result;
 * what failed (branches with their first failing tests, the error code), integrity flags, reruns on/off and why,
   timings and which clock fired;
-* ``infra_error`` — set only for infrastructure failures outside the submission's windows (engine unreachable,
-  image or blob missing, a harness self-check). Everything that happens inside the compile and test containers is
-  scored the official way, including a crash of the official pipeline there (score 0, as ``programbench eval``
-  reports it).
+* ``infra_error`` — set only for what the submission cannot cause: the engine unreachable, the task image or a
+  hidden test archive missing, the compile container not starting, a harness self-check. Everything else that
+  goes wrong once the compile container runs is scored as ``programbench eval`` scores it: an exception escaping
+  the official pipeline (output that is not UTF-8, an ``IndexError`` on an empty hash, a JUnit file junitparser
+  cannot read, a timed-out ``docker commit``, "no space left on device") is a 0 for the instance with the
+  exception's type as its error code, and ``notes`` names the cause.
+* ``notes`` — what the reader of a score needs to know (a cause of a 0, the network used under ``--pb-strict``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import logging
+import subprocess
 import tarfile
 import threading
 import time
@@ -45,6 +49,8 @@ from pytest_programbench.container_layer import (
     SdkContainerEnvironment,
     SdkEvaluator,
     StepHooks,
+    UndecodableOutput,
+    _is_connection_failure,
 )
 from pytest_programbench.docker_engine import EngineUnavailable, Labels
 from pytest_programbench.integrity import IntegrityFlag
@@ -63,10 +69,9 @@ NO_SUBMISSION = "no_submission"  # eval_batch's code for a missing archive
 INVALID_ARCHIVE = "invalid_submission_archive"
 STRICT_FAILED = "strict_neutralise_failed"
 FIRST_FAILING = 3
-# Exceptions the official pipeline itself can raise from inside the submission's containers; `programbench eval`
-# turns them into a 0 score for the instance. Anything else escaping the evaluator is a harness problem.
-SCORED_CRASHES = (RuntimeError, UnicodeDecodeError, EvalStepError, FileNotFoundError)
 DISK_FULL = "no space left on device"
+STRICT_NETWORK_NOTE = ("--pb-strict: compile.sh and the hidden tests ran with no network at all (network_mode none); "
+                       "the official runs them on the engine's default network, with DNS blackholed for compile.sh")
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,7 @@ class EvaluationOutcome:
     blob_sha256: dict[str, str] = field(default_factory=dict)
     submission_sha256: str | None = None
     reference_hash: str | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def clock_fired(self) -> str | None:
@@ -162,6 +168,7 @@ class EvaluationOutcome:
             lines.append(f"--pb-strict neutralised before the hidden tests: {', '.join(self.neutralised)}")
         lines.append(f"reruns: {'on' if self.reruns else 'off'}" + (f" ({self.reruns_reason})"
                                                                      if self.reruns_reason else ""))
+        lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
     def properties(self) -> dict[str, str | int | float | bool | None]:
@@ -206,6 +213,7 @@ class EvaluationOutcome:
             "clock_fired": self.clock_fired,
             "timeouts": list(self.timeouts),
             "infra_error": self.infra_error,
+            "notes": list(self.notes),
         }
 
 
@@ -387,6 +395,36 @@ def _reruns_reason(evaluator: SdkEvaluator, wheels: RerunWheels) -> str:
     return ""
 
 
+# --------------------------------------------------------------------------------------------- crashes
+
+# What the official pipeline itself raises from inside the submission's containers (others are logged with their
+# traceback, in case one is ours): all of them score 0, as `programbench eval` scores them.
+OFFICIAL_RAISES = (RuntimeError, UnicodeDecodeError, EvalStepError, FileNotFoundError, IndexError, ValueError,
+                   subprocess.TimeoutExpired)
+
+
+def official_error_code(exc: BaseException) -> str:
+    """The error code `programbench eval` records for ``exc``: its type's name (ours map to the official type)."""
+    if isinstance(exc, UndecodableOutput):
+        return "UnicodeDecodeError"
+    return type(exc).__name__
+
+
+def _crash_note(exc: BaseException, code: str) -> str:
+    if isinstance(exc, UndecodableOutput):
+        why = f"a command printed bytes that are not UTF-8 ({exc}); the output is in the log, escaped"
+    elif isinstance(exc, UnicodeDecodeError):
+        why = f"a file the evaluator reads is not UTF-8 ({exc})"
+    elif DISK_FULL in str(exc).lower():
+        why = f"no space left on device during the evaluation (the disk check before the task had passed): {exc}"
+    elif isinstance(exc, subprocess.TimeoutExpired):
+        why = f"a Docker step ran out of its time ({exc})"
+    else:
+        why = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return (f"scored 0 as `programbench eval` scores it (error {code}): the official pipeline raised inside the "
+            f"submission's containers: {why}")
+
+
 # --------------------------------------------------------------------------------------------- entry point
 
 
@@ -458,6 +496,7 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
             engine=engine, image=image, labels=task_labels.as_dict(), memory=settings.memory,
             compile_timeout=settings.compile_timeout, test_timeout=settings.test_timeout,
             output_cap=settings.output_cap, hooks=probe.hooks(),
+            network_mode="none" if settings.strict else "default",
         ),
         image_name=task.image_name,
         solution_branch=SOLUTION_BRANCH,
@@ -479,31 +518,34 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
     except (EngineUnavailable, HarnessError) as exc:
         outcome.infra_error = str(exc)
         return outcome
-    except SCORED_CRASHES as exc:
+    except Exception as exc:
         text = f"{type(exc).__name__}: {exc}"
         if not evaluator.compile_env_started:
             outcome.infra_error = f"could not start the compile container from {image}: {text}"
             return outcome
-        if DISK_FULL in text.lower():
-            outcome.infra_error = f"the Docker host ran out of disk space: {text}"
+        if _is_connection_failure(exc):
+            outcome.infra_error = f"Docker engine connection failed during evaluation: {text}"
             return outcome
         lost = getattr(exc, "filename", None)
         if isinstance(exc, FileNotFoundError) and lost and Path(str(lost)).is_relative_to(blobs.directory):
             outcome.infra_error = f"a hidden test archive disappeared during the evaluation: {text}"
             return outcome
-        # `programbench eval` scores an instance whose pipeline raised as 0 with the exception's type as error.
-        log.warning("%s: the official pipeline raised inside the submission's containers: %s", task.instance_id, text)
-        result = _official_not_run(task.instance_id, active, tests_by_branch, error_code=type(exc).__name__,
-                                   error_details=str(exc), log_entries=evaluator.result.log)
+        # Inside the submission's windows: `programbench eval` (eval_batch._evaluate_instance) scores an instance
+        # whose pipeline raised as 0, with the exception's type as its error code. So do we, whatever the type.
+        code = official_error_code(exc)
+        log.warning("%s: the official pipeline raised inside the submission's containers: %s", task.instance_id,
+                    text, exc_info=not isinstance(exc, OFFICIAL_RAISES))
+        result = _official_not_run(task.instance_id, active, tests_by_branch, error_code=code,
+                                   error_details=str(exc),
+                                   log_entries=[*evaluator.result.log, *evaluator.crash_log])
         result.executable_hash = evaluator.result.executable_hash
-    except Exception as exc:
-        log.exception("%s: harness error during evaluation", task.instance_id)
-        outcome.infra_error = f"harness error: {type(exc).__name__}: {exc}"
-        return outcome
+        outcome.notes.append(_crash_note(exc, code))
     finally:
         evaluator.cleanup_all()
 
     fill_scores(outcome, result, instance)
+    if settings.strict:
+        outcome.notes.append(STRICT_NETWORK_NOTE)
     outcome.timeouts = list(evaluator.timed_out)
     outcome.reruns = bool(evaluator._has_rerunfailures)
     outcome.reruns_reason = _reruns_reason(evaluator, wheels)

@@ -58,7 +58,7 @@ pytestmark = pytest.mark.docker
 def test_container_configuration(env: Any, docker_client: Any) -> None:
     info = docker_client.api.inspect_container(env.container_id)
     host = info["HostConfig"]
-    assert host["NetworkMode"] == "none"
+    assert host["NetworkMode"] == "default"  # what `docker run` without --network gets, as the official
     assert host["Init"] is True
     assert host["PidsLimit"] == PIDS_LIMIT
     assert host["NanoCpus"] == 2_000_000_000
@@ -92,7 +92,14 @@ def test_execute_like_the_official(env: Any) -> None:
     r = env.execute("pwd; echo $PYTEST_XDIST_AUTO_NUM_WORKERS; shopt -q login_shell && echo login")
     assert r["output"] == "/workspace\n2\nlogin\n"
     assert env.execute("printf 'a\\r\\nb\\rc'")["output"] == "a\nb\nc"
-    assert env.execute("printf '\\xff'")["output"] == "\ufffd"
+    # subprocess.run(text=True) raises on bytes that are not UTF-8, so do we (the official then scores 0).
+    with pytest.raises(UnicodeDecodeError, match="stdout of the command is not UTF-8") as raised:
+        env.execute("printf 'ok \\xff'")
+    assert isinstance(raised.value, container_layer.UndecodableOutput)
+    assert raised.value.output == "ok \\xff"
+    with pytest.raises(UnicodeDecodeError, match="stderr"):
+        env.execute("printf '\\xe2\\x82' >&2")  # a truncated sequence at the end counts
+    assert env.execute("printf '\\xe2\\x82\\xac'")["output"] == "\u20ac"
 
 
 def test_execute_caps_output_with_a_marker(docker_client: Any, testbed: Testbed) -> None:
