@@ -307,11 +307,14 @@ def test_engine_restart_mid_agent_is_infrastructure(engine: PrivateEngine, testb
     wait_for_process(engine, "sleep 25", session)
     engine.restart(down_seconds=1.0)
     session.wait(300)
-    outcome, _props = session.outcomes()[CATLIKE]
+    outcome, props = session.outcomes()[CATLIKE]
     assert outcome == "error", session.output()[-4000:]
-    text = session.output()
-    assert "infrastructure error" in text
-    assert "Docker engine" in text or "sandbox" in text
+    assert "score" not in props, "the cut stream was scored"
+    task = json.loads((session.run_dir / "summary.json").read_text())["tasks"][CATLIKE]
+    assert (task["outcome"], task["score"]) == ("error", None), task
+    reason = task["reasons"][-1]
+    assert "infrastructure error" in reason, reason
+    assert "Docker engine" in reason or "sandbox" in reason, reason
     assert leftovers(engine) == []
 
 
