@@ -637,8 +637,9 @@ class ModelRelay:
         api_key_env: str | None = None,
         key_style: KeyStyle = "auto",
         connect_timeout: float = 30.0,
-        upstream_timeout: float = 900.0,
-        client_idle_timeout: float = 900.0,
+        # A reasoning model may be silent for long before its first byte (the CLIs wait through it): an hour.
+        upstream_timeout: float = 3600.0,
+        client_idle_timeout: float = 3600.0,
         max_request_bytes: int = 64 * _MiB,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
