@@ -8,10 +8,12 @@ disappearing is infrastructure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_programbench.agent_log import CappedLog, pump
 from pytest_programbench.prompt import BINARY, DOCS, SRC, PromptContext, render_prompt
 
 if TYPE_CHECKING:
@@ -189,7 +192,10 @@ class AgentRunner:
             result = sandbox.exec(self.spec.command, user="agent", timeout=timeout,
                                   env=self.environment(sandbox), output=self.log_path)
             exit_code, timed_out = result.exit_code, result.timed_out
-        sandbox.kill_agent_processes()
+        # The window ends here: whatever the agent left running is frozen, then killed, before packing.
+        killed = sandbox.kill_agent_processes()
+        if killed.get("left"):
+            notes.append(f"{len(killed['left'])} process(es) of the agent could not be killed before packing")
         return AgentResult(exit_code, timed_out, time.monotonic() - started, self.log_path, notes)
 
     # -- presets ----------------------------------------------------------------------------------------------
@@ -230,10 +236,18 @@ class AgentRunner:
         env = {**os.environ, **self.environment(sandbox), "PB_CONTAINER_ID": sandbox.id, "PB_SANDBOX_EXEC": prefix,
                "PB_AGENT_UID": str(layout.agent_uid)}
         command = self.spec.command
-        with self.log_path.open("ab") as log:
-            # A session of its own, so the whole process group can be stopped by id when the clock fires.
-            proc = subprocess.Popen(["sh", "-c", command], stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        # Through a pipe into the capped agent.log: the host's disk is not the agent's to fill.
+        read_fd, write_fd = os.pipe()
+        stop = threading.Event()
+        with CappedLog(self.log_path) as log:
+            try:
+                # A session of its own, so the whole process group can be stopped by id when the clock fires.
+                proc = subprocess.Popen(["sh", "-c", command], stdout=write_fd, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            finally:
+                os.close(write_fd)
+            reader = threading.Thread(target=pump, args=(read_fd, log, stop), daemon=True)
+            reader.start()
             try:
                 return proc.wait(timeout=timeout), False
             except subprocess.TimeoutExpired:
@@ -245,10 +259,15 @@ class AgentRunner:
                     proc.wait()
                 return proc.returncode, True
             finally:
-                if proc.poll() is None:
+                # The window ended: nothing of the group outlives it (nor keeps the pipe open).
+                with contextlib.suppress(OSError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                proc.wait()
+                reader.join(5)
+                stop.set()
+                reader.join()
+                os.close(read_fd)
 
     def _log(self, line: str) -> None:
-        with self.log_path.open("a") as log:
-            log.write(f"[pytest-programbench] {line}\n")
+        with CappedLog(self.log_path) as log:
+            log.text(f"[pytest-programbench] {line}")

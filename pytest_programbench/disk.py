@@ -4,14 +4,17 @@
   have :func:`image_need` bytes free before a pull or a build. :mod:`docker_engine`'s client calls it itself before
   every ``pull``/``build``/``load``, so no caller can forget it.
 * :func:`require_for_run` — before a task runs: the data root needs :func:`run_need` (its containers and the
-  committed compile image) and the run directory :func:`run_dir_need` (submission, logs, results).
+  committed compile image) plus, when an agent runs and the engine enforces it, the sandbox's writable-layer limit
+  (``PB_SANDBOX_STORAGE``); the run directory :func:`run_dir_need` (by default the most one task can write there:
+  the submission cap, the ``agent.log`` cap ``PB_AGENT_LOG_MAX``, the proxy's call log, and 64 MiB for the rest).
 * :func:`prune_images` — ``--pb-prune-images``: remove, by id, images the run built or pulled once their task is
   done (never an image some container still uses).
 
 A shortfall is a :class:`DiskSpaceError`, an infrastructure error (it is an ``EngineUnavailable``, so the pipeline
 reports it as an error, never a score) whose message names what was about to happen, the path, the space free and
 the space needed. Needs are sizes (``10g``, ``512m``, bytes) from the environment: ``PB_DISK_IMAGE_NEED`` (default
-10g), ``PB_DISK_RUN_NEED`` (4g), ``PB_DISK_RUN_DIR_NEED`` (1g); ``0`` disables a check. When the data root is not
+10g), ``PB_DISK_RUN_NEED`` (4g), ``PB_DISK_RUN_DIR_NEED`` (default: what one task may write, see above); ``0``
+disables a check. When the data root is not
 on this machine's filesystem (a remote engine) only the run directory is checked.
 """
 
@@ -81,7 +84,23 @@ def run_need() -> int:
 
 
 def run_dir_need() -> int:
-    return _need("PB_DISK_RUN_DIR_NEED", "1g")
+    """``PB_DISK_RUN_DIR_NEED``, else the most one task can write into the run directory: every artifact an agent
+    controls is capped, so the sum of the caps is a bound (plus 64 MiB for results and metadata)."""
+    if os.environ.get("PB_DISK_RUN_DIR_NEED", "").strip():
+        return _need("PB_DISK_RUN_DIR_NEED", "1g")
+    from pytest_programbench.agent_log import agent_log_limit
+    from pytest_programbench.sandbox import CALL_LOG_READ_LIMIT, DEFAULT_SUBMISSION_LIMIT
+
+    return DEFAULT_SUBMISSION_LIMIT + agent_log_limit() + CALL_LOG_READ_LIMIT + (64 << 20)
+
+
+def sandbox_storage_need(engine_api: Any) -> int:
+    """The sandbox's writable-layer limit when the engine enforces one; 0 when it cannot (then nothing bounds what
+    an agent writes there: docs/security.md, residual risks)."""
+    from pytest_programbench.sandbox import storage_limit, storage_quota
+
+    limit = storage_limit()
+    return limit if limit and storage_quota(engine_api).supported else 0
 
 
 def free_space(path: Path) -> Space:
@@ -135,11 +154,20 @@ def require_for_image(what: str, *, engine_api: Any | None = None) -> Space | No
     return require(root, image_need(), what, label="the Docker data root")
 
 
-def require_for_run(run_dir: Path, *, engine_api: Any | None = None, what: str = "run a task") -> None:
-    """Before a task runs: the engine's data root and the run directory both have room."""
+def require_for_run(run_dir: Path, *, engine_api: Any | None = None, what: str = "run a task",
+                    sandbox: bool = False) -> None:
+    """Before a task runs: the engine's data root and the run directory both have room (``sandbox``: an agent will
+    run, so the data root also needs its sandbox's storage limit)."""
     root = docker_root(engine_api)
     if root is not None:
-        require(root, run_need(), what, label="the Docker data root")
+        need = run_need()
+        if sandbox and need:
+            if engine_api is None:
+                from pytest_programbench.docker_engine import client
+
+                engine_api = client().api
+            need += sandbox_storage_need(engine_api)
+        require(root, need, what, label="the Docker data root")
     require(run_dir, run_dir_need(), what, label="the run directory")
 
 

@@ -38,10 +38,11 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
+from pytest_programbench.agent_log import CappedLog
 from pytest_programbench.prompt import BINARY, DOCS, SRC
 
 if TYPE_CHECKING:
@@ -303,19 +304,13 @@ class SandboxEnvironment:
 
 
 class _StreamLog:
-    """Appends to ``agent.log`` as things happen (one open file, a lock, a flush per write)."""
+    """Appends to ``agent.log`` as things happen, within its cap (``agent_log.CappedLog``: head and tail kept)."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] = path.open("a", encoding="utf-8", errors="replace")
-        self._lock = threading.Lock()
+        self._file = CappedLog(path)
 
     def write(self, text: str) -> None:
-        with self._lock:
-            if self._file.closed:
-                return
-            self._file.write(text if text.endswith("\n") else text + "\n")
-            self._file.flush()
+        self._file.text(text)
 
     def line(self, text: str) -> None:
         self.write(f"[mini-swe-agent] {text}")
@@ -332,8 +327,7 @@ class _StreamLog:
         return handler
 
     def close(self) -> None:
-        with self._lock:
-            self._file.close()
+        self._file.close()
 
 
 SECRET_KWARGS = ("api_key", "extra_headers", "headers", "aws_secret_access_key", "aws_session_token")

@@ -29,8 +29,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
+from pytest_programbench.agent_log import CappedLog
 from pytest_programbench.docker_engine import EngineUnavailable, Labels, client
 from pytest_programbench.exec_stream import ExecStream
 from pytest_programbench.proxy_build import DAEMON_SOURCE, ProxyClient, build_client
@@ -119,6 +120,60 @@ stats['left'] = sorted(agent_processes())
 print(json.dumps({{k: len(v) if isinstance(v, set) else v for k, v in stats.items()}}))
 """
 KILL_BUDGET = 30  # seconds the freeze-and-kill loop may take
+
+
+@dataclass(frozen=True)
+class StorageQuota:
+    """Whether sandboxes get a size limit on their writable layer (``storage_opt size``), and why not."""
+
+    supported: bool
+    reason: str
+
+    def describe(self, limit: int) -> str:
+        from pytest_programbench.disk import human
+
+        if self.supported:
+            return f"writable layer limited to {human(limit)} per sandbox (PB_SANDBOX_STORAGE)"
+        return f"no size limit on the writable layer: {self.reason} (a residual risk, see docs/security.md)"
+
+
+# Storage drivers that take a per-container size (docker's --storage-opt size): overlay2 only on xfs mounted with
+# pquota (which `docker info` does not show: tried, and on refusal not again).
+_QUOTA_DRIVERS = {"btrfs", "zfs", "devicemapper", "windowsfilter"}
+
+
+def storage_limit() -> int:
+    """``PB_SANDBOX_STORAGE`` (a size; default 10g; 0: no limit asked)."""
+    from pytest_programbench.disk import parse_size
+
+    raw = os.environ.get("PB_SANDBOX_STORAGE", "").strip() or "10g"
+    try:
+        return parse_size(raw)
+    except ValueError:
+        log.warning("PB_SANDBOX_STORAGE=%r is not a size; using 10g", raw)
+        return 10 << 30
+
+
+def storage_quota(api: Any) -> StorageQuota:
+    """What the engine's storage driver allows (``docker info``), remembered on the client."""
+    cached = getattr(api, "_pb_storage_quota", None)
+    if isinstance(cached, StorageQuota):
+        return cached
+    try:
+        info = api.info()
+    except Exception as exc:
+        return StorageQuota(False, f"the engine's storage driver is unknown ({exc})")
+    driver = str(info.get("Driver") or "?")
+    backing = dict((str(k), str(v)) for k, v in (info.get("DriverStatus") or []) if isinstance(k, str))
+    backing_fs = backing.get("Backing Filesystem", "?")
+    if driver in _QUOTA_DRIVERS or (driver in ("overlay2", "overlay") and backing_fs == "xfs"):
+        quota = StorageQuota(True, f"{driver} on {backing_fs}")
+    else:
+        quota = StorageQuota(False, f"the engine's {driver} storage driver on {backing_fs} has no per-container "
+                                    "size limit (it needs xfs with pquota, btrfs, zfs or devicemapper)")
+    with contextlib.suppress(AttributeError):
+        api._pb_storage_quota = quota
+    return quota
 
 
 class SandboxError(Exception):
@@ -211,6 +266,7 @@ class Sandbox:
         self._image_id: str | None = None
         self._layout: Layout | None = None
         self._closed = False
+        self.storage_quota: StorageQuota | None = None  # whether its writable layer got a size limit, and why not
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -298,10 +354,35 @@ class Sandbox:
         return self
 
     def _create(self) -> None:
+        from docker.errors import APIError
+
+        limit = storage_limit()
+        quota = storage_quota(self.engine.api) if limit else StorageQuota(False, "disabled (PB_SANDBOX_STORAGE=0)")
+        options: dict[str, Any] = {"storage_opt": {"size": str(limit)}} if quota.supported else {}
+        try:
+            self._create_container(options)
+        except APIError as exc:
+            if not options or "storage" not in str(exc).lower():
+                raise
+            # The driver looked able (e.g. overlay2 on xfs) but refused (no pquota): said once, then without.
+            reason = f"the engine refused a size limit: {getattr(exc, 'explanation', None) or exc}"
+            with contextlib.suppress(AttributeError):
+                self.engine.api._pb_storage_quota = StorageQuota(False, reason)
+            log.warning("sandbox storage cannot be limited: %s (see docs/security.md)", reason)
+            quota = StorageQuota(False, reason)
+            if self._container_id is not None:  # refused at start rather than at create
+                with contextlib.suppress(Exception):
+                    self.engine.api.remove_container(self._container_id, force=True)
+                self._container = self._container_id = None
+            self._create_container({})
+        self.storage_quota = quota
+
+    def _create_container(self, options: dict[str, Any]) -> None:
         from docker.types import Mount
 
         container = self.engine.containers.create(
             self._image_id,
+            **options,
             command=[str(int(self.lifetime))],
             entrypoint=["sleep"],  # the sandbox expires by itself if the harness dies
             user="0:0",
@@ -424,12 +505,12 @@ class Sandbox:
         exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True, stdin=stdin is not None,
                                   user=self._user(user), workdir=workdir, environment=environment)["Id"]
         stream = ExecStream(api.exec_start(exec_id, socket=True))
-        sink: IO[bytes] | None = None
+        sink: CappedLog | None = None
         captured = bytearray()
         state = {"truncated": False}
         notes: list[str] = []
         try:
-            sink = open(output, "ab") if output is not None else None  # noqa: SIM115 - closed below
+            sink = CappedLog(output) if output is not None else None  # agent.log: capped, closed below
             if stdin is not None:
                 with contextlib.suppress(OSError):  # a command that does not read its stdin is its business
                     stream.send(stdin)
@@ -639,7 +720,9 @@ class Sandbox:
         """Write ``binary-calls.jsonl`` (one JSON object per line) and return what was read."""
         read = self.read_call_log()
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in read.records))
+        # ensure_ascii=False: the copy stays as large as the log the daemon bounded, not up to 3x (\\uXXXX)
+        dest.write_text("".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in read.records),
+                        encoding="utf-8", errors="replace")
         return read
 
 
@@ -730,13 +813,12 @@ def _last_json_line(data: bytes) -> dict[str, Any] | None:
     return None
 
 
-def _pump(stream: ExecStream, sink: IO[bytes] | None, captured: bytearray, limit: int,
+def _pump(stream: ExecStream, sink: CappedLog | None, captured: bytearray, limit: int,
           state: dict[str, bool]) -> None:
     """Copy the command's output (stdout and stderr interleaved) into ``sink`` or ``captured``."""
     for _kind, payload in stream.frames():
         if sink is not None:
-            sink.write(payload)
-            sink.flush()
+            sink.write(payload)  # flushed while in the head; the tail is held until close
         else:
             room = max(0, limit - len(captured))
             captured += payload[:room]
