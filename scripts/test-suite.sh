@@ -10,7 +10,9 @@ export HF_HUB_OFFLINE=1
 mkdir -p .ci/out
 serial=(tests/test_chaos_engine.py tests/test_chaos.py tests/test_load.py)
 status=0
-python3 -m pytest "${serial[@]}" -p no:cacheprovider --junitxml=.ci/out/junit-serial.xml "$@" || status=$?
-python3 -m pytest tests -n 2 -p no:cacheprovider "${serial[@]/#/--ignore=}" --junitxml=.ci/out/junit.xml "$@" \
+# --durations: where the suite's time goes, kept in every run's output (the CI budget is 25 minutes).
+python3 -m pytest "${serial[@]}" -p no:cacheprovider --durations=15 --junitxml=.ci/out/junit-serial.xml "$@" \
     || status=$?
+python3 -m pytest tests -n 2 -p no:cacheprovider --durations=30 "${serial[@]/#/--ignore=}" \
+    --junitxml=.ci/out/junit.xml "$@" || status=$?
 exit "$status"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TESTBED, Testbed
+from tests.conftest import TESTBED, Testbed
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -134,10 +134,3 @@ def test_replay_preset(pytester: pytest.Pytester, testbed: Testbed) -> None:
     assert "does not exist; the submission stays empty" in (pytester.path / "run" / RPN / "agent.log").read_text()
     result = run_agent(pytester, testbed, f"replay:{TESTBED / 'solutions'}", out="run2")
     result.assert_outcomes(passed=1)
-
-
-def test_main_job_passes_as_a_new_user_would_run_it() -> None:
-    proc = subprocess.run(["bash", "scripts/main-job.sh", "-p", "no:randomly"], cwd=REPO, capture_output=True,
-                          text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert proc.stdout.count("3 passed") == 2, proc.stdout[-4000:]
