@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.network_guard import install as install_network_guard
+from tests.proxy_support import engine, probe_image, run_labels  # noqa: F401 - fixtures of the proxy/sandbox tests
 
 REPO = Path(__file__).resolve().parent.parent
 TESTBED = REPO / "testbed"

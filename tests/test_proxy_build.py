@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from test_proxy_support are parameters here
 """Building and caching the static proxy client, and its fallback."""
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import pytest
 from pytest_programbench import RUN_LABEL, proxy_build
 from pytest_programbench.docker_engine import Labels
 from pytest_programbench.proxy_build import ProxyBuildError, build_client, elf_problem, source_hash
-from tests.test_proxy_support import BASE_IMAGE, engine, require_image, run_labels  # noqa: F401 - fixtures
+from tests.proxy_support import BASE_IMAGE, require_image
 
 
 def test_elf_check(tmp_path: Path) -> None:

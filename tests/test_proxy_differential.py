@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from test_proxy_support are parameters here
 """The proxy is faithful: a call through /workspace/binary gives what direct execution gives.
 
 For each fixture reference (and the probe), the same runner, as the agent user, with the same argv (argv[0]
@@ -17,19 +16,16 @@ import pytest
 
 from pytest_programbench.docker_engine import Labels
 from pytest_programbench.sandbox import Sandbox
-from tests.test_proxy_support import (  # noqa: F401 - fixtures
+from tests.proxy_support import (
     CATLIKE,
     DIRECT,
     RPN,
     TUIISH,
     agent,
-    engine,
     expose_direct_copy,
     open_sandbox,
-    probe_image,
     require_image,
     run_both,
-    run_labels,
 )
 
 pytestmark = pytest.mark.docker

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from test_proxy_support are parameters here
 """One test per security property of the proxy, each as the agent user in a real sandbox.
 
 Each test fails when its property is broken (e.g. a readable reference makes the running child dumpable, so the
@@ -18,16 +17,7 @@ import pytest
 
 from pytest_programbench.docker_engine import Labels
 from pytest_programbench.sandbox import Sandbox
-from tests.test_proxy_support import (  # noqa: F401 - fixtures
-    CALCULATOR,
-    CATLIKE,
-    agent,
-    engine,
-    open_sandbox,
-    probe_image,
-    require_image,
-    run_labels,
-)
+from tests.proxy_support import CALCULATOR, CATLIKE, agent, open_sandbox, require_image
 
 pytestmark = pytest.mark.docker
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - pytest fixtures imported from test_proxy_support are parameters here
 """The agent sandbox: container settings, layout, commands, files, packing, cleanup, network.
 
 Needs Docker and the test bed (fails, never skips, without them).
@@ -26,15 +25,7 @@ from pytest_programbench.sandbox import (
     SandboxError,
     SubmissionTooLarge,
 )
-from tests.test_proxy_support import (  # noqa: F401 - fixtures
-    CATLIKE,
-    TUIISH,
-    agent,
-    engine,
-    open_sandbox,
-    require_image,
-    run_labels,
-)
+from tests.proxy_support import CATLIKE, TUIISH, agent, open_sandbox, require_image
 
 pytestmark = pytest.mark.docker
 
@@ -257,10 +248,11 @@ def test_failed_setup_leaves_nothing(engine: Any, run_labels: Labels) -> None:
 def test_pristine_image_is_checked_by_id(engine: Any, run_labels: Labels) -> None:
     require_image(engine, TUIISH)
     wrong = engine.images.get(CATLIKE).id
+    labels = run_labels.for_task("pristine-check")  # a task label only this test's sandbox carries
     with pytest.raises(SandboxError, match="expected the pristine"):
-        Sandbox(TUIISH, labels=run_labels, cpus=1, memory=1 << 30, lifetime=300, expected_image_id=wrong).start()
+        Sandbox(TUIISH, labels=labels, cpus=1, memory=1 << 30, lifetime=300, expected_image_id=wrong).start()
     assert engine.api.containers(all=True, filters={"label": [f"{RUN_LABEL}={run_labels.run_id}",
-                                                                 f"{TASK_LABEL}="]}) == []
+                                                                 f"{TASK_LABEL}=pristine-check"]}) == []
 
 
 def test_missing_image_is_an_infrastructure_error(run_labels: Labels) -> None:

@@ -1,4 +1,5 @@
-"""Shared fixtures and helpers of the proxy/sandbox tests (imported by tests/test_proxy_*.py, test_sandbox*.py).
+"""Shared fixtures and helpers of the proxy/sandbox tests: the fixtures (``engine``, ``run_labels``, ``probe_image``)
+reach every module through tests/conftest.py; the helpers and constants are imported from here. Not a test module.
 
 Everything here needs Docker and the test bed (``bash testbed/setup.sh``). A missing engine or image FAILS the
 test with instructions: these tests are never skipped.
