@@ -190,10 +190,16 @@ def test_client_dies_by_the_same_signal_without_core(probe_box: Sandbox) -> None
 
 
 def test_killing_the_client_kills_the_reference(probe_box: Sandbox) -> None:
-    script = ("/workspace/binary sleep 60 > /tmp/sleep.out & client=$!; sleep 1; "
-              "pid=$(sed -n 's/pid=//p' /tmp/sleep.out); kill -9 $client; sleep 1; "
-              "if kill -0 $pid 2>/dev/null; then echo ALIVE $pid; else echo GONE $pid; fi")
-    _code, text = agent(probe_box, script)
+    # Waits on conditions (the reference's pid written, then its /proc entry gone), each bounded by 30 s, well
+    # under the probe's own 120 s; /proc, not kill -0: the reference runs as another uid, so kill -0 says EPERM.
+    script = ("/workspace/binary sleep 120 > /tmp/sleep.out & client=$!; "
+              "for i in $(seq 300); do pid=$(sed -n 's/pid=//p' /tmp/sleep.out); [ -n \"$pid\" ] && break; "
+              "sleep 0.1; done; [ -n \"$pid\" ] || { echo NOPID; exit 1; }; "
+              "[ -d /proc/$pid ] && echo STARTED $pid; kill -9 $client; "
+              "for i in $(seq 300); do [ -d /proc/$pid ] || break; sleep 0.1; done; "
+              "if [ -d /proc/$pid ]; then echo ALIVE $pid; else echo GONE $pid; fi")
+    _code, text = agent(probe_box, script, timeout=120)
+    assert "STARTED" in text, text  # the reference was running when its client died
     assert "GONE" in text, text
 
 
@@ -244,7 +250,7 @@ def _run_in_tmux(box: Sandbox, session: str, command: str) -> None:
                f"{_q(command + '; echo EXIT=$?; stty -a | head -1; sleep 600')}")
 
 
-def _wait_for(box: Sandbox, session: str, text: str, timeout: float = 20) -> str:
+def _wait_for(box: Sandbox, session: str, text: str, timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     screen = ""
     while time.monotonic() < deadline:
