@@ -26,12 +26,14 @@ from pytest_programbench.agent_log import CappedLog, pump
 from pytest_programbench.prompt import BINARY, DOCS, SRC, PromptContext, render_prompt
 
 if TYPE_CHECKING:
+    from pytest_programbench.agent_presets import Installed, Invocation
     from pytest_programbench.catalogue import Task
     from pytest_programbench.options import Settings
     from pytest_programbench.sandbox import Sandbox
 
 PROMPT_PATH = "/workspace/prompt.md"
-PRESETS = ("reference", "replay:DIR", "mini-swe-agent")
+PRESETS = ("reference", "replay:DIR", "mini-swe-agent", "codex[@VERSION]", "claude-code[@VERSION]",
+           "opencode[@VERSION]")
 SOLUTION_DIRS = ("solution",)  # inside a task dir: the known-good solution the ``reference`` preset replays
 
 
@@ -39,10 +41,11 @@ SOLUTION_DIRS = ("solution",)  # inside a task dir: the known-good solution the 
 class AgentSpec:
     """What ``--pb-agent`` asked for."""
 
-    kind: str  # "command" | "reference" | "replay" | "mini-swe-agent"
+    kind: str  # "command" | "reference" | "replay" | "mini-swe-agent" | "cli"
     command: str = ""
     replay_dir: Path | None = None
     on_host: bool = False
+    cli: Installed | None = None  # kind "cli": the preset installed in the host cache (agent_presets.py)
 
     @classmethod
     def parse(cls, value: str, *, on_host: bool = False) -> AgentSpec:
@@ -58,11 +61,17 @@ class AgentSpec:
             return cls("replay", replay_dir=directory.resolve())
         if text == "mini-swe-agent":
             return cls("mini-swe-agent", on_host=True)
+        from pytest_programbench.agent_presets import install_for_spec
+
+        installed = install_for_spec(text)  # codex / claude-code / opencode[@VERSION]: installed once per machine
+        if installed is not None:
+            return cls("cli", command=f"{installed.preset.name}@{installed.version}", cli=installed)
         return cls("command", command=text, on_host=on_host)
 
     @property
     def label(self) -> str:
-        return {"command": self.command, "replay": f"replay:{self.replay_dir}"}.get(self.kind, self.kind)
+        return {"command": self.command, "replay": f"replay:{self.replay_dir}", "cli": self.command}.get(
+            self.kind, self.kind)
 
 
 @dataclass
@@ -72,6 +81,7 @@ class AgentResult:
     seconds: float
     log: Path
     notes: list[str] = field(default_factory=list)
+    transcript: Path | None = None  # a CLI preset's own transcript, copied out of the sandbox
 
     @property
     def clock_fired(self) -> str | None:
@@ -79,7 +89,8 @@ class AgentResult:
 
     def meta(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "timed_out": self.timed_out, "seconds": round(self.seconds, 3),
-                "clock_fired": self.clock_fired, "notes": self.notes}
+                "clock_fired": self.clock_fired, "notes": self.notes,
+                "transcript": None if self.transcript is None else self.transcript.name}
 
 
 class AgentEnvError(Exception):
@@ -138,6 +149,8 @@ class AgentRunner:
         self.settings = settings
         self.log_path = log_path
         self.extra_env = dict(extra_env or {})
+        self._invocation: Invocation | None = None
+        self.transcript: Path | None = None
 
     def environment(self, sandbox: Sandbox) -> dict[str, str]:
         env = {
@@ -186,6 +199,8 @@ class AgentRunner:
             exit_code, timed_out = run_mini_swe_agent(
                 sandbox, task=self.task, settings=self.settings, prompt=prompt, env=self.environment(sandbox),
                 log_path=self.log_path, timeout=timeout)
+        elif self.spec.kind == "cli":
+            exit_code, timed_out = self._cli(sandbox, timeout, notes)
         elif self.spec.on_host:
             exit_code, timed_out = self._on_host(sandbox, timeout)
         else:
@@ -196,7 +211,12 @@ class AgentRunner:
         killed = sandbox.kill_agent_processes()
         if killed.get("left"):
             notes.append(f"{len(killed['left'])} process(es) of the agent could not be killed before packing")
-        return AgentResult(exit_code, timed_out, time.monotonic() - started, self.log_path, notes)
+        if self._invocation is not None:  # the CLI's own transcript, copied out before packing
+            from pytest_programbench.agent_presets import save_transcript
+
+            self.transcript = save_transcript(sandbox, self._invocation, self.log_path.parent)
+        return AgentResult(exit_code, timed_out, time.monotonic() - started, self.log_path, notes,
+                           transcript=self.transcript)
 
     # -- presets ----------------------------------------------------------------------------------------------
 
@@ -225,6 +245,28 @@ class AgentRunner:
         )
         result = sandbox.exec(script, user="agent", timeout=timeout, env=self.environment(sandbox),
                               output=self.log_path)
+        return result.exit_code, result.timed_out
+
+    def _cli(self, sandbox: Sandbox, timeout: float, notes: list[str]) -> tuple[int | None, bool]:
+        """codex / claude-code / opencode: the native build copied in, configured headless, run as the agent."""
+        from pytest_programbench.agent_presets import PresetError, environment, prepare
+        from pytest_programbench.verdict import InfrastructureError
+
+        assert self.spec.cli is not None
+        relay = dict(self.extra_env)
+        try:
+            invocation, line = prepare(sandbox, self.spec.cli, model=self.settings.model, relay_env=relay,
+                                       prompt_file=PROMPT_PATH, workdir=SRC)
+        except PresetError as exc:  # before the agent started: the harness's doing, and a retry cannot help
+            raise InfrastructureError(f"agent preset: {exc}", retryable=False) from exc
+        self._invocation = invocation
+        self._log(line)
+        if not relay:
+            notes.append("no --pb-model-endpoint: the CLI has no model to talk to")
+            self._log(notes[-1])
+        env = environment(invocation, self.spec.cli, relay)
+        env.update(self.environment(sandbox))  # the task's variables and --pb-agent-env win
+        result = sandbox.exec(invocation.command, user="agent", timeout=timeout, env=env, output=self.log_path)
         return result.exit_code, result.timed_out
 
     def _on_host(self, sandbox: Sandbox, timeout: float) -> tuple[int | None, bool]:
