@@ -120,6 +120,15 @@ stats['left'] = sorted(agent_processes())
 print(json.dumps({{k: len(v) if isinstance(v, set) else v for k, v in stats.items()}}))
 """
 KILL_BUDGET = 30  # seconds the freeze-and-kill loop may take
+# Run as the agent: every other process of its uid stopped, then killed (the proxy master replaces its workers).
+_FREEZE_AND_KILL = """
+import os, signal
+for sig in (signal.SIGSTOP, signal.SIGKILL):
+    try:
+        os.kill(-1, sig)
+    except OSError:
+        pass
+"""
 
 
 @dataclass(frozen=True)
@@ -576,8 +585,13 @@ class Sandbox:
         """
         try:
             api = self.engine.api
-            script = _KILL_AGENT.format(uid=self.layout.agent_uid, master=self.layout.daemon_pid,
-                                        budget=KILL_BUDGET)
+            layout = self.layout
+            # The freeze: kill(-1, ...) as the agent's uid signals every process of that uid in one kernel walk that
+            # forks cannot slip through (a scan from outside always lags a fork chain). The root loop then makes
+            # sure nothing is left.
+            api.exec_start(api.exec_create(self.id, ["python3", "-c", _FREEZE_AND_KILL],
+                                           user=f"{layout.agent_uid}:{layout.agent_gid}")["Id"])
+            script = _KILL_AGENT.format(uid=layout.agent_uid, master=layout.daemon_pid, budget=KILL_BUDGET)
             output = api.exec_start(api.exec_create(self.id, ["python3", "-c", script], user="0:0")["Id"])
         except Exception as exc:  # the sandbox is gone: nothing of the agent's is left running either
             return {"error": str(exc)}
