@@ -29,6 +29,7 @@ import contextlib
 import inspect
 import logging
 import os
+import re
 import socket
 import struct
 import threading
@@ -38,6 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
 
 import requests.exceptions
 
@@ -61,6 +63,10 @@ PING_TIMEOUT = float(os.environ.get("PB_DOCKER_PING_TIMEOUT", "10"))
 UNREACHABLE_MEMORY = 15.0
 # How long one outage (the engine refusing connections, e.g. while it restarts) is waited out by retries.
 OUTAGE_BUDGET = float(os.environ.get("PB_DOCKER_RETRY_SECONDS", "60"))
+# An answer slower than this is said once per call (``PB_SLOW_ENGINE_CALL``); calls that wait on purpose are exempt.
+SLOW_CALL = float(os.environ.get("PB_SLOW_ENGINE_CALL", "30"))
+_WAITS_ON_PURPOSE = re.compile(r"/(exec/[^/]+/start|containers/[^/]+/(wait|attach|logs))$")
+_OBJECT_ID = re.compile(r"/[0-9a-f]{12,64}(?=/|$)")
 SERVER_ERROR_RETRIES = 3
 TIMEOUT_RETRIES = 1
 BACKOFF_FIRST = 0.25
@@ -183,6 +189,21 @@ class _EngineState:
     created: OrderedDict[str, tuple[int, int | None]] = field(default_factory=OrderedDict)  # id -> (epoch, pid)
     execs: OrderedDict[str, str] = field(default_factory=OrderedDict)  # exec id -> container id
     unreachable: tuple[float, str] | None = None  # (when, message) of the last failed first contact
+    slow_calls: dict[str, float] = field(default_factory=dict)  # "POST /containers/create" -> first slow time
+
+    def timed(self, method: str, url: str, seconds: float) -> None:
+        """Say a slow engine call once per call (method and path, ids elided), with ``pb_slow_call`` for the view."""
+        path = _OBJECT_ID.sub("/{id}", urlsplit(url).path)
+        path = re.sub(r"^/v[0-9.]+(?=/)", "", path)
+        if seconds < SLOW_CALL or _WAITS_ON_PURPOSE.search(path):
+            return
+        call = f"{method} {path}"
+        with self.lock:
+            if call in self.slow_calls:
+                return
+            self.slow_calls[call] = seconds
+        log.warning("slow Docker engine call: %s took %.1f s (said once per call)", call, seconds,
+                    extra={"pb_slow_call": call, "pb_seconds": round(seconds, 1)})
 
     def connection_failed(self, exc: BaseException) -> None:
         with self.lock:
@@ -464,6 +485,7 @@ def _client_class() -> type[docker.DockerClient]:
         _pb_ready = False  # False while client() makes first contact: no retries, no outage accounting
 
         def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:  # requests.Session.request
+            started = time.monotonic()
             try:
                 response = super().request(method, url, *args, **kwargs)
             except EngineConnectionError:
@@ -476,6 +498,7 @@ def _client_class() -> type[docker.DockerClient]:
                 raise EngineConnectionError(describe_unreachable(exc)) from exc
             if self._pb_ready:
                 _state.answered()
+            _state.timed(method, url, time.monotonic() - started)
             return response
 
         # -- retries --------------------------------------------------------------------------------------

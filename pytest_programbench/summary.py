@@ -7,6 +7,7 @@ Built from test reports only (a crashed worker sends nothing else) plus each tas
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,10 +34,16 @@ class TaskRecord:
     reasons: list[str] = field(default_factory=list)
     duration: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
+    cost_usd: float | None = None
 
     @property
     def scored(self) -> bool:
         return self.outcome in (PASSED, FAILED) and self.score is not None
+
+    @property
+    def tokens(self) -> dict[str, Any] | None:
+        relay = self.meta.get("relay")
+        return relay if isinstance(relay, dict) else None
 
     def as_dict(self) -> dict[str, Any]:
         meta = self.meta
@@ -52,7 +59,7 @@ class TaskRecord:
             "timings": {**meta.get("timings", {}), **(evaluation.get("timings") or {})},
             "image_id": (meta.get("image") or {}).get("id"),
             "blob_sha256": (meta.get("blobs") or {}).get("sha256"),
-            "tokens": meta.get("relay"), "duration": round(self.duration, 3),
+            "tokens": meta.get("relay"), "cost_usd": self.cost_usd, "duration": round(self.duration, 3),
         }
 
 
@@ -77,16 +84,64 @@ def figures(records: Iterable[TaskRecord]) -> dict[str, Any]:
     }
 
 
+def task_cost(run_dir: Path, rec: TaskRecord, token_price: tuple[float, float] | None) -> float | None:
+    """USD: the agent's own account (a mini-swe-agent trajectory's cost) if it has one, else the relay's tokens
+    at ``--pb-token-price``, else unknown."""
+    try:
+        trajectory = json.loads((run_dir / rec.instance_id / f"{rec.instance_id}.traj.json").read_text())
+        cost = trajectory["info"]["model_stats"]["instance_cost"]
+        if isinstance(cost, int | float) and cost > 0:
+            return round(float(cost), 6)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    tokens = rec.tokens
+    if token_price is None or tokens is None:
+        return None
+    inp, out = tokens.get("input_tokens"), tokens.get("output_tokens")
+    if not isinstance(inp, int) and not isinstance(out, int):
+        return None
+    return round(((inp or 0) * token_price[0] + (out or 0) * token_price[1]) / 1e6, 6)
+
+
+def token_totals(records: Iterable[TaskRecord]) -> dict[str, Any]:
+    totals: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "tasks_with_tokens": 0,
+                              "cost_usd": None, "tasks_with_cost": 0}
+    for rec in records:
+        tokens = rec.tokens
+        if tokens is not None and any(isinstance(tokens.get(k), int) for k in ("input_tokens", "output_tokens")):
+            totals["tasks_with_tokens"] += 1
+            for key in ("input_tokens", "output_tokens", "total_tokens"):
+                totals[key] += tokens.get(key) or 0
+        if rec.cost_usd is not None:
+            totals["tasks_with_cost"] += 1
+            totals["cost_usd"] = round((totals["cost_usd"] or 0.0) + rec.cost_usd, 6)
+    return totals
+
+
 class RunSummary:
     def __init__(self, path: Path, header: dict[str, Any], records: Iterable[TaskRecord],
-                 meta_loader: Callable[[str], dict[str, Any] | None] | None = None) -> None:
+                 meta_loader: Callable[[str], dict[str, Any] | None] | None = None,
+                 token_price: tuple[float, float] | None = None) -> None:
         self.path = path
         self.header = header
         self.records = {r.instance_id: r for r in records}
         self.meta_loader = meta_loader
+        self.token_price = token_price
+        self.in_flight: dict[str, dict[str, Any]] = {}  # task -> phase, worker, clocks (the progress view's)
+        # The progress view's thread writes too (in_flight); records change only on the main thread.
+        self._lock = threading.RLock()
+
+    def set_in_flight(self, in_flight: dict[str, dict[str, Any]]) -> None:
+        with self._lock:
+            self.in_flight = in_flight
+            self.write()
 
     def record(self, report: pytest.TestReport) -> bool:
         """Fold one report in; True when it settled a task (then the file is rewritten)."""
+        with self._lock:
+            return self._record(report)
+
+    def _record(self, report: pytest.TestReport) -> bool:
         rec = self.records.get(report.nodeid.removeprefix("programbench::"))
         if rec is None or not report.nodeid.startswith("programbench::"):
             return False
@@ -113,6 +168,8 @@ class RunSummary:
             return False
         if self.meta_loader is not None:
             rec.meta = self.meta_loader(rec.instance_id) or {}
+        rec.cost_usd = task_cost(self.path.parent, rec, self.token_price)
+        self.in_flight.pop(rec.instance_id, None)
         self.write()
         return True
 
@@ -146,11 +203,15 @@ class RunSummary:
             "official_headline": self.official_headline(),
             "by_language": self.breakdown("language"),
             "by_difficulty": self.breakdown("difficulty"),
-            "tasks": {iid: rec.as_dict() for iid, rec in sorted(self.records.items())},
+            "tokens": token_totals(self.records.values()),
+            "in_flight": dict(sorted(self.in_flight.items())),
+            "tasks": {iid: {**rec.as_dict(), "phase": (self.in_flight.get(iid) or {}).get("phase")}
+                      for iid, rec in sorted(self.records.items())},
         }
 
     def write(self) -> None:
-        atomic_write_text(self.path, json.dumps(self.as_dict(), indent=2, default=str))
+        with self._lock:
+            atomic_write_text(self.path, json.dumps(self.as_dict(), indent=2, default=str))
 
     # -- terminal ---------------------------------------------------------------------------------------------
 
@@ -173,6 +234,7 @@ class RunSummary:
         lines.append(f"mean over scored tasks: {fmt(head['mean_over_scored'])} ({head['scored']} scored)   "
                      f"mean over the selection (errors and unattempted count 0): {fmt(head['mean_over_selection'])} "
                      f"({head['selected']} selected)")
+        lines.append(tokens_line(token_totals(self.records.values())))
         official = self.official_headline()
         if official is not None:
             lines.append(f"official headline (all benchmark tasks): mean {official['mean_score']}, resolved "
@@ -183,6 +245,19 @@ class RunSummary:
             lines.extend(f"  {r.instance_id}: {_first_line(r.reasons[-1]) if r.reasons else 'unknown'}"
                          for r in errors)
         return lines
+
+
+def tokens_line(totals: dict[str, Any]) -> str:
+    if not totals["tasks_with_tokens"]:
+        tokens = "tokens: none metered (no --pb-model-endpoint relay)"
+    else:
+        tokens = (f"tokens: {totals['input_tokens']:,} in, {totals['output_tokens']:,} out, "
+                  f"{totals['total_tokens']:,} total ({totals['tasks_with_tokens']} tasks metered)")
+    if totals["cost_usd"] is None:
+        cost = "cost: unknown (--pb-token-price IN,OUT prices metered tokens)"
+    else:
+        cost = f"cost: ${totals['cost_usd']:,.4f} ({totals['tasks_with_cost']} tasks)"
+    return f"{tokens}   {cost}"
 
 
 def _first_line(text: str) -> str:

@@ -1,0 +1,119 @@
+"""``report.html``: one self-contained page per run (inline CSS and JS, no network), written at session end.
+
+Built from the same dictionary as ``summary.json`` (so the headline numbers are the same numbers) plus each task's
+``<id>.eval.json`` for the failing tests by branch. Links to a task's files are relative: the page works wherever the
+run directory is copied.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_programbench.artifacts import atomic_write_text
+
+REPORT_NAME = "report.html"
+MAX_TESTS_PER_BRANCH = 200  # a panel stays readable; the eval.json link has them all
+
+
+@dataclass(frozen=True)
+class TaskScope:
+    """What counts for a task's score: its active branches and its ignored ``branch/test`` names."""
+
+    active_branches: tuple[str, ...]
+    ignored_tests: frozenset[str]
+
+
+def failing_by_branch(eval_json: Path, scope: TaskScope | None) -> dict[str, list[dict[str, str]]]:
+    """Tests of the active branches that did not pass (ignored ones left out), as the official result lists them."""
+    try:
+        data = json.loads(eval_json.read_text())
+    except (OSError, ValueError):
+        return {}
+    out: dict[str, list[dict[str, str]]] = {}
+    for test in data.get("test_results") or []:
+        branch, name, status = str(test.get("branch", "")), str(test.get("name", "")), str(test.get("status", ""))
+        if status == "passed":
+            continue
+        if scope is not None and (branch not in scope.active_branches
+                                  or f"{branch}/{name}" in scope.ignored_tests):
+            continue
+        out.setdefault(branch, []).append({"name": name, "status": status})
+    return dict(sorted(out.items()))
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _seconds(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "-"
+    value = int(value)
+    return f"{value // 3600}:{value // 60 % 60:02d}:{value % 60:02d}"
+
+
+def distribution(tasks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Scored tasks in ten bins of 0.1 plus exactly 1.0 (resolved); errors and unattempted apart."""
+    labels = [f"{i / 10:.1f}-{(i + 1) / 10:.1f}" for i in range(10)] + ["1.0 (resolved)", "error / not run"]
+    counts = [0] * len(labels)
+    for row in tasks.values():
+        score = row.get("score")
+        if row.get("outcome") not in ("passed", "failed") or score is None:
+            counts[11] += 1
+        else:
+            counts[10 if score >= 1.0 else min(9, int(score * 10))] += 1
+    peak = max(counts) or 1
+    return [{"label": label, "count": n, "height": round(100 * n / peak, 1)} for label, n in zip(labels, counts,
+                                                                                                 strict=True)]
+
+
+def task_rows(run_dir: Path, data: dict[str, Any],
+              scope: Callable[[str], TaskScope | None]) -> list[dict[str, Any]]:
+    rows = []
+    for iid, row in data.get("tasks", {}).items():
+        task_dir = run_dir / iid
+        links = {label: f"{iid}/{name}" for label, name in (
+            ("agent.log", "agent.log"), ("trajectory", f"{iid}.traj.json"), ("eval.json", f"{iid}.eval.json"),
+            ("pb-meta.json", "pb-meta.json")) if (task_dir / name).is_file()}
+        tokens = row.get("tokens") or {}
+        total = tokens.get("total_tokens")
+        if not isinstance(total, int) and any(isinstance(tokens.get(k), int)
+                                               for k in ("input_tokens", "output_tokens")):
+            total = (tokens.get("input_tokens") or 0) + (tokens.get("output_tokens") or 0)
+        timings = row.get("timings") or {}
+        flags = list(row.get("integrity_flags") or [])
+        rows.append({
+            **row, "id": iid, "links": links, "total_tokens": total, "flags": flags,
+            "agent_seconds": timings.get("agent"), "agent_time": _seconds(timings.get("agent")),
+            "score_text": _fmt(row.get("score")),
+            "tests_text": (f"{row['n_passed']}/{row['n_tests']}" if row.get("n_tests") is not None else "-"),
+            "cost_text": "-" if row.get("cost_usd") is None else f"${row['cost_usd']:.4f}",
+            "failing": failing_by_branch(task_dir / f"{iid}.eval.json", scope(iid)),
+        })
+    return rows
+
+
+def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope | None]) -> str:
+    from importlib.resources import files
+
+    import jinja2
+
+    template = files("pytest_programbench").joinpath("templates", "report.html.j2").read_text()
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters["fmt"] = _fmt
+    head = data["headline"]
+    return env.from_string(template).render(
+        data=data, head=head, rows=task_rows(run_dir, data, scope), bins=distribution(data.get("tasks", {})),
+        groups=[("language", data.get("by_language", {})), ("difficulty", data.get("by_difficulty", {}))],
+        tokens=data.get("tokens") or {}, settings=data.get("settings") or {},
+    )
+
+
+def write_report(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope | None]) -> Path:
+    path = run_dir / REPORT_NAME
+    atomic_write_text(path, render(run_dir, data, scope))
+    return path
