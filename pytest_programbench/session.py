@@ -55,7 +55,9 @@ def item_timeout(task: Task, settings: options.Settings) -> int:
         branches = 1  # the pipeline reports the malformed tests.json itself
     rounds = -(-branches // settings.branch_workers) * (1 + settings.branch_retries)
     agent = settings.agent_timeout if settings.agent else 0
-    return agent + settings.compile_timeout + rounds * settings.test_timeout + TIMEOUT_MARGIN
+    # The setup re-runs the pipeline once per infrastructure attempt (--pb-infra-retries): each may use every clock.
+    attempt = agent + settings.compile_timeout + rounds * settings.test_timeout
+    return (1 + settings.infra_retries) * attempt + TIMEOUT_MARGIN
 
 
 # Settings that change what a task's result means; a resumed run must match them (selection may differ).
