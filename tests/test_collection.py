@@ -6,6 +6,7 @@ import re
 import textwrap
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from programbench.constants import TASKS_DIR
@@ -149,16 +150,87 @@ def test_ini_opt_in_from_a_subdirectory_does_not_collect(pytester: pytest.Pytest
     assert "programbench::" not in result.stdout.str()
 
 
+# Two valid, distinct, non-default values per option kind (or per option, where the kind's would be refused);
+# generated over options.OPTIONS, so a new option is covered the day it is declared.
+_SAMPLES: dict[str, tuple[str, str]] = {
+    "language": ("go", "rust"), "difficulty": ("hard", "easy"), "pull": ("missing", "never"),
+    "progress": ("lines:5", "live:2"), "token-price": ("1.5,2", "3,4"), "sandbox-memory": ("3g", "5g"),
+    "memory": ("2g", "4g"), "slice": ("1:3", "0:2"), "filter": ("a.*", "b.*"),
+}
+_KIND_SAMPLES = {"int": ("7", "9"), "float": ("0.5", "0.75"), "str": ("one", "two"), "list": ("one", "two")}
+_DIR_OPTIONS = ("tasks-dir", "submissions", "resume", "blob-dir")
+
+
+def _samples(tmp: Path) -> dict[str, tuple[str, str]]:
+    from pytest_programbench.options import OPTIONS
+
+    samples = {}
+    for opt in OPTIONS:
+        if opt.name in _DIR_OPTIONS:
+            pair = tuple(str(tmp / f"{opt.name}-{side}") for side in ("a", "b"))
+            for path in pair:
+                Path(path).mkdir()
+            samples[opt.name] = (pair[0], pair[1])
+        elif opt.kind == "bool":
+            samples[opt.name] = ("false", "true")  # the flag is store_const True: the ini says the other
+        else:
+            samples[opt.name] = _SAMPLES.get(opt.name) or _KIND_SAMPLES[opt.kind]
+    return samples
+
+
+def _settings(pytester: pytest.Pytester, ini: dict[str, str], cli: dict[str, str]) -> Any:
+    from pytest_programbench.options import BY_DEST, parse
+
+    pytester.makeini("[pytest]\n" + "".join(f"{BY_DEST['pb_' + k.replace('-', '_')].ini} = {v}\n"
+                                           for k, v in ini.items()))
+    args: list[str] = []
+    for name, value in cli.items():
+        flag = BY_DEST["pb_" + name.replace("-", "_")]
+        args += [flag.flag] if flag.kind == "bool" else [flag.flag, value]
+    return parse(pytester.parseconfig(*args), environ=[])
+
+
+def _fields_of(name: str) -> list[str]:
+    """The Settings fields one option sets (progress sets two)."""
+    from pytest_programbench.options import _FIELD_TO_DEST, Settings
+
+    dest = "pb_" + name.replace("-", "_")
+    return [f for f in Settings.__dataclass_fields__ if _FIELD_TO_DEST.get(f, "pb_" + f) == dest]
+
+
 def test_every_option_has_an_ini_twin(pytester: pytest.Pytester) -> None:
-    pytester.makeini("[pytest]\npb_enable = true\npb_language = haskell\npb_difficulty = hard medium unset easy\n")
-    ids = collected_ids(pytester)
-    assert ids == ["programbench::jgm__pandoc.5caad90"]
+    """Every option set only in the ini gives the same Settings as all set on the command line, none the default."""
+    from pytest_programbench.options import OPTIONS, Settings
+
+    samples = {name: pair[1] for name, pair in _samples(pytester.path).items()}
+    from_ini = _settings(pytester, samples, {})
+    from_cli = _settings(pytester, {}, samples)
+    default = Settings()
+    for opt in OPTIONS:
+        fields = _fields_of(opt.name)
+        assert fields, f"{opt.flag} sets no Settings field"
+        assert [getattr(from_ini, f) for f in fields] == [getattr(from_cli, f) for f in fields], opt.ini
+        assert any(getattr(from_ini, f) != getattr(default, f) for f in fields), f"{opt.ini} left the default"
+    assert from_ini == from_cli
 
 
 def test_command_line_beats_ini(pytester: pytest.Pytester) -> None:
+    """For every option the ini says one value, the command line another: the command line's is the result."""
+    from pytest_programbench.options import OPTIONS
+
+    samples = _samples(pytester.path)
+    ini = {name: pair[0] for name, pair in samples.items()}
+    cli = {name: pair[1] for name, pair in samples.items()}
+    both, only_cli, only_ini = _settings(pytester, ini, cli), _settings(pytester, {}, cli), _settings(pytester, ini, {})
+    for opt in OPTIONS:
+        for name in _fields_of(opt.name):
+            assert getattr(both, name) == getattr(only_cli, name), f"{opt.ini} beat {opt.flag}"
+            assert getattr(both, name) != getattr(only_ini, name), f"{opt.flag}: the two samples must differ"
+    # And through collection, end to end: the ini selects haskell, the command line java.
     pytester.makeini("[pytest]\npb_enable = true\npb_language = haskell\n")
-    assert len(collected_ids(pytester, "--pb-language", "java")) == 1
-    assert collected_ids(pytester, "--pb-language", "java") != ["programbench::jgm__pandoc.5caad90"]
+    ids = collected_ids(pytester, "--pb-language", "java")
+    assert len(ids) == 1
+    assert ids != ["programbench::jgm__pandoc.5caad90"]
 
 
 # -- tasks dir ------------------------------------------------------------------------------------------------
@@ -311,14 +383,34 @@ def test_thread_timeout_method_is_warned(pytester: pytest.Pytester) -> None:
 
 
 def test_item_timeout_is_above_every_clock() -> None:
+    """The outer backstop never fires while a legitimate clock runs: in every infrastructure attempt (the setup
+    re-runs the pipeline up to 1 + --pb-infra-retries times) the agent's clock, compile.sh's, and every branch's
+    in every retry round may all run out in full. Stated as lower bounds, not as the formula."""
     from pytest_programbench.catalogue import Catalogue
     from pytest_programbench.options import Settings
-    from pytest_programbench.session import TIMEOUT_MARGIN, item_timeout
+    from pytest_programbench.session import item_timeout
 
-    task = next(t for t in Catalogue.load() if t.instance_id == "jgm__pandoc.5caad90")
-    branches = sum(1 for info in task.load_instance()["branches"].values() if not info.get("ignored"))
-    evaluate_only = Settings(submissions="x", compile_timeout=100, test_timeout=10, branch_retries=1)
-    assert item_timeout(task, evaluate_only) == 100 + branches * 2 * 10 + TIMEOUT_MARGIN
-    with_agent = Settings(agent="true", agent_timeout=1000, compile_timeout=100, test_timeout=10, branch_workers=2,
-                          branch_retries=0)
-    assert item_timeout(task, with_agent) == 1000 + 100 + -(-branches // 2) * 10 + TIMEOUT_MARGIN
+    def active(task: Any) -> int:
+        return sum(1 for info in task.load_instance()["branches"].values() if not info.get("ignored"))
+
+    task = next(t for t in Catalogue.load() if t.instance_id == "alexpovel__srgn.89f943b")
+    branches = active(task)
+    assert branches > 2  # so that branch workers change the number of rounds
+    cases = [
+        Settings(submissions="x", compile_timeout=100, test_timeout=10, branch_retries=1, infra_retries=0),
+        Settings(agent="true", agent_timeout=1000, compile_timeout=100, test_timeout=10, branch_workers=2,
+                 branch_retries=0, infra_retries=0),
+        Settings(agent="true", agent_timeout=1000, compile_timeout=100, test_timeout=10, branch_workers=1,
+                 branch_retries=2, infra_retries=3),
+    ]
+    for settings in cases:
+        workers = min(settings.branch_workers, branches)
+        serial_rounds = -(-branches // workers)  # the slowest schedule of the branches over the workers
+        attempt = ((settings.agent_timeout if settings.agent else 0) + settings.compile_timeout
+                   + serial_rounds * (1 + settings.branch_retries) * settings.test_timeout)
+        assert item_timeout(task, settings) > (1 + settings.infra_retries) * attempt, settings
+    # Every clock moves the backstop by at least its own growth times the attempts.
+    base = cases[2]
+    for field, grow in (("agent_timeout", 500), ("compile_timeout", 500), ("test_timeout", 50)):
+        grown = Settings(**{**base.__dict__, field: getattr(base, field) + grow})
+        assert item_timeout(task, grown) - item_timeout(task, base) >= grow * (1 + base.infra_retries), field
