@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pytest_programbench.images import ResolvedImage
     from pytest_programbench.items import ProgramBenchItem
     from pytest_programbench.relay import ModelRelay
+    from pytest_programbench.relay_tunnel import RelayTunnel
     from pytest_programbench.sandbox import Sandbox
     from pytest_programbench.session import ProgramBenchSession
 
@@ -63,6 +64,8 @@ class TaskPipeline:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         self.log.info("%s ...", name)
+        if self.session.progress is not None:  # the live view (--pb-progress)
+            self.session.progress.phase(self.task.instance_id, name)
         started = time.monotonic()
         try:
             yield
@@ -196,19 +199,14 @@ class TaskPipeline:
         assert spec is not None
         self.meta["agent"] = {"spec": spec.label}
         relay = self._start_relay(on_host=spec.on_host)
+        tunnel: RelayTunnel | None = None
         try:
             with self.phase("sandbox"):
                 sandbox = Sandbox.for_task(self.task, self.settings, self.labels, image_id=image.id)
-                if relay is not None and not spec.on_host:
-                    from pytest_programbench.relay import SANDBOX_SOCKET_DIR
-
-                    sandbox.mounts = (*sandbox.mounts, (str(relay.socket_dir), SANDBOX_SOCKET_DIR))
                 try:
                     sandbox.start()
                     if relay is not None and not spec.on_host:
-                        from pytest_programbench.relay import start_bridge
-
-                        start_bridge(sandbox.engine.containers.get(sandbox.id))
+                        tunnel = self._open_tunnel(sandbox, relay)
                 except (SandboxError, RuntimeError) as exc:
                     sandbox.close()
                     raise InfrastructureError(f"sandbox: {exc}") from exc
@@ -244,10 +242,11 @@ class TaskPipeline:
             except SandboxError as exc:
                 raise InfrastructureError(f"sandbox: {exc}") from exc
             finally:
+                if tunnel is not None:
+                    tunnel.close()
                 sandbox.close()
         finally:
-            # Only once the sandbox is gone: its socket directory is bind-mounted there, and an engine cannot read
-            # a container's files (packing) once a bind-mount source vanished. Records are complete once closed.
+            # Records are complete once the relay is closed; the sandbox is gone by now, so nothing is in flight.
             if relay is not None:
                 relay.close()
                 self.relay_stats = relay.stats().as_dict()
@@ -275,6 +274,17 @@ class TaskPipeline:
             if failures:
                 self.meta.setdefault("notes", []).append(f"packing retried after: {'; '.join(failures)}")
             return size
+
+    @staticmethod
+    def _open_tunnel(sandbox: Sandbox, relay: ModelRelay) -> RelayTunnel:
+        """The relay reaches an in-sandbox agent through an exec stream: no bind mount, any engine."""
+        from pytest_programbench.relay import BRIDGE_SCRIPT, SANDBOX_BRIDGE_PORT
+        from pytest_programbench.relay_bridge import connect_unix
+        from pytest_programbench.relay_tunnel import RelayTunnel
+
+        socket_path = str(relay.socket_path)
+        return RelayTunnel(sandbox.engine.api, sandbox.id, lambda: connect_unix(socket_path)).open(
+            SANDBOX_BRIDGE_PORT, script=BRIDGE_SCRIPT.read_bytes())
 
     def _start_relay(self, *, on_host: bool) -> ModelRelay | None:
         """--pb-model-endpoint: the agent's only way out, recorded per task."""

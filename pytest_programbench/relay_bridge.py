@@ -8,6 +8,14 @@ half-close on one side is passed on to the other (``shutdown(SHUT_WR)``), and a 
 
     python3 -I -S relay_bridge.py --listen 127.0.0.1:47801 --unix /run/pb-relay/relay.sock [--daemon]
 
+With ``--stdio`` instead of ``--unix`` there is no socket to reach: every accepted connection becomes a numbered
+channel multiplexed over the bridge's own stdin and stdout, which the host holds as one ``docker exec`` stream
+(``relay_tunnel.py``). That needs no bind mount, so it works on any engine, local or remote. A frame is
+``>IBI`` (channel, kind, payload length) then the payload; kinds: OPEN, DATA, EOF (half-close), CLOSE (reset),
+READY (the bridge listens). The bridge exits when its stdin ends (the host went away).
+
+    python3 -I -S relay_bridge.py --listen 127.0.0.1:47801 --stdio
+
 With ``--daemon`` the command returns (exit 0) only once the bridge listens, and keeps it running in the
 background, detached from the caller's terminal and output (so ``docker exec`` returns); any startup error is
 reported on stderr with a non-zero exit status instead.
@@ -25,6 +33,7 @@ import selectors
 import signal
 import socket
 import stat
+import struct
 import sys
 import threading
 import time
@@ -33,6 +42,12 @@ from collections.abc import Sequence
 BUFFER = 65536
 MAX_CONNECTIONS = 512
 CONNECT_TIMEOUT = 10.0
+
+# The --stdio tunnel's frames (relay_tunnel.py speaks the other end).
+FRAME = struct.Struct(">IBI")
+OPEN, DATA, EOF, CLOSE, READY = range(5)
+MAX_FRAME = 1 << 20
+MAX_PENDING = 64 << 20  # bytes waiting for a client that does not read: then its channel is dropped
 
 
 def parse_address(text: str) -> tuple[int, str, int]:
@@ -159,6 +174,179 @@ class Bridge:
             self.slots.release()
 
 
+class FrameReader:
+    """Reassembles frames from a byte stream that arrives in arbitrary pieces."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
+        self.buffer += data
+        frames = []
+        while len(self.buffer) >= FRAME.size:
+            channel, kind, length = FRAME.unpack_from(self.buffer)
+            if length > MAX_FRAME:
+                raise ValueError(f"frame of {length} bytes")
+            if len(self.buffer) < FRAME.size + length:
+                break
+            frames.append((channel, kind, bytes(self.buffer[FRAME.size:FRAME.size + length])))
+            del self.buffer[:FRAME.size + length]
+        return frames
+
+
+def frame(channel: int, kind: int, payload: bytes = b"") -> bytes:
+    return FRAME.pack(channel, kind, len(payload)) + payload
+
+
+class StdioBridge:
+    """Accepted connections as channels over stdin/stdout, in one thread with non-blocking sockets: a client that
+    does not read its answer holds up only its own channel (its bytes wait in its buffer, up to a bound)."""
+
+    def __init__(self, listeners: Sequence[socket.socket], stdin_fd: int = 0, stdout_fd: int = 1) -> None:
+        self.listeners = list(listeners)
+        self.stdin_fd = stdin_fd
+        self.stdout_fd = stdout_fd
+        self.channels: dict[int, socket.socket] = {}
+        self.pending: dict[int, bytearray] = {}  # host -> client bytes not yet taken by the client
+        self.half: dict[int, set[str]] = {}  # ended directions: "in" (from the client), "out" (to it)
+        self.eof_pending: set[int] = set()  # the host half-closed; pass it on once pending is flushed
+        self.next_channel = 1
+        self.selector = selectors.DefaultSelector()
+
+    def emit(self, channel: int, kind: int, payload: bytes = b"") -> None:
+        data = frame(channel, kind, payload)
+        while data:
+            written = os.write(self.stdout_fd, data)
+            data = data[written:]
+
+    def serve(self) -> None:
+        for listener in self.listeners:
+            self.selector.register(listener, selectors.EVENT_READ, "listener")
+        self.selector.register(self.stdin_fd, selectors.EVENT_READ, "stdin")
+        self.emit(0, READY)
+        reader = FrameReader()
+        while True:
+            for key, events in self.selector.select():
+                if key.data == "listener":
+                    self._accept(key.fileobj)  # type: ignore[arg-type]
+                elif key.data == "stdin":
+                    data = os.read(self.stdin_fd, BUFFER)
+                    if not data:
+                        return  # the host went away
+                    for channel, kind, payload in reader.feed(data):
+                        self._from_host(channel, kind, payload)
+                else:
+                    channel = int(key.data)
+                    if events & selectors.EVENT_WRITE:
+                        self._flush(channel)
+                    if events & selectors.EVENT_READ and channel in self.channels:
+                        self._from_client(channel)
+
+    def _events(self, channel: int) -> int:
+        events = 0 if "in" in self.half[channel] else selectors.EVENT_READ
+        return events | (selectors.EVENT_WRITE if self.pending[channel] else 0)
+
+    def _update(self, channel: int) -> None:
+        client = self.channels[channel]
+        events = self._events(channel)
+        try:
+            if events:
+                self.selector.modify(client, events, str(channel))
+            else:
+                self.selector.unregister(client)
+        except KeyError:
+            if events:
+                self.selector.register(client, events, str(channel))
+
+    def _accept(self, server: socket.socket) -> None:
+        try:
+            client, _address = server.accept()
+        except OSError:
+            return
+        if len(self.channels) >= MAX_CONNECTIONS:
+            client.close()
+            return
+        client.setblocking(False)
+        if client.family in (socket.AF_INET, socket.AF_INET6):
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        channel = self.next_channel
+        self.next_channel += 1
+        self.channels[channel] = client
+        self.pending[channel] = bytearray()
+        self.half[channel] = set()
+        self.selector.register(client, selectors.EVENT_READ, str(channel))
+        self.emit(channel, OPEN)
+
+    def _from_client(self, channel: int) -> None:
+        try:
+            data = self.channels[channel].recv(BUFFER)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(channel, tell_host=True)
+            return
+        if data:
+            self.emit(channel, DATA, data)
+            return
+        self.emit(channel, EOF)
+        self._ended(channel, "in")
+
+    def _from_host(self, channel: int, kind: int, payload: bytes) -> None:
+        if channel not in self.channels:
+            return  # already dropped here; the host learned it from our CLOSE
+        if kind == DATA:
+            self.pending[channel] += payload
+            if len(self.pending[channel]) > MAX_PENDING:
+                self._drop(channel, tell_host=True)  # a client that never reads its answer
+                return
+            self._flush(channel)
+        elif kind == EOF:
+            self.eof_pending.add(channel)
+            self._flush(channel)
+        elif kind == CLOSE:
+            self._drop(channel, tell_host=False)
+
+    def _flush(self, channel: int) -> None:
+        client = self.channels[channel]
+        pending = self.pending[channel]
+        try:
+            while pending:
+                sent = client.send(pending[:BUFFER])
+                del pending[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._drop(channel, tell_host=True)
+            return
+        if not pending and channel in self.eof_pending:
+            self.eof_pending.discard(channel)
+            with contextlib.suppress(OSError):
+                client.shutdown(socket.SHUT_WR)
+            self._ended(channel, "out")
+            return
+        self._update(channel)
+
+    def _ended(self, channel: int, direction: str) -> None:
+        self.half[channel].add(direction)
+        if self.half[channel] == {"in", "out"}:
+            self._drop(channel, tell_host=False)
+        else:
+            self._update(channel)
+
+    def _drop(self, channel: int, *, tell_host: bool) -> None:
+        client = self.channels.pop(channel, None)
+        self.pending.pop(channel, None)
+        self.half.pop(channel, None)
+        self.eof_pending.discard(channel)
+        if client is None:
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(client)
+        client.close()
+        if tell_host:
+            self.emit(channel, CLOSE)
+
+
 def log(message: str) -> None:
     try:
         sys.stderr.write(f"relay_bridge: {message}\n")
@@ -204,11 +392,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Bridge loopback TCP connections to a Unix socket.")
     parser.add_argument("--listen", action="append", required=True, metavar="HOST:PORT",
                         help="loopback address to listen on (repeatable; [::1]:PORT for IPv6)")
-    parser.add_argument("--unix", required=True, metavar="PATH", help="the Unix socket to connect each client to")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--unix", metavar="PATH", help="the Unix socket to connect each client to")
+    target.add_argument("--stdio", action="store_true", help="carry every connection over stdin/stdout (a tunnel)")
     parser.add_argument("--daemon", action="store_true", help="return once listening; keep serving in background")
     parser.add_argument("--log", metavar="FILE", help="with --daemon: append diagnostics here")
     parser.add_argument("--pidfile", metavar="FILE", help="write the serving process's pid here once listening")
     args = parser.parse_args(argv)
+    if args.stdio:
+        try:
+            listeners = [listen(text) for text in args.listen]
+        except (OSError, ValueError) as exc:
+            log(f"cannot listen: {exc}")
+            return 2
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # the host went away: end quietly
+        StdioBridge(listeners).serve()
+        return 0
     try:
         mode = os.stat(args.unix).st_mode
     except OSError as exc:
