@@ -1,0 +1,105 @@
+"""The CLI agents people run (codex, claude-code, opencode), for real, offline.
+
+Each preset's native build comes from npm (installed once per machine into the plugin's cache by the set-up), runs
+as the agent user in a fixture task's sandbox, and follows a scripted conversation from our own model server on
+loopback, reached only through the relay: probe ``/workspace/binary``, copy the known-good solution in, say done.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_programbench import agent_presets
+from tests.conftest import TESTBED, Testbed
+from tests.scripted_models import ScriptedModels, Step
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+RPN = "pbfix__rpn.0b5e55e"
+PRESETS = ("codex", "claude-code", "opencode")
+STEPS = (
+    Step("Probing the reference.", '/workspace/binary </dev/null; echo "binary exited $?"', 1200, 40, 500),
+    Step("Copying the solution.", f"cp -r /pb-testbed/solutions/{RPN}/. /workspace/src/", 1500, 60, 1100),
+    Step("Done: the solution is in /workspace/src.", None, 1700, 25, 1400),
+)
+# Several times the engine client's read timeout (scaled down below), far under any CLI's own stream timeout.
+READ_TIMEOUT = "4"
+SILENCE = 15.0
+
+
+@pytest.fixture(scope="module", params=PRESETS)
+def preset(request: pytest.FixtureRequest) -> str:
+    """The preset, installed from npm now (cached per machine): the sessions below find it in the cache."""
+    name = str(request.param)
+    parsed = agent_presets.parse(name)
+    assert parsed is not None
+    installed = agent_presets.ensure_installed(*parsed)
+    assert installed.pick("glibc") is not None, installed
+    return name
+
+
+def _run(pytester: pytest.Pytester, testbed: Testbed, preset: str, server: ScriptedModels) -> Path:
+    run_dir = pytester.path / "run"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
+        "--pb-filter", RPN, "--pb-pull", "never", "--pb-cpus", "2", "--pb-output", str(run_dir),
+        "--pb-agent", preset, "--pb-model", "scripted-model", "--pb-model-endpoint", server.base_url,
+        "--pb-agent-mount", f"{TESTBED}:/pb-testbed", "--pb-agent-timeout", "600",
+        timeout=900)
+    log = (run_dir / RPN / "agent.log").read_text(errors="replace") if (run_dir / RPN / "agent.log").exists() \
+        else "(no agent.log)"
+    assert result.ret == 0, "\n".join(result.outlines[-40:]) + "\n--- agent.log:\n" + log[-6000:]
+    result.assert_outcomes(passed=1)
+    return run_dir
+
+
+def _check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> dict[str, Any]:
+    assert not server.unexpected, server.unexpected
+    # Every step of the script was answered, in order, and the agent stopped after the last one.
+    assert sorted(set(server.chosen)) == [0, 1, 2], server.chosen
+    assert server.chosen[-1] == 2, server.chosen
+    task = json.loads((run_dir / "summary.json").read_text())["tasks"][RPN]
+    assert task["agent_exit"] == 0, task
+    # The tokens recorded are exactly those the server sent, every request metered.
+    tokens = task["tokens"]
+    assert tokens["requests_with_usage"] == server.sent.requests, (tokens, server.log)
+    assert tokens["input_tokens"] == server.sent.input_tokens, (tokens, server.sent)
+    assert tokens["output_tokens"] == server.sent.output_tokens, (tokens, server.sent)
+    # The CLI's own transcript was copied out, and names the command it ran.
+    transcript = run_dir / RPN / "trajectory.jsonl"
+    assert transcript.is_file(), sorted(p.name for p in (run_dir / RPN).iterdir())
+    assert f"/pb-testbed/solutions/{RPN}" in transcript.read_text(errors="replace")
+    meta = json.loads((run_dir / RPN / "pb-meta.json").read_text())
+    assert meta["agent"]["transcript"] == "trajectory.jsonl", meta["agent"]
+    # The agent's probe went through the proxy to the reference; its config stayed out of the submission.
+    assert meta["binary_calls"] >= 1, meta
+    with tarfile.open(run_dir / RPN / "submission.tar.gz") as tar:
+        names = tar.getnames()
+    assert not [n for n in names if ".codex" in n or ".claude" in n or "opencode" in n], names
+    log = (run_dir / RPN / "agent.log").read_text(errors="replace")
+    assert f"{preset}@" in log and "build for a glibc image" in log, log[:2000]
+    return task
+
+
+def test_cli_agent_solves_a_task_through_the_relay(pytester: pytest.Pytester, testbed: Testbed, preset: str) -> None:
+    with ScriptedModels(STEPS) as server:
+        run_dir = _run(pytester, testbed, preset, server)
+    _check_conversation(run_dir, server, preset)
+
+
+def test_cli_agent_outlasts_a_withheld_first_response(pytester: pytest.Pytester, testbed: Testbed, preset: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first model response is withheld for several times the engine client's read timeout: no timeout in
+    the path (engine exec stream, bridge, relay) cuts the wait, and the agent still finishes and passes."""
+    monkeypatch.setenv("PB_DOCKER_API_TIMEOUT", READ_TIMEOUT)
+    with ScriptedModels(STEPS, withhold_first=SILENCE) as server:
+        run_dir = _run(pytester, testbed, preset, server)
+    _check_conversation(run_dir, server, preset)
+    records = [json.loads(line) for line in (run_dir / RPN / "model-requests.jsonl").read_text().splitlines()]
+    waited = [r for r in records if r["first_byte_s"] is not None and r["first_byte_s"] >= SILENCE]
+    assert len(waited) == 1 and waited[0]["status"] == 200 and waited[0]["error"] is None, records
