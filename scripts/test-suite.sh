@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q -e '.[dev,mini]'
 bash testbed/setup.sh
+# Debian's Chromium renders report.html for tests/test_report.py (headless, offline); installed only when missing.
+if ! command -v chromium >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 # No network during tests: the hidden test archives come from the local blob dir.
 export HF_HUB_OFFLINE=1
 mkdir -p .ci/out
