@@ -223,6 +223,26 @@ def usage_from_mapping(usage: Mapping[str, Any]) -> Usage | None:
     return Usage(inp, out, total, cached, reasoning, dict(usage))
 
 
+_TOOL_ITEM_TYPES = ("function_call", "local_shell_call", "custom_tool_call", "shell_call", "apply_patch_call")
+
+
+def tool_calls_in_body(body: Any) -> int:
+    """Tool calls in a complete (non-streamed) response of any supported API shape."""
+    if not isinstance(body, Mapping):
+        return 0
+    count = 0
+    for choice in body.get("choices") or []:  # chat completions
+        calls = _dig(choice, "message", "tool_calls") if isinstance(choice, Mapping) else None
+        count += len(calls) if isinstance(calls, list) else 0
+    content = body.get("content")  # Anthropic messages
+    if isinstance(content, list):
+        count += sum(1 for block in content if isinstance(block, Mapping) and block.get("type") == "tool_use")
+    output = body.get("output")  # responses
+    if isinstance(output, list):
+        count += sum(1 for item in output if isinstance(item, Mapping) and item.get("type") in _TOOL_ITEM_TYPES)
+    return count
+
+
 def usage_from_body(body: Any) -> Usage | None:
     """Usage of a complete (non-streamed) JSON response body."""
     if not isinstance(body, Mapping):
@@ -241,11 +261,14 @@ class StreamUsage:
 
     def __init__(self) -> None:
         self._raw: dict[str, Any] | None = None
+        self.tool_calls = 0
+        self._chat_calls: set[tuple[Any, Any]] = set()
 
     def feed(self, event: Any) -> None:
         if not isinstance(event, Mapping):
             return
         kind = event.get("type")
+        self._count_tool_calls(kind, event)
         if kind == "message_start":  # Anthropic: the prompt's usage, output so far
             usage = _dig(event, "message", "usage")
             if isinstance(usage, Mapping):
@@ -260,6 +283,20 @@ class StreamUsage:
                 self._merge(usage, replace=True)
         elif isinstance(event.get("usage"), Mapping):  # chat completions chunk with include_usage
             self._merge(event["usage"], replace=True)
+
+    def _count_tool_calls(self, kind: Any, event: Mapping[str, Any]) -> None:
+        """Tool calls the model made: one per Responses output item, Anthropic tool_use block or chat call index."""
+        if kind == "response.output_item.done":
+            self.tool_calls += _dig(event, "item", "type") in _TOOL_ITEM_TYPES
+        elif kind == "content_block_start":
+            self.tool_calls += _dig(event, "content_block", "type") in ("tool_use", "server_tool_use")
+        elif kind is None and isinstance(event.get("choices"), list):
+            for choice in event["choices"]:
+                calls = _dig(choice, "delta", "tool_calls") if isinstance(choice, Mapping) else None
+                for call in calls if isinstance(calls, list) else []:
+                    if isinstance(call, Mapping):
+                        self._chat_calls.add((choice.get("index"), call.get("index", call.get("id"))))
+            self.tool_calls = len(self._chat_calls)
 
     def _merge(self, usage: Mapping[str, Any], *, replace: bool) -> None:
         if replace or self._raw is None:
@@ -334,6 +371,7 @@ class UsageTap:
         self._stream = StreamUsage()
         self._body = io.BytesIO()
         self._max_json = max_json_bytes
+        self.tool_calls: int | None = None  # after finish(): how many tool calls the response made
 
     def feed(self, chunk: bytes) -> None:
         if self._unreadable:
@@ -364,11 +402,14 @@ class UsageTap:
         if self.streamed:
             for data in self._sse.close():
                 self._event(data)
+            self.tool_calls = self._stream.tool_calls
             return self._stream.usage
         try:
-            return usage_from_body(json.loads(self._body.getvalue()))
+            body = json.loads(self._body.getvalue())
         except ValueError:
             return None
+        self.tool_calls = tool_calls_in_body(body)
+        return usage_from_body(body)
 
 
 def api_of(path: str) -> str | None:
@@ -405,6 +446,7 @@ class RelayRecord:
     response_bytes: int
     usage: Usage | None
     error: str | None
+    tool_calls: int | None = None  # in the response, when it was a readable model API response
 
     @property
     def failed(self) -> bool:
@@ -415,7 +457,10 @@ class RelayRecord:
                 "status": self.status, "model": self.model, "stream": self.stream, "api": self.api,
                 "first_byte_s": self.first_byte_s, "total_s": self.total_s, "request_bytes": self.request_bytes,
                 "response_bytes": self.response_bytes, "usage": None if self.usage is None else self.usage.as_dict(),
-                "error": self.error}
+                "error": self.error, "tool_calls": self.tool_calls}
+
+
+_MODEL_APIS = frozenset({"chat.completions", "responses", "anthropic.messages", "completions"})
 
 
 @dataclass
@@ -429,22 +474,33 @@ class RelayStats:
     output_tokens: int | None = None
     total_tokens: int | None = None
     latency_s: float = 0.0
+    turns: int = 0  # answered model API requests (chat, responses, messages, completions)
+    tool_calls: int = 0  # tool calls in the model's responses
+    cached_input_tokens: int | None = None
+    model_latency_s: float = 0.0  # time in answered model API requests, first byte to last
 
     def add(self, record: RelayRecord) -> None:
         self.requests += 1
         self.errors += record.failed
         self.latency_s += record.total_s
+        if record.api in _MODEL_APIS and not record.failed:
+            self.turns += 1
+            self.model_latency_s += record.total_s
+            self.tool_calls += record.tool_calls or 0
         if record.usage is not None:
             self.requests_with_usage += 1
             self.input_tokens = _sum(self.input_tokens, record.usage.input_tokens)
             self.output_tokens = _sum(self.output_tokens, record.usage.output_tokens)
             self.total_tokens = _sum(self.total_tokens, record.usage.total_tokens)
+            self.cached_input_tokens = _sum(self.cached_input_tokens, record.usage.cached_input_tokens)
 
     def as_dict(self) -> dict[str, int | float | None]:
         """Plain builtins only: safe for ``user_properties`` across xdist and for pb-meta.json."""
         return {"requests": self.requests, "errors": self.errors, "requests_with_usage": self.requests_with_usage,
                 "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "total_tokens": self.total_tokens, "latency_s": round(self.latency_s, 6)}
+                "total_tokens": self.total_tokens, "latency_s": round(self.latency_s, 6), "turns": self.turns,
+                "tool_calls": self.tool_calls, "cached_input_tokens": self.cached_input_tokens,
+                "model_latency_s": round(self.model_latency_s, 6)}
 
 
 # -- env for agents -------------------------------------------------------------------------------------------
@@ -537,6 +593,7 @@ class _Exchange:
         self.response_bytes = 0
         self.usage: Usage | None = None
         self.error: str | None = None
+        self.tool_calls: int | None = None
 
     def mark_first_byte(self) -> None:
         if self.first_byte_s is None:
@@ -545,7 +602,7 @@ class _Exchange:
     def record(self) -> RelayRecord:
         return RelayRecord(self.started_at, self.listener, self.method, self.path, self.status, self.model,
                            self.stream, api_of(self.path), self.first_byte_s, round(time.monotonic() - self.t0, 6),
-                           self.request_bytes, self.response_bytes, self.usage, self.error)
+                           self.request_bytes, self.response_bytes, self.usage, self.error, self.tool_calls)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -1123,3 +1180,4 @@ class ModelRelay:
         if exchange.first_byte_s is None:
             exchange.mark_first_byte()
         exchange.usage = tap.finish()
+        exchange.tool_calls = tap.tool_calls

@@ -46,6 +46,7 @@ class Totals:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+    tool_calls: int = 0
     apis: list[str] = field(default_factory=list)
 
     def add(self, api: str, step: Step) -> None:
@@ -110,6 +111,8 @@ class ScriptedModels:
             return step, None
         for name in SHELL_TOOLS:
             if name in tools:
+                with self._lock:
+                    self.sent.tool_calls += 1
                 return step, (name, _arguments(tools[name], step.command))
         self.unexpected.append(f"{api}: no shell tool among {sorted(tools)}")
         return step, None
@@ -348,8 +351,9 @@ def _anthropic_body(model: str, step: Step, call: tuple[str, dict[str, Any]] | N
 def _anthropic_events(model: str, step: Step, call: tuple[str, dict[str, Any]] | None
                       ) -> Iterator[tuple[str | None, Any]]:
     usage = _anthropic_usage(step)
-    start = {"id": _id("msg"), "type": "message", "role": "assistant", "model": model, "content": [],
-             "stop_reason": None, "stop_sequence": None, "usage": {**usage, "output_tokens": 1}}
+    start: dict[str, Any] = {"id": _id("msg"), "type": "message", "role": "assistant", "model": model,
+                             "content": [], "stop_reason": None, "stop_sequence": None,
+                             "usage": {**usage, "output_tokens": 1}}
     yield "message_start", {"type": "message_start", "message": start}
     yield "content_block_start", {"type": "content_block_start", "index": 0,
                                   "content_block": {"type": "text", "text": ""}}

@@ -58,7 +58,7 @@ def _run(pytester: pytest.Pytester, testbed: Testbed, preset: str, server: Scrip
     return run_dir
 
 
-def _check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> dict[str, Any]:
+def _check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> None:
     assert not server.unexpected, server.unexpected
     # Every step of the script was answered, in order, and the agent stopped after the last one.
     assert sorted(set(server.chosen)) == [0, 1, 2], server.chosen
@@ -70,6 +70,11 @@ def _check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> d
     assert tokens["requests_with_usage"] == server.sent.requests, (tokens, server.log)
     assert tokens["input_tokens"] == server.sent.input_tokens, (tokens, server.sent)
     assert tokens["output_tokens"] == server.sent.output_tokens, (tokens, server.sent)
+    assert tokens["cached_input_tokens"] == server.sent.cached_tokens, (tokens, server.sent)
+    # Turns and tool calls, read from the responses as they streamed through the relay.
+    assert tokens["turns"] == server.sent.requests, (tokens, server.log)
+    assert tokens["tool_calls"] == server.sent.tool_calls >= 2, (tokens, server.sent)
+    assert tokens["model_latency_s"] > 0, tokens
     # The CLI's own transcript was copied out, and names the command it ran.
     transcript = run_dir / RPN / "trajectory.jsonl"
     assert transcript.is_file(), sorted(p.name for p in (run_dir / RPN).iterdir())
@@ -82,8 +87,29 @@ def _check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> d
         names = tar.getnames()
     assert not [n for n in names if ".codex" in n or ".claude" in n or "opencode" in n], names
     log = (run_dir / RPN / "agent.log").read_text(errors="replace")
-    assert f"{preset}@" in log and "build for a glibc image" in log, log[:2000]
-    return task
+    assert f"{preset}@" in log, log[:2000]
+    assert "build for a glibc image" in log, log[:2000]
+
+
+@pytest.mark.parametrize("api", ["responses", "chat", "anthropic"])
+@pytest.mark.parametrize("call", [None, ("bash", {"command": "true"})])
+def test_relay_meters_what_the_scripted_server_streams(api: str, call: tuple[str, dict[str, Any]] | None) -> None:
+    """The relay's tap reads usage and tool calls from exactly the event shapes the real CLIs accepted above."""
+    from pytest_programbench.relay import UsageTap
+    from tests import scripted_models as sm
+
+    step = Step("hi", "true" if call else None, 321, 12, 100)
+    events = {"responses": lambda: sm._responses_events("m", step, call),
+              "chat": lambda: sm._chat_events("m", step, call, True),
+              "anthropic": lambda: sm._anthropic_events("m", step, call)}[api]()
+    tap = UsageTap("text/event-stream", "")
+    for name, payload in events:
+        data = payload if isinstance(payload, str) else json.dumps(payload)
+        tap.feed(((f"event: {name}\n" if name else "") + f"data: {data}\n\n").encode())
+    usage = tap.finish()
+    assert usage is not None
+    assert (usage.input_tokens, usage.output_tokens, usage.cached_input_tokens) == (321, 12, 100)
+    assert tap.tool_calls == (1 if call else 0)
 
 
 def test_cli_agent_solves_a_task_through_the_relay(pytester: pytest.Pytester, testbed: Testbed, preset: str) -> None:
@@ -102,4 +128,5 @@ def test_cli_agent_outlasts_a_withheld_first_response(pytester: pytest.Pytester,
     _check_conversation(run_dir, server, preset)
     records = [json.loads(line) for line in (run_dir / RPN / "model-requests.jsonl").read_text().splitlines()]
     waited = [r for r in records if r["first_byte_s"] is not None and r["first_byte_s"] >= SILENCE]
-    assert len(waited) == 1 and waited[0]["status"] == 200 and waited[0]["error"] is None, records
+    assert len(waited) == 1, records
+    assert (waited[0]["status"], waited[0]["error"]) == (200, None), records
