@@ -101,6 +101,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("resume", "Resume RUN_DIR: reuse finished results, re-run missing and errored tasks.",
            metavar="RUN_DIR"),
     Option("infra-retries", "Retries of an item that errored for infrastructure reasons.", "int", 1, metavar="N"),
+    Option("docker-host", "A Docker engine to run tasks on, with how many tasks it may run at once (default: its "
+           "CPUs / --pb-sandbox-cpus); unix://, tcp:// (TLS from DOCKER_TLS_VERIFY/DOCKER_CERT_PATH), ssh://, or "
+           "'default' for DOCKER_HOST's. Repeatable: tasks spread over every engine.", "list",
+           metavar="URL[=SLOTS]"),
     Option("docker-concurrency", "Heavy engine operations (create, start, build, pull, commit, remove) in flight "
            "at once across all workers (0: no cap).", "int", metavar="N"),
     Option("prune-images", "Remove a task's image when it is done, if this run built or pulled it.", "bool",
@@ -109,14 +113,42 @@ OPTIONS: tuple[Option, ...] = (
     Option("blob-dir", "Hidden test archives in the PROGRAMBENCH_BLOB_DIR layout.", metavar="DIR"),
     Option("min-mean", "Fail the session when the mean score over the selection is below X.", "float",
            metavar="X"),
+    Option("keep-going", "Run every task even when the agent of the first tasks exited 127/126 (command not found "
+           "or not executable); by default the session stops after 3 such tasks.", "bool", False),
+    Option("preflight", "Check the selection before spending hours (images, hidden test archives, the agent "
+           "command in a sample sandbox, the model endpoint and key, disk space), list the tasks like --co, print "
+           "what is missing and exit non-zero if anything is.", "bool", False),
+    Option("progress", "Live view of in-flight tasks: auto (in place on a terminal, periodic lines otherwise), "
+           "live, lines or off; :SECONDS sets the refresh (live 1, lines 60).", "str", "auto",
+           metavar="MODE[:SECONDS]"),
+    Option("token-price", "USD per million input and output tokens, for the cost in the summary and report.",
+           metavar="IN,OUT"),
 )
 
 BY_DEST = {o.dest: o for o in OPTIONS}
 
+# ``--help`` sections, in pytest's style (one option group each); an option named nowhere is listed under "run".
+SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("selection", ("language", "difficulty", "filter", "slice", "shuffle", "tasks-dir", "include-fixtures")),
+    ("agent", ("agent", "agent-env", "agent-mount", "agent-setup", "agent-on-host", "agent-timeout",
+               "prompt-template", "submissions", "require-all", "keep-going")),
+    ("model", ("model", "model-endpoint", "model-key-env", "token-price")),
+    ("sandbox", ("sandbox-cpus", "sandbox-memory")),
+    ("evaluation", ("image-tag", "pull", "blob-dir", "cpus", "memory", "branch-workers", "branch-retries",
+                    "compile-timeout", "test-timeout", "min-score", "strict", "allow-flags", "junit-tests")),
+    ("run", ()),
+)
+
+
+def section_of(opt: Option) -> str:
+    return next((name for name, members in SECTIONS if opt.name in members), "run")
+
 
 def register(parser: pytest.Parser) -> None:
-    group = parser.getgroup(GROUP, "ProgramBench (pytest-programbench)")
+    groups = {name: parser.getgroup(f"{GROUP}-{name}", f"ProgramBench {name} (pytest-programbench)")
+              for name, _ in SECTIONS}
     for opt in OPTIONS:
+        group = groups[section_of(opt)]
         # argparse %-formats help texts: a bare "%" would crash `pytest --help` in every project.
         cli_help = opt.help.replace("%", "%%")
         if opt.kind == "bool":
@@ -257,7 +289,13 @@ class Settings:
     min_mean: float | None = None
     junit_tests: bool = False
     docker_concurrency: int | None = None
+    docker_hosts: tuple[str, ...] = ()
     prune_images: bool = False
+    keep_going: bool = False
+    preflight: bool = False
+    progress: str = "auto"
+    progress_interval: float | None = None
+    token_price: tuple[float, float] | None = None
 
 
 def _parsers() -> dict[str, Callable[[str, Any], Any]]:
@@ -270,6 +308,16 @@ def _parsers() -> dict[str, Callable[[str, Any], Any]]:
     def raw_seq(_flag: str, v: Any) -> tuple[str, ...]:
         # agent env/mounts may legitimately contain commas: repeat the flag instead.
         return tuple(str(x) for x in (v if isinstance(v, list | tuple) else [v]))
+
+    def docker_hosts(flag: str, v: Any) -> tuple[str, ...]:
+        from pytest_programbench.engines import EngineSpecError, parse_docker_hosts
+
+        values = raw_seq(flag, v)
+        try:
+            parse_docker_hosts(values)
+        except EngineSpecError as exc:
+            raise pytest.UsageError(str(exc)) from exc
+        return values
 
     def pull(flag: str, v: Any) -> str:
         if str(v) not in {"never", "missing"}:
@@ -304,13 +352,39 @@ def _parsers() -> dict[str, Callable[[str, Any], Any]]:
         "min_mean": lambda f, v: to_float(f, v, minimum=0.0, maximum=1.0),
         "junit_tests": lambda _f, v: to_bool(v),
         "docker_concurrency": lambda f, v: to_int(f, v, minimum=0),
+        "docker_hosts": docker_hosts,
         "prune_images": lambda _f, v: to_bool(v),
+        "keep_going": lambda _f, v: to_bool(v),
+        "preflight": lambda _f, v: to_bool(v),
+        "progress": lambda f, v: progress_mode(f, v)[0],
+        "progress_interval": lambda f, v: progress_mode(f, v)[1],
+        "token_price": token_price,
     }
+
+
+PROGRESS_MODES = ("auto", "live", "lines", "off")
+
+
+def progress_mode(flag: str, value: Any) -> tuple[str, float | None]:
+    """``MODE[:SECONDS]``: the mode and its refresh interval (``None``: the mode's default)."""
+    mode, _, seconds = str(value).strip().lower().partition(":")
+    if mode not in PROGRESS_MODES:
+        raise pytest.UsageError(f"{flag}: {value!r} is not one of: {', '.join(PROGRESS_MODES)} (optionally "
+                                ":SECONDS)")
+    return mode, (to_float(flag, seconds, minimum=0.05) if seconds else None)
+
+
+def token_price(flag: str, value: Any) -> tuple[float, float]:
+    parts = [p.strip() for p in str(value).split(",")]
+    if len(parts) != 2:
+        raise pytest.UsageError(f"{flag}: {value!r} is not IN,OUT (USD per million input and output tokens)")
+    return to_float(flag, parts[0], minimum=0.0), to_float(flag, parts[1], minimum=0.0)
 
 
 # Settings field -> option dest, where the names differ (plural fields for repeatable options).
 _FIELD_TO_DEST = {"languages": "pb_language", "difficulties": "pb_difficulty", "tasks_dirs": "pb_tasks_dir",
-                  "agent_mounts": "pb_agent_mount"}
+                  "agent_mounts": "pb_agent_mount", "progress_interval": "pb_progress",
+                  "docker_hosts": "pb_docker_host"}
 
 
 def parse(config: pytest.Config, *, environ: Sequence[tuple[str, str]] | None = None) -> Settings:

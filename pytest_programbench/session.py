@@ -11,12 +11,14 @@ import json
 import logging
 import os
 import warnings
+import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from _pytest.junitxml import bin_xml_escape
 
 from pytest_programbench import options
 from pytest_programbench.catalogue import Catalogue, CatalogueError, Task
@@ -27,6 +29,9 @@ from pytest_programbench.selection import Selection, select
 
 if TYPE_CHECKING:
     from pytest_programbench.agent import AgentSpec
+    from pytest_programbench.engines import EnginePool
+    from pytest_programbench.preflight import PreflightReport
+    from pytest_programbench.progress import Publisher
     from pytest_programbench.submissions import SubmissionsDir
     from pytest_programbench.summary import RunSummary
 
@@ -36,6 +41,11 @@ WORKERINPUT_KEY = "pytest_programbench_run"
 NOTHING_TO_RUN = (
     "the ProgramBench suite is selected but there is nothing to run: pass --pb-agent CMD to run an agent, or "
     "--pb-submissions DIR to evaluate existing submissions (add --co to only list the tasks)"
+)
+
+AGENT_AND_SUBMISSIONS = (
+    "--pb-agent and --pb-submissions exclude each other: --pb-submissions evaluates existing submissions without "
+    "running an agent; drop one of them"
 )
 
 
@@ -130,6 +140,17 @@ def is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+# Tasks whose agent all exited 127/126 (never ran) before the session stops; --pb-keep-going turns it off.
+STOP_AFTER_AGENT_NOT_RUN = 3
+
+
+def _junit_xml(config: pytest.Config) -> Any:
+    """pytest's JUnit writer when ``--junitxml`` is on (its node reporters are how a test case gets content)."""
+    from _pytest.junitxml import xml_key
+
+    return config.stash.get(xml_key, None)
+
+
 class ProgramBenchSession:
     """Session-wide state and the hooks that need it."""
 
@@ -149,8 +170,17 @@ class ProgramBenchSession:
             # Owner labels on everything this process creates, and the cross-worker cap on heavy engine calls.
             docker_engine.configure_run(identity, concurrency=settings.docker_concurrency)
         self.summary: RunSummary | None = None
+        self.progress: Publisher | None = None  # this process's phase publisher (--pb-progress)
+        self._close_progress: Callable[[], None] | None = None
+        self.report_path: Path | None = None
         self.crashes: dict[str, list[str]] = {}
         self.min_mean_failed = ""
+        self.pytest_session: pytest.Session | None = None
+        # The agent's exit statuses of the first tasks, while none of them ran (127/126): see _watch_agent_exit.
+        self.agent_not_run: list[tuple[str, int]] = []
+        self.agent_ran = False
+        self.stop_reason = ""
+        self.preflight: PreflightReport | None = None
         self.agent_spec: AgentSpec | None = None
         if settings.agent and not settings.submissions:
             from pytest_programbench.agent import AgentSpec
@@ -162,6 +192,12 @@ class ProgramBenchSession:
                 from pytest_programbench.mini_swe_agent import preflight
 
                 preflight(settings)
+        self.engines: EnginePool | None = None  # --pb-docker-host: tasks spread over these engines
+        if settings.docker_hosts:
+            from pytest_programbench.engines import EnginePool, parse_docker_hosts
+
+            self.engines = EnginePool.for_run(parse_docker_hosts(settings.docker_hosts), identity.run_id,
+                                              sandbox_cpus=settings.sandbox_cpus)
         self.submissions: SubmissionsDir | None = None
         self.without_submission: list[str] = []
         if settings.submissions:
@@ -191,6 +227,8 @@ class ProgramBenchSession:
             raise pytest.UsageError(f"no ProgramBench task matched: {selection.why_empty}")
         if not config.option.collectonly and not settings.agent and not settings.submissions:
             raise pytest.UsageError(NOTHING_TO_RUN)
+        if settings.agent and settings.submissions:
+            raise pytest.UsageError(AGENT_AND_SUBMISSIONS)
         register_languages(config, {t.language for t in catalogue})
         method = config.getoption("timeout_method", None) or config.getini("timeout_method")
         if method == "thread":
@@ -237,6 +275,11 @@ class ProgramBenchSession:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._start_summary([i.nodeid for i in session.items])
+        if self.settings.preflight and not is_worker(self.config):
+            from pytest_programbench.preflight import run_preflight
+
+            tasks = [i.task for i in session.items if isinstance(i, ProgramBenchItem)]
+            self.preflight = run_preflight(self.settings, tasks, self.agent_spec, self.identity)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
@@ -264,6 +307,7 @@ class ProgramBenchSession:
             },
             [TaskRecord(t.instance_id, t.language, t.difficulty, t.overridden) for t in chosen],
             meta_loader=lambda iid: TaskArtifacts(self.identity.path, iid).read_meta(),
+            token_price=self.settings.token_price,
         )
         self.summary.write()
 
@@ -271,15 +315,100 @@ class ProgramBenchSession:
         if self.summary is not None:
             self.summary.record(report)
 
+    @pytest.hookimpl(tryfirst=True, specname="pytest_runtest_logreport")
+    def pytest_runtest_logreport_junit(self, report: pytest.TestReport) -> None:
+        """JUnit ``<system-out>``: the agent.log tail, added before junitxml closes the test case (on teardown)."""
+        if report.when != "teardown" or not report.nodeid.startswith("programbench::"):
+            return
+        xml = _junit_xml(self.config)
+        if xml is None:
+            return
+        from pytest_programbench.verdict import tail_lines
+
+        tail = tail_lines(self.identity.path / report.nodeid.removeprefix("programbench::") / "agent.log")
+        if tail:
+            out = ET.Element("system-out")
+            out.text = bin_xml_escape("\n".join([f"last {len(tail)} lines of agent.log:", *tail, ""]))
+            xml.node_reporter(report).append(out)
+
+    @pytest.hookimpl(trylast=True, specname="pytest_runtest_logreport")
+    def pytest_runtest_logreport_explain(self, report: pytest.TestReport) -> None:
+        """After the progress line is written: the failure header names the task; a missing agent stops the run."""
+        if not report.nodeid.startswith("programbench::"):
+            return
+        instance_id = report.nodeid.removeprefix("programbench::")
+        if report.failed and report.location is not None:
+            # pytest titles a failure with the location's domain ("test session" when empty).
+            report.location = (report.location[0], report.location[1], instance_id)
+        if report.when == "call":
+            self._watch_agent_exit(instance_id, dict(report.user_properties).get("agent_exit"))
+
+    def _watch_agent_exit(self, instance_id: str, agent_exit: Any) -> None:
+        """Stop the session when the first tasks' agents all exited 127/126: every other task would do the same."""
+        from pytest_programbench.verdict import AGENT_NOT_RUN
+
+        if self.settings.keep_going or self.agent_spec is None or agent_exit in (None, "") or self.stop_reason:
+            return
+        if agent_exit not in AGENT_NOT_RUN:
+            self.agent_ran = True
+        if self.agent_ran:
+            return
+        self.agent_not_run.append((instance_id, int(agent_exit)))
+        if len(self.agent_not_run) < STOP_AFTER_AGENT_NOT_RUN:
+            return
+        codes = sorted({code for _, code in self.agent_not_run})
+        what = "; ".join(f"{code}: {AGENT_NOT_RUN[code]}" for code in codes)
+        first = self.agent_not_run[0][0]
+        self.stop_reason = (
+            f"programbench: stopping: the agent of each of the first {len(self.agent_not_run)} tasks exited "
+            f"{'/'.join(map(str, codes))} ({what}); check --pb-agent {self.settings.agent!r} (the shell's message "
+            f"is in {self.identity.path / first / 'agent.log'}); --pb-keep-going runs every task anyway")
+        dsession = self.config.pluginmanager.get_plugin("dsession")
+        if dsession is not None:
+            dsession.shouldstop = self.stop_reason  # xdist's controller loop reads its own flag
+        if self.pytest_session is not None:
+            self.pytest_session.shouldstop = self.stop_reason
+
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+        if self.preflight is not None:
+            terminalreporter.write_sep("=", "programbench preflight")
+            for line in self.preflight.lines():
+                terminalreporter.write_line(line, red=bool(self.preflight.missing) and not line.startswith(
+                    "checked:"))
         if self.summary is None:
             return
         terminalreporter.write_sep("=", "programbench summary")
         for line in self.summary.terminal_lines():
             terminalreporter.write_line(line)
         terminalreporter.write_line(f"run directory: {self.identity.run_dir}")
+        if self.report_path is not None:
+            terminalreporter.write_line(f"report: {self.report_path}")
         if self.min_mean_failed:
             terminalreporter.write_line(self.min_mean_failed, red=True, bold=True)
+
+    def _write_report(self) -> None:
+        """report.html next to summary.json; a page that cannot be written is said, never fails the run."""
+        from pytest_programbench.report import TaskScope, write_report
+
+        assert self.summary is not None
+        by_id = {t.instance_id: t for t in self.selection.tasks}
+
+        def scope(instance_id: str) -> TaskScope | None:
+            from programbench.utils.load_data import get_active_branches, get_ignored_tests
+
+            task = by_id.get(instance_id)
+            try:
+                instance = task.load_instance() if task is not None else None
+            except CatalogueError:
+                return None
+            if instance is None:
+                return None
+            return TaskScope(tuple(get_active_branches(instance)), frozenset(get_ignored_tests(instance)))
+
+        try:
+            self.report_path = write_report(self.identity.path, self.summary.as_dict(), scope)
+        except Exception as exc:
+            log.warning("could not write %s: %s", self.identity.path / "report.html", exc)
 
     def _check_min_mean(self, session: pytest.Session) -> None:
         """--pb-min-mean: the run fails when the mean over the selection (errors count 0) is below the bar."""
@@ -344,19 +473,24 @@ class ProgramBenchSession:
                 return
         # An infrastructure error, in the error column: the item's own windows did not end it.
         report.when = "setup"
-        report.longrepr = (f"{instance_id}: infrastructure error: the xdist worker crashed "
-                           f"{len(crashes)} time(s) while running it:\n" + "\n".join(crashes))
+        report.longrepr = (f"infrastructure error: the xdist worker crashed {len(crashes)} time(s) while running "
+                           f"it (run directory: {self.identity.path / instance_id})\n" + "\n".join(crashes))
+
+    def engine_urls(self) -> list[str | None]:
+        """Every engine this run may use (``None``: the environment's)."""
+        return [None] if self.engines is None else [spec.url for spec in self.engines.specs]
 
     def forget_task_containers(self, instance_id: str) -> None:
-        """Remove what an aborted attempt left behind, before the task runs again."""
+        """Remove what an aborted attempt left behind, before the task runs again (on every engine of the run)."""
         from pytest_programbench import docker_engine
 
-        try:
-            docker_engine.sweep(self.identity.run_id, task=instance_id)
-        except docker_engine.EngineUnavailable as exc:  # the item's own error already says so
-            log.debug("could not remove the containers of %s: %s", instance_id, exc)
-        except Exception as exc:  # the session-end sweep and the reaper remain
-            log.warning("could not remove the containers of %s: %s", instance_id, exc)
+        for url in self.engine_urls():
+            try:
+                docker_engine.sweep(self.identity.run_id, task=instance_id, engine=docker_engine.client(url))
+            except docker_engine.EngineUnavailable as exc:  # the item's own error already says so
+                log.debug("could not remove the containers of %s on %s: %s", instance_id, url or "default", exc)
+            except Exception as exc:  # the session-end sweep and the reaper remain
+                log.warning("could not remove the containers of %s: %s", instance_id, exc)
 
     # -- reporting --------------------------------------------------------------------------------------------
 
@@ -371,6 +505,11 @@ class ProgramBenchSession:
             f"programbench {version('programbench')}: {len(self.selection.tasks)} tasks selected ({languages})",
             f"programbench run {self.identity.run_id}: {self.identity.run_dir}",
         ]
+        from pytest_programbench.plugin import WORKSTEAL_DEFAULTED
+
+        if config.stash.get(WORKSTEAL_DEFAULTED, False):
+            lines.append("programbench: -n without --dist: using --dist worksteal (tasks take hours; pass --dist to "
+                         "choose another mode)")
         overridden = [t.instance_id for t in self.selection.tasks if t.overridden]
         if overridden:
             lines.append(f"programbench overridden by --pb-tasks-dir: {', '.join(overridden)}")
@@ -379,13 +518,31 @@ class ProgramBenchSession:
                                                                           else " (in the sandbox)"))
             if not self.collect_only:
                 lines.append(f"programbench binary proxy client: {self._proxy_client_label()}")
-        if not self.collect_only:
+                lines.append(f"programbench sandbox storage: {self._storage_label()}")
+        if self.engines is not None:
+            described = ", ".join(f"{spec.name}" + (f" ({spec.slots} slots)" if spec.slots else "")
+                                  for spec in self.engines.specs)
+            lines.append(f"programbench engines: {described}")
+        elif not self.collect_only:
             from pytest_programbench import docker_engine
 
             problem = docker_engine.preflight()
             if problem:
                 lines.append(f"programbench: {problem} (every item will error)")
         return lines
+
+    def _storage_label(self) -> str:
+        """Whether the engine can limit a sandbox's writable layer: said up front where it cannot."""
+        from pytest_programbench import docker_engine
+        from pytest_programbench.sandbox import storage_limit, storage_quota
+
+        limit = storage_limit()
+        if not limit:
+            return "no size limit asked (PB_SANDBOX_STORAGE=0)"
+        try:
+            return storage_quota(docker_engine.client().api).describe(limit)
+        except docker_engine.EngineUnavailable as exc:
+            return f"unknown ({exc})"
 
     def _proxy_client_label(self) -> str:
         """Built (or found in its cache) once here, so a fallback to the slow Python client is visible up front."""
@@ -399,18 +556,30 @@ class ProgramBenchSession:
     # -- run lifecycle ----------------------------------------------------------------------------------------
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.pytest_session = session
+        if not self.collect_only and self.settings.progress != "off":
+            from pytest_programbench import progress
+
+            self._close_progress = progress.attach(self, session)
         if self.collect_only or is_worker(self.config):
             return
         from importlib.metadata import version
 
+        from pytest_programbench import docker_engine
         from pytest_programbench.reaper import reap_dead_runs
 
         # Leftovers of dead runs (their controller is gone or their lifetime expired), never a live run's.
-        reaped = reap_dead_runs(self.identity.run_id,
-                                run_dirs=[self.config.rootpath / "pb-runs", self.identity.path.parent])
-        if reaped.containers or reaped.images:
-            log.warning("reaped %d containers and %d images of dead runs", len(reaped.containers),
-                        len(reaped.images))
+        for url in self.engine_urls():
+            try:
+                engine = docker_engine.client(url) if url is not None else None
+            except docker_engine.EngineUnavailable as exc:
+                log.warning("engine %s does not answer: %s", url, exc)
+                continue
+            reaped = reap_dead_runs(self.identity.run_id, engine=engine,
+                                    run_dirs=[self.config.rootpath / "pb-runs", self.identity.path.parent])
+            if reaped.containers or reaped.images:
+                log.warning("reaped %d containers and %d images of dead runs on %s", len(reaped.containers),
+                            len(reaped.images), url or "the default engine")
         self.identity.materialise({
             "plugin_version": version("pytest-programbench"),
             "programbench_version": version("programbench"),
@@ -420,18 +589,27 @@ class ProgramBenchSession:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self._close_progress is not None:
+            self._close_progress()
+            self._close_progress = None
+        if self.summary is not None and not is_worker(self.config):
+            self.summary.set_in_flight({})
+            self._write_report()
+        if self.preflight is not None and self.preflight.missing and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.collect_only or is_worker(self.config):
             return
         self._check_min_mean(session)
         from pytest_programbench import docker_engine
 
-        try:
-            report = docker_engine.sweep(self.identity.run_id)
-        except docker_engine.EngineUnavailable as exc:
-            log.warning("could not sweep run %s: %s", self.identity.run_id, exc)
-            return
-        if report.errors:
-            log.warning("sweep of run %s left: %s", self.identity.run_id, "; ".join(report.errors))
+        for url in self.engine_urls():
+            try:
+                report = docker_engine.sweep(self.identity.run_id, engine=docker_engine.client(url))
+            except docker_engine.EngineUnavailable as exc:  # its reaper will, once it answers again
+                log.warning("could not sweep run %s on %s: %s", self.identity.run_id, url or "the engine", exc)
+                continue
+            if report.errors:
+                log.warning("sweep of run %s left: %s", self.identity.run_id, "; ".join(report.errors))
         from pytest_programbench import backpressure
 
         backpressure.release_run(self.identity.run_id)
