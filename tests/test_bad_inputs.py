@@ -258,10 +258,13 @@ def test_bad_input(case: Case, pytester: pytest.Pytester, testbed: Testbed, monk
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("PB_BAD_INPUT_UNSET", raising=False)
     args = ["-p", "no:cacheprovider", *_expand(case.args, tmp, testbed)]
+    if "--pb-output" not in case.args:  # asked for, so that "no run directory" below can fail
+        args += ["--pb-output", str(tmp / "run")]
     if case.collect_only:
         args.append("--co")
-    elif "--pb-output" not in case.args:
-        args += ["--pb-output", str(tmp / "run"), "--pb-infra-retries", "0", "--junitxml", str(tmp / "junit.xml")]
+    else:
+        args += ["--pb-infra-retries", "0", "--junitxml", str(tmp / "junit.xml")]
+    before = sorted(p.relative_to(tmp) for p in tmp.rglob("*"))
     result = pytester.runpytest_subprocess(*args, timeout=600)
     text = "\n".join(_lines(result))
 
@@ -269,6 +272,9 @@ def test_bad_input(case: Case, pytester: pytest.Pytester, testbed: Testbed, monk
         assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-3000:]
         result.stderr.fnmatch_lines([case.message])
         assert not (tmp / "run").exists(), "a refused session creates no run directory"
+        after = [p for p in sorted(p.relative_to(tmp) for p in tmp.rglob("*"))
+                 if p.parts[0] not in ("stdout", "stderr") and not p.parts[0].startswith("runpytest-")]  # pytester's
+        assert after == before, "a refused session writes nothing"
         return
     outcomes = result.parseoutcomes()
     if case.kind in ("error", "usage-or-error"):
@@ -288,8 +294,7 @@ def _junit_properties(tmp: Path) -> dict[str, str]:
     import xml.etree.ElementTree as ET
 
     path = tmp / "junit.xml"
-    if not path.exists():
-        return {}
+    assert path.is_file(), "the session wrote no JUnit XML"
     return {p.get("name", ""): p.get("value", "") for p in ET.parse(path).getroot().iter("property")}
 
 
