@@ -156,6 +156,7 @@ _SAMPLES: dict[str, tuple[str, str]] = {
     "language": ("go", "rust"), "difficulty": ("hard", "easy"), "pull": ("missing", "never"),
     "progress": ("lines:5", "live:2"), "token-price": ("1.5,2", "3,4"), "sandbox-memory": ("3g", "5g"),
     "memory": ("2g", "4g"), "slice": ("1:3", "0:2"), "filter": ("a.*", "b.*"),
+    "docker-host": ("unix:///run/pb-a.sock", "unix:///run/pb-b.sock=2"),
 }
 _KIND_SAMPLES = {"int": ("7", "9"), "float": ("0.5", "0.75"), "str": ("one", "two"), "list": ("one", "two")}
 _DIR_OPTIONS = ("tasks-dir", "submissions", "resume", "blob-dir")
