@@ -9,6 +9,10 @@ bash testbed/setup.sh
 if ! command -v chromium >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
+# Debian's docker-registry serves a test-bed image on 127.0.0.1 for tests/test_registry.py (the pull path).
+if ! command -v docker-registry >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null
+fi
 # No network during tests: the hidden test archives come from the local blob dir.
 export HF_HUB_OFFLINE=1
 mkdir -p .ci/out
