@@ -43,8 +43,9 @@ class EngineStartError(RuntimeError):
 class PrivateEngine:
     """A ``dockerd`` of our own. ``start()``/``stop()``/``restart()`` act on the pid we started, nothing else."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, extra_config: dict[str, Any] | None = None) -> None:
         self.root = root
+        self.extra_config = dict(extra_config or {})  # more daemon.json keys (registry mirrors)
         self.socket = root / "d.sock"
         self.data_root = root / "data"
         self.exec_root = root / "exec"
@@ -74,7 +75,8 @@ class PrivateEngine:
         if dockerd is None:
             raise EngineStartError("dockerd is not installed: run `bash testbed/setup.sh`")
         self.root.mkdir(parents=True, exist_ok=True)
-        self.config_file.write_text(json.dumps({"bridge": "none", "iptables": False, "ip-masq": False}))
+        self.config_file.write_text(json.dumps({"bridge": "none", "iptables": False, "ip-masq": False,
+                                                **self.extra_config}))
         env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "DOCKER_HOST")}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
