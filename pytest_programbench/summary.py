@@ -41,6 +41,11 @@ class TaskRecord:
         return self.outcome in (PASSED, FAILED) and self.score is not None
 
     @property
+    def engine(self) -> str:
+        """The engine the task's last attempt ran on (``--pb-docker-host``), "" when the run has one engine."""
+        return str(self.meta.get("engine") or "")
+
+    @property
     def tokens(self) -> dict[str, Any] | None:
         relay = self.meta.get("relay")
         return relay if isinstance(relay, dict) else None
@@ -60,6 +65,7 @@ class TaskRecord:
             "image_id": (meta.get("image") or {}).get("id"),
             "blob_sha256": (meta.get("blobs") or {}).get("sha256"),
             "tokens": meta.get("relay"), "cost_usd": self.cost_usd, "duration": round(self.duration, 3),
+            "engine": meta.get("engine"), "engines_tried": meta.get("engines_tried"),
         }
 
 
@@ -103,14 +109,17 @@ def task_cost(run_dir: Path, rec: TaskRecord, token_price: tuple[float, float] |
     return round(((inp or 0) * token_price[0] + (out or 0) * token_price[1]) / 1e6, 6)
 
 
+_METERED = ("cached_input_tokens", "turns", "tool_calls")  # the relay's counts summed besides the tokens
+
+
 def token_totals(records: Iterable[TaskRecord]) -> dict[str, Any]:
     totals: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "tasks_with_tokens": 0,
-                              "cost_usd": None, "tasks_with_cost": 0}
+                              "cost_usd": None, "tasks_with_cost": 0, **dict.fromkeys(_METERED, 0)}
     for rec in records:
         tokens = rec.tokens
         if tokens is not None and any(isinstance(tokens.get(k), int) for k in ("input_tokens", "output_tokens")):
             totals["tasks_with_tokens"] += 1
-            for key in ("input_tokens", "output_tokens", "total_tokens"):
+            for key in ("input_tokens", "output_tokens", "total_tokens", *_METERED):
                 totals[key] += tokens.get(key) or 0
         if rec.cost_usd is not None:
             totals["tasks_with_cost"] += 1
@@ -195,6 +204,20 @@ class RunSummary:
             groups.setdefault(getattr(rec, key), []).append(rec)
         return {name: figures(rows) for name, rows in sorted(groups.items())}
 
+    def by_engine(self) -> dict[str, dict[str, Any]]:
+        """Per engine (``--pb-docker-host``): its tasks' outcomes and time; empty for a one-engine run."""
+        table: dict[str, dict[str, Any]] = {}
+        for rec in self.records.values():
+            if not rec.engine:
+                continue
+            row = table.setdefault(rec.engine, {"tasks": 0, "passed": 0, "failed": 0, "errors": 0, "seconds": 0.0})
+            row["tasks"] += 1
+            column = {PASSED: "passed", FAILED: "failed", ERROR: "errors"}.get(rec.outcome)
+            if column is not None:
+                row[column] += 1
+            row["seconds"] = round(row["seconds"] + rec.duration, 3)
+        return dict(sorted(table.items()))
+
     def as_dict(self) -> dict[str, Any]:
         return {
             **self.header,
@@ -203,6 +226,7 @@ class RunSummary:
             "official_headline": self.official_headline(),
             "by_language": self.breakdown("language"),
             "by_difficulty": self.breakdown("difficulty"),
+            "by_engine": self.by_engine(),
             "tokens": token_totals(self.records.values()),
             "in_flight": dict(sorted(self.in_flight.items())),
             "tasks": {iid: {**rec.as_dict(), "phase": (self.in_flight.get(iid) or {}).get("phase")}
@@ -235,6 +259,9 @@ class RunSummary:
                      f"mean over the selection (errors and unattempted count 0): {fmt(head['mean_over_selection'])} "
                      f"({head['selected']} selected)")
         lines.append(tokens_line(token_totals(self.records.values())))
+        for engine, row in self.by_engine().items():
+            lines.append(f"engine {engine}: {row['tasks']} tasks ({row['passed']} passed, {row['failed']} failed, "
+                         f"{row['errors']} errors), {row['seconds']:.0f} s")
         official = self.official_headline()
         if official is not None:
             lines.append(f"official headline (all benchmark tasks): mean {official['mean_score']}, resolved "

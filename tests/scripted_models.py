@@ -71,6 +71,7 @@ class ScriptedModels:
         self.log: list[str] = []  # "METHOD path" of every request
         self.bodies: list[dict[str, Any]] = []  # every model request's JSON body
         self.unexpected: list[str] = []
+        self.keys: list[str] = []  # the API key of every model request (x-api-key, else the bearer token)
         self.chosen: list[int] = []  # the script index answered for each tool-offering request
         self._lock = threading.Lock()
         self._withheld = False
@@ -168,6 +169,8 @@ class ScriptedModels:
                     models.unexpected.append(f"POST {self.path}")
                     return self._json(404, {"error": {"message": f"no route {self.path}"}})
                 models.bodies.append(body)
+                models.keys.append(self.headers.get("x-api-key")
+                                   or (self.headers.get("Authorization") or "").removeprefix("Bearer "))
                 step, call = models._pick(api, body)
                 models._wait_first()
                 model = str(body.get("model") or "scripted")

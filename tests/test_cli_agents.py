@@ -29,6 +29,7 @@ STEPS = (
 )
 # Several times the engine client's read timeout (scaled down below), far under any CLI's own stream timeout.
 READ_TIMEOUT = "4"
+KEY = "sk-host-only-9c2e41"  # the relay adds it; the CLI sees a placeholder
 SILENCE = 15.0
 
 
@@ -43,12 +44,15 @@ def preset(request: pytest.FixtureRequest) -> str:
     return name
 
 
-def _run(pytester: pytest.Pytester, testbed: Testbed, preset: str, server: ScriptedModels) -> Path:
+def _run(pytester: pytest.Pytester, testbed: Testbed, preset: str, server: ScriptedModels,
+         monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PB_TEST_MODEL_KEY", KEY)
     run_dir = pytester.path / "run"
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
         "--pb-filter", RPN, "--pb-pull", "never", "--pb-cpus", "2", "--pb-output", str(run_dir),
         "--pb-agent", preset, "--pb-model", "scripted-model", "--pb-model-endpoint", server.base_url,
+        "--pb-model-key-env", "PB_TEST_MODEL_KEY",
         "--pb-agent-mount", f"{TESTBED}:/pb-testbed", "--pb-agent-timeout", "600",
         timeout=900)
     log = (run_dir / RPN / "agent.log").read_text(errors="replace") if (run_dir / RPN / "agent.log").exists() \
@@ -60,10 +64,12 @@ def _run(pytester: pytest.Pytester, testbed: Testbed, preset: str, server: Scrip
 
 def _check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> None:
     assert not server.unexpected, server.unexpected
+    assert set(server.keys) == {KEY}, server.keys  # in whichever header the API uses, added by the relay
     # Every step of the script was answered, in order, and the agent stopped after the last one.
     assert sorted(set(server.chosen)) == [0, 1, 2], server.chosen
     assert server.chosen[-1] == 2, server.chosen
-    task = json.loads((run_dir / "summary.json").read_text())["tasks"][RPN]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    task = summary["tasks"][RPN]
     assert task["agent_exit"] == 0, task
     # The tokens recorded are exactly those the server sent, every request metered.
     tokens = task["tokens"]
@@ -75,6 +81,9 @@ def _check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> N
     assert tokens["turns"] == server.sent.requests, (tokens, server.log)
     assert tokens["tool_calls"] == server.sent.tool_calls >= 2, (tokens, server.sent)
     assert tokens["model_latency_s"] > 0, tokens
+    totals = summary["tokens"]  # the run's totals sum them
+    assert (totals["turns"], totals["tool_calls"], totals["cached_input_tokens"]) == (
+        tokens["turns"], tokens["tool_calls"], tokens["cached_input_tokens"]), totals
     # The CLI's own transcript was copied out, and names the command it ran.
     transcript = run_dir / RPN / "trajectory.jsonl"
     assert transcript.is_file(), sorted(p.name for p in (run_dir / RPN).iterdir())
@@ -89,6 +98,8 @@ def _check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> N
     log = (run_dir / RPN / "agent.log").read_text(errors="replace")
     assert f"{preset}@" in log, log[:2000]
     assert "build for a glibc image" in log, log[:2000]
+    assert KEY not in log, "the key reached the sandbox"
+    assert KEY not in transcript.read_text(errors="replace"), "the key reached the sandbox"
 
 
 @pytest.mark.parametrize("api", ["responses", "chat", "anthropic"])
@@ -112,9 +123,10 @@ def test_relay_meters_what_the_scripted_server_streams(api: str, call: tuple[str
     assert tap.tool_calls == (1 if call else 0)
 
 
-def test_cli_agent_solves_a_task_through_the_relay(pytester: pytest.Pytester, testbed: Testbed, preset: str) -> None:
+def test_cli_agent_solves_a_task_through_the_relay(pytester: pytest.Pytester, testbed: Testbed, preset: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     with ScriptedModels(STEPS) as server:
-        run_dir = _run(pytester, testbed, preset, server)
+        run_dir = _run(pytester, testbed, preset, server, monkeypatch)
     _check_conversation(run_dir, server, preset)
 
 
@@ -124,7 +136,7 @@ def test_cli_agent_outlasts_a_withheld_first_response(pytester: pytest.Pytester,
     the path (engine exec stream, bridge, relay) cuts the wait, and the agent still finishes and passes."""
     monkeypatch.setenv("PB_DOCKER_API_TIMEOUT", READ_TIMEOUT)
     with ScriptedModels(STEPS, withhold_first=SILENCE) as server:
-        run_dir = _run(pytester, testbed, preset, server)
+        run_dir = _run(pytester, testbed, preset, server, monkeypatch)
     _check_conversation(run_dir, server, preset)
     records = [json.loads(line) for line in (run_dir / RPN / "model-requests.jsonl").read_text().splitlines()]
     waited = [r for r in records if r["first_byte_s"] is not None and r["first_byte_s"] >= SILENCE]
