@@ -343,7 +343,7 @@ def test_hard_stop_abandons_a_hung_agent(tmp_path: Path, monkeypatch: pytest.Mon
         release.set()
     assert box.calls[-1]["command"] == ["bash", "-lc", "sleep 100"], log_path.read_text()
     assert (exit_code, timed_out) == (None, True)
-    assert 6 < elapsed < 10
+    assert 6 < elapsed < 60  # the 6 s clock, not sleep's 100 s (loose: a loaded machine is slow)
     assert box.killed >= 1
     assert len(llm.requests) == 1
     assert llm.authorizations == ["Bearer pb-no-key"]  # no key anywhere: a placeholder the SDK accepts

@@ -330,10 +330,14 @@ def test_client_forwards_signals(client_command: list[str], sock_path: Path) -> 
     deadline = time.monotonic() + 10
     while fake.request is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    time.sleep(0.2)
-    for sig in (signal.SIGINT, signal.SIGWINCH, signal.SIGHUP):
-        process.send_signal(sig)
-        time.sleep(0.1)
+    for count, sig in enumerate((signal.SIGINT, signal.SIGWINCH, signal.SIGHUP), 1):
+        # Sent again until forwarded (the client may not have its handlers yet), then the next: order by condition.
+        deadline = time.monotonic() + 20
+        while len(received) < count and time.monotonic() < deadline:
+            process.send_signal(sig)
+            wait_until = time.monotonic() + 1
+            while len(received) < count and time.monotonic() < wait_until:
+                time.sleep(0.01)
     assert process.wait(20) == -signal.SIGTERM
     fake.close()
     assert received == [signal.SIGINT, signal.SIGWINCH, signal.SIGHUP]

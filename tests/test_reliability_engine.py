@@ -225,7 +225,7 @@ def test_missing_engine_fails_fast_with_one_clear_message(tmp_path: Path, monkey
     started = time.monotonic()
     with pytest.raises(EngineUnavailable) as second:
         docker_engine.client()
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 5
     assert str(second.value) == str(first.value)
     assert docker_engine.preflight() == str(first.value)
 
@@ -286,11 +286,13 @@ def test_the_outage_budget_bounds_the_wait(proxy: FaultProxy, testbed: Testbed,
     assert isinstance(caught.value, EngineUnavailable)
     assert isinstance(caught.value, requests.exceptions.ConnectionError)
     assert HOW_TO_START in str(caught.value)
-    # Still the same outage: the next call does not wait again.
+    # Still the same outage: the next call does not wait again (no retry; under the 2 s budget however loaded).
+    retries = docker_engine.engine_state().retries
     started = time.monotonic()
     with pytest.raises(EngineConnectionError):
         api.images()
-    assert time.monotonic() - started < 1.0
+    assert docker_engine.engine_state().retries == retries
+    assert time.monotonic() - started < 2.0
 
 
 def test_exec_calls_are_never_retried(proxy: FaultProxy) -> None:
@@ -301,7 +303,7 @@ def test_exec_calls_are_never_retried(proxy: FaultProxy) -> None:
         api.exec_inspect("0123456789ab")
     with pytest.raises(EngineConnectionError):
         api.exec_create("0123456789ab", ["true"])
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 30  # a retried call would wait out the 60 s outage budget
     assert docker_engine.engine_state().retries == 0
 
 
