@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import shutil
 import socket
 import struct
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from programbench.eval import eval_batch
+from programbench.eval.eval import EvaluationResult
 from programbench.utils import blob_store
 from programbench.utils.load_data import get_active_branches, load_all_instances
 
@@ -80,7 +82,7 @@ def load(root: Path) -> tuple[Task, dict[str, Any]]:
 
 
 @pytest.fixture
-def official_blobs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def official_blobs(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], None]:
     """Points the official evaluator at a blob directory (``PROGRAMBENCH_BLOB_DIR``, read at import)."""
     def use(blob_dir: Path) -> None:
         monkeypatch.setenv("PROGRAMBENCH_BLOB_DIR", str(blob_dir))
@@ -100,7 +102,7 @@ def run_official_cli(instance: dict[str, Any], archive: Path, work: Path) -> tup
     eval_json = target / instance_id / f"{instance_id}.eval.json"
     result = None
     if eval_json.exists():
-        result = eval_batch.EvaluationResult.model_validate_json(eval_json.read_text())
+        result = EvaluationResult.model_validate_json(eval_json.read_text())
     return summary, result
 
 
@@ -263,12 +265,14 @@ def test_tar_warning_per_member_does_not_deadlock(testbed: Testbed, tmp_path: Pa
     from programbench.container import ContainerEnvironment
 
     archive = tmp_path / "mac.tar.gz"
+    noise = random.Random(12)  # incompressible members: the input outlasts every buffer once tar stops reading
     with tarfile.open(archive, "w:gz", format=tarfile.PAX_FORMAT) as tar:
         for i in range(20_000):
-            info = tarfile.TarInfo(f"./resources/r{i:05d}.txt")
-            info.size = 1
+            info = tarfile.TarInfo(f"./resources/r{i:05d}.bin")
+            info.size = 512
             info.pax_headers = {"LIBARCHIVE.xattr.com.apple.quarantine": "MDA4MTs2NTAwMDAwMDtTYWZhcmk7"}
-            tar.addfile(info, io.BytesIO(b"x"))
+            tar.addfile(info, io.BytesIO(noise.randbytes(512)))
+    assert archive.stat().st_size > 10_000_000
     # A deadlock would wait out the official 300 s bound; 120 s is still 20 times what the extraction takes.
     monkeypatch.setattr(container_layer, "DOCKER_CP_TIMEOUT", 120)
     count = "find /workspace/resources -type f | wc -l; tar --version | head -1"
@@ -398,6 +402,7 @@ class FakeEngine:
                                  b"Connection: Upgrade\r\nUpgrade: tcp\r\n\r\n" + frame)
                     conn.shutdown(socket.SHUT_RDWR)
                     return
+                body: dict[str, Any] | None
                 if method == "POST" and path == "containers/create":
                     status, body = "201 Created", {"Id": "c0ffee", "Warnings": []}
                 elif method == "POST" and path.endswith("/exec"):
