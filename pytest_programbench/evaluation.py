@@ -291,7 +291,13 @@ class _Probe:
         elif step == COMPILE_STEP:
             self.before = env.diff()
         elif step == INSTALL_RERUNS_STEP and self.wheels.available:
-            env.put_files("/tmp", self.wheels.files(), subdir=CONTAINER_WHEEL_DIR.rsplit("/", 1)[-1])
+            try:
+                env.put_files("/tmp", self.wheels.files(), subdir=CONTAINER_WHEEL_DIR.rsplit("/", 1)[-1])
+            except RuntimeError as exc:
+                # compile.sh removed /tmp (or made it unwritable): pip then fails here as it would for the
+                # official (no temp dir), the step's failure is accepted and reruns are off. Never a 0.
+                log.warning("could not copy the rerunfailures wheels into /tmp: %s", exc)
+                return
             self.wheels_copied = True
 
     def step_env(self, step: str, env: SdkContainerEnvironment) -> dict[str, str] | None:

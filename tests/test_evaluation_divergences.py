@@ -284,10 +284,6 @@ def test_tar_warning_per_member_does_not_deadlock(testbed: Testbed, tmp_path: Pa
         ours.copy_in_tar(archive, "/workspace/")
         assert ours.execute(count) == official.execute(count)
         assert ours.execute(count)["output"].startswith("20000\n")
-        # The condition itself: tar writes megabytes to stderr for this archive (more than any pipe holds).
-        ours.copy_in(archive, "/tmp/mac.tar.gz")
-        warned = ours.execute("mkdir /tmp/w && tar -C /tmp/w -xzf /tmp/mac.tar.gz 2>&1 >/dev/null | wc -c")
-        assert int(warned["output"]) > 1_000_000
     finally:
         official.cleanup()
         ours.cleanup()
