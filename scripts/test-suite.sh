@@ -13,10 +13,17 @@ fi
 if ! command -v docker-registry >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null
 fi
+# The CLI agents of tests/test_cli_agents.py come from the npm registry, installed once per machine into the plugin's
+# cache (~/.cache/pytest-programbench/agents, kept between runs): npm is needed only for the first install.
+if ! command -v npm >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null
+fi
+python3 -c 'from pytest_programbench import agent_presets as p
+for name in p.PRESETS: print(p.describe(p.ensure_installed(*p.parse(name))))'
 # No network during tests: the hidden test archives come from the local blob dir.
 export HF_HUB_OFFLINE=1
 mkdir -p .ci/out
-serial=(tests/test_chaos_engine.py tests/test_chaos.py tests/test_load.py)
+serial=(tests/test_chaos_engine.py tests/test_chaos.py tests/test_load.py tests/test_engines.py)
 status=0
 # --durations: where the suite's time goes, kept in every run's output (the CI budget is 25 minutes).
 python3 -m pytest "${serial[@]}" -p no:cacheprovider --durations=15 --junitxml=.ci/out/junit-serial.xml "$@" \

@@ -8,6 +8,7 @@ loopback, reached only through the relay: probe ``/workspace/binary``, copy the 
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -142,3 +143,76 @@ def test_cli_agent_outlasts_a_withheld_first_response(pytester: pytest.Pytester,
     waited = [r for r in records if r["first_byte_s"] is not None and r["first_byte_s"] >= SILENCE]
     assert len(waited) == 1, records
     assert (waited[0]["status"], waited[0]["error"]) == (200, None), records
+
+
+# ---------------------------------------------------------------------------------------------- installing
+
+
+FAKE_NPM = """#!/bin/sh
+# Stands in for npm: records the call, lays out codex's platform package as the registry's would.
+echo "$@" >> "$PB_FAKE_NPM_CALLS"
+[ -n "$PB_FAKE_NPM_FAIL" ] && { echo "npm error 404 Not Found - $PB_FAKE_NPM_FAIL" >&2; exit 1; }
+# Hold the install open while a second, unlocked install could start (then it shows as a second call line).
+[ -n "$PB_FAKE_NPM_HOLD" ] && for _ in $(seq 50); do
+    [ "$(wc -l < "$PB_FAKE_NPM_CALLS")" -gt 1 ] && break; sleep 0.1
+done
+while [ $# -gt 0 ]; do [ "$1" = --prefix ] && prefix=$2; shift; done
+dir="$prefix/node_modules/@openai/codex/vendor/x86_64-unknown-linux-musl"
+mkdir -p "$dir/bin" "$dir/codex-path"
+printf 'fake codex' > "$dir/bin/codex"; printf 'fake rg' > "$dir/codex-path/rg"
+"""
+
+
+@pytest.fixture
+def fake_npm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    npm = tmp_path / "npm"
+    npm.write_text(FAKE_NPM)
+    npm.chmod(0o755)
+    calls = tmp_path / "npm-calls"
+    calls.touch()
+    monkeypatch.setenv("PB_NPM", str(npm))
+    monkeypatch.setenv("PB_FAKE_NPM_CALLS", str(calls))
+    monkeypatch.setenv("PB_AGENT_CACHE", str(tmp_path / "cache"))
+    return calls
+
+
+def test_concurrent_installs_run_npm_once(fake_npm: Path, tmp_path: Path) -> None:
+    """Two processes (xdist workers) asking for the same preset at once: one npm install, both get it."""
+    import subprocess
+    import sys
+
+    script = ("from pytest_programbench import agent_presets as p; "
+              "i = p.ensure_installed(*p.parse('codex@1.2.3')); print(sorted(i.variants))")
+    env = {**os.environ, "PB_FAKE_NPM_HOLD": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0]
+    assert outputs == ["['static']\n", "['static']\n"]
+    calls = fake_npm.read_text().splitlines()
+    assert len(calls) == 1, calls
+    assert "@openai/codex@1.2.3-linux-x64" in calls[0]
+    assert "--ignore-scripts" in calls[0]
+    # What the sandbox gets: root-owned, read-only for everyone, under /opt/pb-agent.
+    with tarfile.open(tmp_path / "cache" / "codex-1.2.3" / "sandbox-static.tar") as tar:
+        files = {m.name: (m.uid, m.gid, m.mode) for m in tar.getmembers() if m.isfile()}
+    assert files == {"opt/pb-agent/codex-1.2.3/bin/codex": (0, 0, 0o555),
+                     "opt/pb-agent/codex-1.2.3/bin/rg": (0, 0, 0o555)}
+
+
+@pytest.mark.parametrize("problem", ["install fails", "no npm"])
+def test_preset_that_cannot_be_installed_is_a_usage_error(pytester: pytest.Pytester, testbed: Testbed,
+                                                          fake_npm: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          problem: str) -> None:
+    if problem == "install fails":
+        monkeypatch.setenv("PB_FAKE_NPM_FAIL", "@openai/codex@9.9.9-linux-x64")
+        expected = "`npm install @openai/codex@9.9.9-linux-x64` exited 1: npm error 404 Not Found"
+    else:
+        monkeypatch.delenv("PB_NPM")
+        monkeypatch.setenv("PATH", str(pytester.mkdir("empty-path")))
+        expected = "--pb-agent codex: npm is not on PATH"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-filter", RPN,
+        "--pb-agent", "codex@9.9.9", timeout=300)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.outlines[-20:]
+    assert expected in "\n".join(result.errlines), result.errlines[-20:]
