@@ -915,6 +915,14 @@ class ModelRelay:
     def _exchange(self, handler: _Handler, listener: str) -> None:
         exchange = _Exchange(listener, handler.command, handler.path)
         try:
+            if handler.command == "HEAD" and handler.path == "/" and not self.upstream.contains("/"):
+                # claude-code's connectivity probe at start: the relay itself is what it can reach, so it answers.
+                exchange.status = 200
+                handler.send_response(200)
+                handler.send_header("Content-Length", "0")
+                handler.end_headers()
+                exchange.mark_first_byte()
+                return
             self._forward(handler, exchange)
         except _Refusal as refusal:
             exchange.error = refusal.message

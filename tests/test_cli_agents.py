@@ -80,6 +80,7 @@ def _check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> N
     assert tokens["cached_input_tokens"] == server.sent.cached_tokens, (tokens, server.sent)
     # Turns and tool calls, read from the responses as they streamed through the relay.
     assert tokens["turns"] == server.sent.requests, (tokens, server.log)
+    assert tokens["errors"] == 0, (tokens, server.log)  # start-up probes answered, nothing refused
     assert tokens["tool_calls"] == server.sent.tool_calls >= 2, (tokens, server.sent)
     assert tokens["model_latency_s"] > 0, tokens
     totals = summary["tokens"]  # the run's totals sum them
@@ -122,6 +123,27 @@ def test_relay_meters_what_the_scripted_server_streams(api: str, call: tuple[str
     assert usage is not None
     assert (usage.input_tokens, usage.output_tokens, usage.cached_input_tokens) == (321, 12, 100)
     assert tap.tool_calls == (1 if call else 0)
+
+
+def test_relay_answers_the_start_up_probe_itself() -> None:
+    """claude-code's ``HEAD /`` outside the endpoint's ``/v1``: answered by the relay, not refused, not forwarded."""
+    import http.client
+
+    from pytest_programbench.relay import ModelRelay
+
+    with ScriptedModels(STEPS) as server, ModelRelay(server.base_url, unix=False, tcp=True) as relay:
+        address = relay.tcp_address
+        assert address is not None
+        statuses = []
+        for method, path in (("HEAD", "/"), ("HEAD", "/elsewhere"), ("GET", "/v1/models")):
+            conn = http.client.HTTPConnection(*address, timeout=30)
+            conn.request(method, path)
+            response = conn.getresponse()
+            response.read()
+            statuses.append(response.status)
+            conn.close()
+    assert statuses == [200, 404, 200]
+    assert server.log == ["GET /v1/models"]
 
 
 def test_cli_agent_solves_a_task_through_the_relay(pytester: pytest.Pytester, testbed: Testbed, preset: str,
