@@ -9,6 +9,7 @@ the pure tests pin the bounds. Needs Docker and the test bed; fails, never skips
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import re
@@ -17,12 +18,14 @@ import shutil
 import stat
 import tarfile
 import textwrap
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from docker.errors import ImageNotFound
 
 from pytest_programbench import sandbox as sandbox_module
 from pytest_programbench.agent_log import CappedLog
@@ -124,7 +127,7 @@ elif attack == "interrupt":  # finding 4: the proxy worker killed mid-call
     client = subprocess.Popen(["/workspace/binary"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     while True:
         procs = own_processes()
-        workers = {pid for pid, _ppid, cmd in procs if b"daemon.py" in cmd and b"serve" in cmd}
+        workers = {pid for pid, _ppid, cmd in procs if b"/var/lib/pb-proxy/daemon.py" in cmd}  # (forked, not exec'd)
         if any(ppid in workers and pid not in workers for pid, ppid, _cmd in procs):
             break  # the reference runs: its "started" line is written
         time.sleep(0.05)
@@ -141,10 +144,12 @@ elif attack == "interrupt":  # finding 4: the proxy worker killed mid-call
 def hostile_tasks(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> Iterator[Path]:
     """Copies of the rpn task, one per attack, its image tagged under each copy's name."""
     root = pytester.mkdir("tasks")
+    # A commit hash of its own per test: two tests on two xdist workers never share (nor untag) an image tag.
+    (root.parent / "suffix.txt").write_text(uuid.uuid4().hex[:7])
     image = docker_client.images.get(f"programbench/{RPN_ID.replace('__', '_1776_')}:task_cleanroom_v6")
     tags = []
     for attack in (*ATTACKS, "unreadable"):
-        iid = f"pbhostile__{attack}.1313131"
+        iid = f"pbhostile__{attack}.{(root.parent / 'suffix.txt').read_text()}"
         shutil.copytree(testbed.tasks_dir / RPN_ID, root / iid)
         repository = f"programbench/{iid.replace('__', '_1776_')}"
         image.tag(repository, "task_cleanroom_v6")
@@ -155,7 +160,8 @@ def hostile_tasks(pytester: pytest.Pytester, testbed: Testbed, docker_client: An
         yield root
     finally:
         for tag in tags:
-            docker_client.images.remove(tag, noprune=True)
+            with contextlib.suppress(ImageNotFound):
+                docker_client.images.remove(tag, noprune=True)
 
 
 def _run(pytester: pytest.Pytester, testbed: Testbed, tasks: Path, run_dir: Path, pattern: str,
@@ -164,7 +170,7 @@ def _run(pytester: pytest.Pytester, testbed: Testbed, tasks: Path, run_dir: Path
         "-p", "no:cacheprovider", *extra, "--pb-tasks-dir", str(tasks), "--pb-blob-dir", str(testbed.blob_dir),
         "--pb-filter", pattern, "--pb-agent", "python3 /pb-hostile/hostile.py",
         "--pb-agent-mount", f"{pytester.path / 'hostile'}:/pb-hostile", "--pb-pull", "never",
-        "--pb-output", str(run_dir), "--pb-cpus", "2", timeout=1200)
+        "--pb-output", str(run_dir), "--pb-cpus", "2", "--pb-agent-timeout", "300", timeout=1200)
 
 
 @pytest.mark.usefixtures("clean_env")
@@ -176,7 +182,7 @@ def test_hostile_agents_are_scored_never_errors(pytester: pytest.Pytester, testb
     result = _run(pytester, testbed, hostile_tasks, run_dir, "pbhostile__(" + "|".join(ATTACKS) + ")", "-n", "2")
     result.assert_outcomes(failed=len(ATTACKS))
     tasks = json.loads((run_dir / "summary.json").read_text())["tasks"]
-    ids = {attack: f"pbhostile__{attack}.1313131" for attack in ATTACKS}
+    ids = {attack: f"pbhostile__{attack}.{(hostile_tasks.parent / 'suffix.txt').read_text()}" for attack in ATTACKS}
     for attack, iid in ids.items():
         assert tasks[iid]["outcome"] == "failed", (attack, tasks[iid])
         log = (run_dir / iid / "agent.log").read_bytes()
@@ -228,6 +234,7 @@ def test_hostile_agents_are_scored_never_errors(pytester: pytest.Pytester, testb
 SMALL_READ_LIMIT_PLUGIN = textwrap.dedent("""
     from pytest_programbench import sandbox
     sandbox.CALL_LOG_READ_LIMIT = 64
+    sandbox.TAR_OVERHEAD = 0
 """)
 
 
@@ -242,7 +249,7 @@ def test_an_unreadable_call_log_is_a_note_and_a_flag(pytester: pytest.Pytester, 
     run_dir = pytester.path / "run"
     result = _run(pytester, testbed, hostile_tasks, run_dir, "pbhostile__unreadable", "-p", "pb_small_read_limit")
     result.assert_outcomes(failed=1)
-    iid = "pbhostile__unreadable.1313131"
+    iid = f"pbhostile__unreadable.{(hostile_tasks.parent / 'suffix.txt').read_text()}"
     reasons = "\n".join(json.loads((run_dir / "summary.json").read_text())["tasks"][iid]["reasons"])
     assert "the proxy's call log could not be read" in reasons
     assert "integrity flags: call-log-unreadable" in reasons
@@ -270,11 +277,15 @@ def probe_box(engine: Any, run_labels: Labels, probe_image: str) -> Iterator[San
         box.close()
 
 
+# Scans /proc up to {scans} times (stopping at the first sighting) for processes of the agent's uid other than the
+# proxy's; prints the command lines seen. A live chain always has one process: repeated scans cannot miss it.
 LIST_AGENT_PROCESSES = """
 import json, os
-out = []
-for name in os.listdir('/proc'):
-    if name.isdigit():
+seen = []
+for _ in range({scans}):
+    for name in os.listdir('/proc'):
+        if not name.isdigit():
+            continue
         try:
             status = open('/proc/%s/status' % name).read()
             cmd = open('/proc/%s/cmdline' % name, 'rb').read()
@@ -282,24 +293,31 @@ for name in os.listdir('/proc'):
             continue
         fields = dict(l.split(':', 1) for l in status.splitlines() if ':' in l)
         if int(fields['Uid'].split()[0]) == {uid} and fields['State'].split()[0] != 'Z' and b'daemon.py' not in cmd:
-            out.append(cmd.decode(errors='replace'))
-print(json.dumps(out))
+            seen.append(cmd.decode(errors='replace'))
+    if seen:
+        break
+print(json.dumps(seen))
 """
+
+# Forks a successor every 10 ms and exits: a new pid all the time.
+FORK_CHAIN = "import os, time\nwhile True:\n    time.sleep(0.01)\n    if os.fork():\n        os._exit(0)\n"
 
 
 def test_freeze_then_kill_leaves_no_fork_chain(rpn_box: Sandbox) -> None:
-    """A chain of processes that fork and exit as fast as they can (new pids all the time) is gone after one call."""
-    chain = "import os\nwhile True:\n    if os.fork():\n        os._exit(0)\n"
-    started = rpn_box.exec(f"python3 -c {shlex.quote(chain)} & python3 -c {shlex.quote(chain)} & echo started",
-                           timeout=30)
+    """Two chains of processes that fork and exit (new pids all the time) are gone after one call."""
+    quoted = shlex.quote(FORK_CHAIN)
+    started = rpn_box.exec(f"python3 -c {quoted} & python3 -c {quoted} & echo started", timeout=30)
     assert "started" in started.text
-    listing = ["python3", "-c", LIST_AGENT_PROCESSES.format(uid=rpn_box.layout.agent_uid)]
-    before = rpn_box.exec(listing, user="root", workdir="/", timeout=30)
-    assert len(json.loads(before.text.strip().splitlines()[-1])) >= 2  # both chains run (under ever-new pids)
+
+    def sightings(scans: int) -> list[str]:
+        script = LIST_AGENT_PROCESSES.format(uid=rpn_box.layout.agent_uid, scans=scans)
+        listing = rpn_box.exec(["python3", "-c", script], user="root", workdir="/", timeout=60)
+        return list(json.loads(listing.text.strip().splitlines()[-1]))
+
+    assert sightings(1000), "the chains should be running before the kill"
     report = rpn_box.kill_agent_processes()
     assert report["left"] == [], report
-    after = rpn_box.exec(listing, user="root", workdir="/", timeout=30)
-    assert json.loads(after.text.strip().splitlines()[-1]) == []
+    assert sightings(200) == []
     # The proxy's workers were spared (or replaced): the reference still answers.
     _code, text = agent(rpn_box, "echo '1 2 +' | /workspace/binary")
     assert text.strip() == "3"
