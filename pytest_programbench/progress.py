@@ -401,10 +401,8 @@ class ProgressView:
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """Around pytest's own writes: the live block is taken away, then drawn again below them."""
-        if self.mode != "live":
-            yield
-            return
+        """Around pytest's own writes: the live block is taken away, then drawn again below them (plain lines
+        only wait: the two threads never write at once)."""
         with self._lock:
             self._clear()
             try:
@@ -553,7 +551,10 @@ def attach(pb_session: ProgramBenchSession, session: pytest.Session) -> Callable
             if pb_session.summary is not None:
                 pb_session.summary.set_in_flight(in_flight)
 
-        view = ProgressView(run_dir, mode=settings.progress, interval=settings.progress_interval,
+        mode = settings.progress
+        if mode == "auto" and (config.getoption("log_cli_level", None) or config.getini("log_cli")):
+            mode = "lines"  # live log lines would land inside a block drawn in place
+        view = ProgressView(run_dir, mode=mode, interval=settings.progress_interval,
                             quiet=config.get_verbosity() < 0, terminal=terminal, counts=counts,
                             on_in_flight=on_in_flight)
         view_plugin = ProgressPlugin(view)
