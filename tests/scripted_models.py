@@ -60,7 +60,8 @@ class Totals:
 class ScriptedModels:
     """``with ScriptedModels(steps) as server:`` serves ``server.base_url`` (ends in ``/v1``) until the block ends.
 
-    ``withhold_first``: seconds the first model request waits before any byte of its response (not even headers)."""
+    ``withhold_first``: seconds the agent's first turn (the first request offering tools) waits before any byte of
+    its response (not even headers)."""
 
     def __init__(self, steps: Sequence[Step], *, withhold_first: float = 0.0) -> None:
         if not steps or steps[-1].command is not None:
@@ -172,7 +173,8 @@ class ScriptedModels:
                 models.keys.append(self.headers.get("x-api-key")
                                    or (self.headers.get("Authorization") or "").removeprefix("Bearer "))
                 step, call = models._pick(api, body)
-                models._wait_first()
+                if step is not SIDE_USAGE:  # the agent's first turn, not a side request such as a title
+                    models._wait_first()
                 model = str(body.get("model") or "scripted")
                 if api == "responses":
                     return self._sse(_responses_events(model, step, call))
