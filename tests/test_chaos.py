@@ -243,7 +243,8 @@ def test_ctrl_c_during_agent_run(engine: PrivateEngine, testbed: Testbed, tmp_pa
     files = assert_run_dir_consistent(session.run_dir)
     assert f"{CATLIKE}/submission.tar.gz" not in files, "the agent never finished: no submission may exist"
     meta = task_meta(session.run_dir)
-    assert meta is None or meta["state"] == "interrupted", meta
+    assert meta is not None, f"no pb-meta.json recorded the interruption: {files}"
+    assert meta["state"] == "interrupted", meta
 
     resumed = start_session(engine, tmp_path, testbed, *args, "--pb-resume", str(session.run_dir))
     assert resumed.wait(300) == pytest.ExitCode.OK, resumed.output()[-4000:]
@@ -266,7 +267,8 @@ def test_ctrl_c_during_evaluation(engine: PrivateEngine, testbed: Testbed, tmp_p
     files = assert_run_dir_consistent(session.run_dir)
     assert f"{CATLIKE}/{CATLIKE}.eval.json" not in files, "an interrupted evaluation has no result"
     meta = task_meta(session.run_dir)
-    assert meta is None or meta["state"] == "interrupted", meta
+    assert meta is not None, f"no pb-meta.json recorded the interruption: {files}"
+    assert meta["state"] == "interrupted", meta
 
     resumed = start_session(engine, tmp_path, testbed, *args, "--pb-resume", str(session.run_dir))
     assert resumed.wait(300) == pytest.ExitCode.TESTS_FAILED, resumed.output()[-4000:]
@@ -298,6 +300,13 @@ def test_engine_restart_mid_evaluation_never_gives_a_wrong_score(engine: Private
         # The restart broke the first attempt; the retry scored it.
         assert "infra_attempt_1" in props, props
         assert "Docker engine" in props["infra_attempt_1"], props["infra_attempt_1"]
+    else:  # an error only for the engine's outage, never for anything else, and never scored
+        assert "score" not in props, props
+        task = json.loads((session.run_dir / "summary.json").read_text())["tasks"][CATLIKE]
+        assert (task["outcome"], task["score"]) == ("error", None), task
+        reason = task["reasons"][-1]
+        assert "infrastructure error" in reason, reason
+        assert "Docker engine" in reason, reason
     assert leftovers(engine) == []
     assert_run_dir_consistent(session.run_dir)
 
