@@ -198,6 +198,19 @@ def fake_npm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return calls
 
 
+@pytest.mark.parametrize(("variants", "libc", "expected"), [
+    (("static",), "glibc", "static"), (("static",), "musl", "static"), (("static",), "unknown", "static"),
+    (("glibc", "musl"), "glibc", "glibc"), (("glibc", "musl"), "musl", "musl"), (("glibc", "musl"), "unknown", "musl"),
+    (("glibc",), "musl", None), (("glibc",), "unknown", None),
+])
+def test_build_picked_for_the_image(tmp_path: Path, variants: tuple[str, ...], libc: str, expected: str | None) -> None:
+    """codex's static build runs anywhere; the others take the image's libc, musl when it cannot be told."""
+    installed = agent_presets.Installed(agent_presets.PRESETS["opencode"], "1", tmp_path,
+                                        {v: f"sandbox-{v}.tar" for v in variants})
+    picked = installed.pick(libc)
+    assert (picked[0] if picked else None) == expected
+
+
 def test_concurrent_installs_run_npm_once(fake_npm: Path, tmp_path: Path) -> None:
     """Two processes (xdist workers) asking for the same preset at once: one npm install, both get it."""
     import subprocess
