@@ -277,6 +277,9 @@ class AgentRunner:
                   + f" {sandbox.id} sh -c")
         env = {**os.environ, **self.environment(sandbox), "PB_CONTAINER_ID": sandbox.id, "PB_SANDBOX_EXEC": prefix,
                "PB_AGENT_UID": str(layout.agent_uid)}
+        engine_url = getattr(sandbox.engine.api, "_pb_url", None)
+        if engine_url:  # --pb-docker-host: `docker exec` in PB_SANDBOX_EXEC must reach the sandbox's engine
+            env["DOCKER_HOST"] = engine_url
         command = self.spec.command
         # Through a pipe into the capped agent.log: the host's disk is not the agent's to fill.
         read_fd, write_fd = os.pipe()

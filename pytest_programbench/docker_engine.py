@@ -226,8 +226,8 @@ class _EngineState:
         since = self.outage_since
         return 0.0 if since is None else time.monotonic() - since
 
-    def remember_container(self, container_id: str) -> None:
-        pid = engine_pid()  # now, not at client creation: the engine may have restarted since
+    def remember_container(self, container_id: str, url: str | None = None) -> None:
+        pid = engine_pid(url)  # now, not at client creation: the engine may have restarted since
         with self.lock:
             self.created[container_id] = (self.epoch, pid)
             while len(self.created) > 4096:
@@ -240,12 +240,14 @@ class _EngineState:
                 self.execs.popitem(last=False)
 
 
-_state = _EngineState()
+_state = _EngineState()  # the environment's engine
+_states: dict[str, _EngineState] = {}  # engines named by URL (--pb-docker-host)
+_clients: dict[str, docker.DockerClient] = {}
 
 
-def engine_state() -> _EngineState:
-    """The process's engine health counters (for reports and tests)."""
-    return _state
+def engine_state(url: str | None = None) -> _EngineState:
+    """The process's health counters of one engine (for reports and tests)."""
+    return _state if url is None else _states.setdefault(url, _EngineState())
 
 
 def _short(exc: BaseException | str) -> str:
@@ -257,17 +259,17 @@ def _docker_host() -> str:
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
 
-def _socket_path() -> str | None:
-    host = _docker_host()
+def _socket_path(url: str | None = None) -> str | None:
+    host = url or _docker_host()
     for prefix in ("unix://", "http+unix://"):
         if host.startswith(prefix):
             return "/" + host.removeprefix(prefix).lstrip("/")
     return None
 
 
-def engine_pid() -> int | None:
+def engine_pid(url: str | None = None) -> int | None:
     """The engine's process id, from the peer credentials of its Unix socket (None for TCP or when hidden)."""
-    path = _socket_path()
+    path = _socket_path(url)
     if path is None or not hasattr(socket, "SO_PEERCRED"):
         return None
     try:
@@ -297,10 +299,10 @@ def _causes(exc: BaseException) -> list[BaseException]:
     return found
 
 
-def describe_unreachable(exc: BaseException) -> str:
+def describe_unreachable(exc: BaseException, url: str | None = None) -> str:
     """One line: where the engine was looked for, why it did not answer, and how to start one."""
-    host = _docker_host()
-    path = _socket_path()
+    host = url or _docker_host()
+    path = _socket_path(url)
     causes = _causes(exc)
     described = next((e for e in causes if isinstance(e, EngineConnectionError)), None)
     if described is not None:  # already said (the client's own layer raised it): never say it twice
@@ -324,33 +326,47 @@ def describe_unreachable(exc: BaseException) -> str:
     return f"Docker engine unreachable at {host}: {why}; {HOW_TO_START}"
 
 
-def client() -> docker.DockerClient:
-    """The process-wide client; created on first use so collection never touches the engine."""
-    global _client  # noqa: PLW0603 - one client per process, created lazily
+def client(url: str | None = None) -> docker.DockerClient:
+    """The process's client of the engine at ``url`` (``None``: the environment's, ``DOCKER_HOST``); created on
+    first use so collection never touches an engine. Each engine has its own health state (outages, restarts)."""
+    if url is not None and url == os.environ.get("DOCKER_HOST"):
+        url = None  # the environment's engine under its explicit name: one client, one state
+    global _client  # noqa: PLW0603 - one client per engine and process, created lazily
     with _client_lock:
-        if _client is not None:
-            return _client
-        remembered = _state.unreachable
+        existing = _client if url is None else _clients.get(url)
+        if existing is not None:
+            return existing
+        state = _state if url is None else _states.setdefault(url, _EngineState())
+        remembered = state.unreachable
         if remembered is not None and time.monotonic() - remembered[0] < UNREACHABLE_MEMORY:
             raise EngineUnavailable(remembered[1])
         from docker.errors import DockerException
 
         candidate: docker.DockerClient | None = None
         try:
-            candidate = _client_class().from_env(timeout=PING_TIMEOUT)  # also fetches the API version
-            candidate.api.ping()
+            # from_env with DOCKER_HOST replaced: TLS settings (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) still apply;
+            # ssh:// goes through the system's ssh client (its config and keys), as the docker CLI does.
+            environment = None if url is None else {**os.environ, "DOCKER_HOST": url}
+            candidate = _client_class().from_env(timeout=PING_TIMEOUT, environment=environment,
+                                                 use_ssh_client=bool(url and url.startswith("ssh://")))
+            candidate.api.ping()  # from_env also fetched the API version
         except (DockerException, requests.exceptions.RequestException, OSError) as exc:
             if candidate is not None:
                 with contextlib.suppress(Exception):
                     candidate.close()
-            message = describe_unreachable(exc)
-            _state.unreachable = (time.monotonic(), message)
+            message = describe_unreachable(exc, url)
+            state.unreachable = (time.monotonic(), message)
             raise EngineUnavailable(message) from exc
         candidate.api.timeout = API_TIMEOUT
+        candidate.api._pb_url = url
+        candidate.api._pb_state = None if url is None else state  # None: the module's (tests replace it)
         candidate.api._pb_ready = True  # from now on: retries, outage accounting
-        _state.unreachable = None
-        _client = candidate
-        return _client
+        state.unreachable = None
+        if url is None:
+            _client = candidate
+        else:
+            _clients[url] = candidate
+        return candidate
 
 
 def preflight() -> str | None:
@@ -362,15 +378,31 @@ def preflight() -> str | None:
     return None
 
 
-def reset_client() -> None:
-    """Forget the client (after fork, or when the engine was restarted)."""
-    global _client  # noqa: PLW0603 - one client per process, created lazily
+def forget_client(url: str | None) -> None:
+    """Drop the client of one engine (it went away): the next :func:`client` call makes first contact again."""
+    global _client  # noqa: PLW0603 - one client per engine and process, created lazily
     with _client_lock:
-        if _client is not None:
-            with contextlib.suppress(Exception):  # closing a dead connection is best effort
-                _client.close()
+        known = _client if url is None else _clients.pop(url, None)
+        if url is None:
+            _client = None
+    if known is not None:
+        with contextlib.suppress(Exception):  # closing a dead connection is best effort
+            known.close()
+
+
+def reset_client() -> None:
+    """Forget every client (after fork, or when an engine was restarted)."""
+    global _client  # noqa: PLW0603 - one client per engine and process, created lazily
+    with _client_lock:
+        for known in [_client, *_clients.values()]:
+            if known is not None:
+                with contextlib.suppress(Exception):  # closing a dead connection is best effort
+                    known.close()
         _client = None
+        _clients.clear()
         _state.unreachable = None
+        for state in _states.values():
+            state.unreachable = None
 
 
 # ---------------------------------------------------------------------------------------------- the API layer
@@ -454,10 +486,10 @@ def _client_class() -> type[docker.DockerClient]:
             try:
                 result = original(self, container, *args, **kwargs)
             except APIError as exc:
-                _raise_if_restarted(exc, container_id, name)
+                _raise_if_restarted(self, exc, container_id, name)
                 raise
             if name == "exec_create" and isinstance(result, dict) and result.get("Id"):
-                _state.remember_exec(str(result["Id"]), container_id)
+                self._pb_engine_state().remember_exec(str(result["Id"]), container_id)
             return result
 
         method.__name__ = name
@@ -472,7 +504,7 @@ def _client_class() -> type[docker.DockerClient]:
             try:
                 return original(self, exec_id, *args, **kwargs)
             except APIError as exc:
-                _raise_if_restarted(exc, _state.execs.get(key, ""), name)
+                _raise_if_restarted(self, exc, self._pb_engine_state().execs.get(key, ""), name)
                 raise
 
         method.__name__ = name
@@ -483,6 +515,11 @@ def _client_class() -> type[docker.DockerClient]:
         """``APIClient`` with backpressure, bounded retries and restart detection (see the module docstring)."""
 
         _pb_ready = False  # False while client() makes first contact: no retries, no outage accounting
+        _pb_url: str | None = None  # None: the environment's engine
+        _pb_state: _EngineState | None = None  # None: the module's state of the environment's engine
+
+        def _pb_engine_state(self) -> _EngineState:
+            return self._pb_state if self._pb_state is not None else _state
 
         def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:  # requests.Session.request
             started = time.monotonic()
@@ -494,11 +531,11 @@ def _client_class() -> type[docker.DockerClient]:
                 if isinstance(exc, requests.exceptions.ConnectTimeout):
                     raise
                 if self._pb_ready:
-                    _state.connection_failed(exc)
-                raise EngineConnectionError(describe_unreachable(exc)) from exc
+                    self._pb_engine_state().connection_failed(exc)
+                raise EngineConnectionError(describe_unreachable(exc, self._pb_url)) from exc
             if self._pb_ready:
-                _state.answered()
-            _state.timed(method, url, time.monotonic() - started)
+                self._pb_engine_state().answered()
+            self._pb_engine_state().timed(method, url, time.monotonic() - started)
             return response
 
         # -- retries --------------------------------------------------------------------------------------
@@ -518,9 +555,10 @@ def _client_class() -> type[docker.DockerClient]:
                 except EngineConnectionError as exc:
                     if isinstance(exc, EngineRestarted):
                         raise
-                    if _state.outage_seconds() > OUTAGE_BUDGET:
+                    state = self._pb_engine_state()
+                    if state.outage_seconds() > OUTAGE_BUDGET:
                         raise EngineConnectionError(
-                            f"{exc} (gave up docker {name} after {_state.outage_seconds():.0f} s of outage, "
+                            f"{exc} (gave up docker {name} after {state.outage_seconds():.0f} s of outage, "
                             f"{attempt} attempt(s))") from exc
                     reason, last = "engine unreachable", exc
                 except requests.exceptions.Timeout as exc:
@@ -541,8 +579,9 @@ def _client_class() -> type[docker.DockerClient]:
                 if before_retry is not None and not before_retry():
                     raise last  # its input stream is consumed: it cannot be sent again
                 delay = min(BACKOFF_MAX, BACKOFF_FIRST * (2 ** (attempt - 1)))
-                with _state.lock:
-                    _state.retries += 1
+                state = self._pb_engine_state()
+                with state.lock:
+                    state.retries += 1
                 log.warning("docker %s: %s; retry %d in %.2f s", name, reason, attempt, delay)
                 time.sleep(delay)
 
@@ -587,7 +626,7 @@ def _client_class() -> type[docker.DockerClient]:
                 return _held_stream(result, held)
             held.release()
             if name == "create_container" and isinstance(result, dict) and result.get("Id"):
-                _state.remember_container(str(result["Id"]))
+                self._pb_engine_state().remember_container(str(result["Id"]), self._pb_url)
             return result
 
         def _pb_adopt_created(self, params: dict[str, Any]) -> Callable[[APIError], Any]:
@@ -643,17 +682,18 @@ def _removed_already(exc: Any) -> Any:
     return _NOT_HANDLED
 
 
-def _raise_if_restarted(exc: Any, container_id: str, name: str) -> None:
+def _raise_if_restarted(api: Any, exc: Any, container_id: str, name: str) -> None:
     """404/409 on a container (or exec) this process created before an engine outage or restart."""
     if _status(exc) not in (404, 409) or not container_id:
         return
-    created = _state.created.get(container_id)
+    state = api._pb_engine_state()
+    created = state.created.get(container_id)
     if created is None:
         return
     epoch, pid = created
-    now_pid = engine_pid() if pid is not None else None
+    now_pid = engine_pid(api._pb_url) if pid is not None else None
     # Same engine process: not a restart. No pid to compare (a TCP engine): any outage since creation counts.
-    restarted = now_pid != pid if pid is not None and now_pid is not None else _state.epoch != epoch
+    restarted = now_pid != pid if pid is not None and now_pid is not None else state.epoch != epoch
     if restarted:
         raise EngineRestarted(
             f"the Docker engine restarted while container {container_id[:12]} was in use ({name}: "

@@ -7,6 +7,7 @@ pytest error); everything inside them is scored the official way.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from pytest_programbench.verdict import InfrastructureError, TaskOutcome
 if TYPE_CHECKING:
     from pytest_programbench.agent import AgentResult
     from pytest_programbench.blobs import BlobSet
+    from pytest_programbench.engines import EngineLease
     from pytest_programbench.evaluation import EvaluationOutcome
     from pytest_programbench.images import ResolvedImage
     from pytest_programbench.items import ProgramBenchItem
@@ -51,6 +53,8 @@ class TaskPipeline:
         self.timings: dict[str, float] = {}
         self.agent_result: AgentResult | None = None
         self.submission: Path | None = None  # kept across infrastructure retries: the agent runs once
+        self.engine: Any | None = None  # this attempt's engine client (None: the environment's engine)
+        self.engines_tried: list[str] = []
         self.retried_after: list[str] = []  # the infrastructure errors of earlier attempts (the item's retries)
         self.pack_error = ""
         self.pack_error_code = "submission_too_large"
@@ -74,10 +78,14 @@ class TaskPipeline:
             self.log.info("%s done in %.1f s", name, self.timings[name])
 
     def run(self) -> TaskOutcome:
+        lease = self._lease_engine()
         try:
             outcome = self._run()
         except EngineUnavailable as exc:
             self.meta.update(state="error", infra_error=str(exc))
+            if lease is not None and self.session.engines is not None:
+                # Its other tasks will fail the same way: every worker avoids it until it answers a probe again.
+                self.session.engines.mark_down(lease.spec, str(exc))
             raise InfrastructureError(str(exc)) from exc
         except InfrastructureError as exc:
             self.meta.update(state="error", infra_error=str(exc))
@@ -91,9 +99,32 @@ class TaskPipeline:
             self.meta.update(state="finished", outcome=outcome.as_dict())
             return outcome
         finally:
+            if lease is not None:
+                lease.release()
             self.meta["timings"] = self.timings
             if self.artifacts.dir.exists() and not self.reused:
                 self.artifacts.write_meta(self.meta)
+
+    def _lease_engine(self) -> EngineLease | None:
+        """--pb-docker-host: this attempt's engine, the least busy one that is up (one the task failed on before
+        only when no other is). Everything of the attempt runs there."""
+        pool = self.session.engines
+        if pool is None:
+            self.engine = None
+            return None
+        from pytest_programbench.docker_engine import client
+
+        with self.phase("engine"):
+            lease = pool.lease(avoid=self.engines_tried, task=self.task.instance_id)
+        self.engines_tried.append(lease.spec.name)
+        self.meta["engine"] = lease.spec.name
+        self.meta.setdefault("engines_tried", []).append(lease.spec.name)
+        try:
+            self.engine = client(lease.url)
+        except BaseException:
+            lease.release()
+            raise
+        return lease
 
     def _run(self) -> TaskOutcome:
         from programbench.utils.load_data import get_active_branches
@@ -104,7 +135,8 @@ class TaskPipeline:
         from pytest_programbench.images import ImageError, ensure_image
 
         # A DiskSpaceError is an EngineUnavailable: an error. An agent run also needs its sandbox's storage limit.
-        disk.require_for_run(self.artifacts.dir.parent, sandbox=self.session.submissions is None)
+        disk.require_for_run(self.artifacts.dir.parent, sandbox=self.session.submissions is None,
+                             engine_api=None if self.engine is None else self.engine.api)
         self.artifacts.dir.mkdir(parents=True, exist_ok=True)
         with self.phase("task"):
             try:
@@ -121,7 +153,8 @@ class TaskPipeline:
         with self.phase("image"):
             try:
                 image = ensure_image(self.task, tag=self.settings.image_tag, pull=self.settings.pull,
-                                     labels=self.labels.as_dict())
+                                     labels=self.labels.as_dict(), engine=self.engine,
+                                     lock_dir=self._image_lock_dir())
             except ImageError as exc:
                 raise InfrastructureError(str(exc)) from exc
             self.meta["image"] = dataclasses.asdict(image)
@@ -138,7 +171,7 @@ class TaskPipeline:
         with self.phase("evaluation"):
             result = evaluate(
                 self.task, submission, blobs=blobs, image=image.id, labels=self.labels,
-                settings=EvalSettings.from_settings(self.settings), workdir=self.artifacts.dir,
+                settings=EvalSettings.from_settings(self.settings), workdir=self.artifacts.dir, engine=self.engine,
             )
         self.meta["evaluation"] = result.meta()
         if self.settings.prune_images and image.source in ("built", "pulled"):
@@ -150,6 +183,14 @@ class TaskPipeline:
         outcome = self._with_agent(task_outcome(result, instance))
         self.log.info("verdict: score %.4f (%d/%d)", outcome.score, outcome.n_passed, outcome.n_tests)
         return outcome
+
+    def _image_lock_dir(self) -> Path | None:
+        """One build or pull of an image per engine: the lock is the engine's (default: the shared one)."""
+        if self.engine is None or self.session.engines is None:
+            return None
+        from pytest_programbench.rerunfailures import cache_root
+
+        return cache_root() / "image-locks" / hashlib.sha256(str(self.meta.get("engine")).encode()).hexdigest()[:16]
 
     def _reuse_finished(self, image: ResolvedImage, blobs: BlobSet) -> TaskOutcome | None:
         """--pb-resume: a task that finished before keeps its result (no agent re-run) if nothing it used changed."""
@@ -202,7 +243,8 @@ class TaskPipeline:
         tunnel: RelayTunnel | None = None
         try:
             with self.phase("sandbox"):
-                sandbox = Sandbox.for_task(self.task, self.settings, self.labels, image_id=image.id)
+                sandbox = Sandbox.for_task(self.task, self.settings, self.labels, image_id=image.id,
+                                           engine=self.engine, remote=self._engine_is_remote())
                 try:
                     sandbox.start()
                     if relay is not None and not spec.on_host:
@@ -220,9 +262,11 @@ class TaskPipeline:
                     runner = AgentRunner(spec, self.task, self.settings, log_path=self.artifacts.agent_log,
                                          extra_env=extra_env)
                     result = runner.run(sandbox)
-                self.agent_result = result
                 self.meta["agent"].update(result.meta())
+                # A sandbox that died under the agent (its engine went away) ended the agent: it may run again.
+                # One that outlived it makes the run count: from here on the agent is never run a second time.
                 self._require_alive(sandbox)
+                self.agent_result = result
                 # Before packing, so that it is kept whatever packing does. Unreadable: a note and a flag, scored.
                 calls = sandbox.save_call_log(self.artifacts.binary_calls)
                 self.meta["binary_calls"] = calls.count
@@ -275,6 +319,12 @@ class TaskPipeline:
                 self.meta.setdefault("notes", []).append(f"packing retried after: {'; '.join(failures)}")
             return size
 
+    def _engine_is_remote(self) -> bool:
+        """Not on this machine: nothing of the host's filesystem may be bind-mounted into its containers."""
+        pool = self.session.engines
+        name = self.meta.get("engine")
+        return pool is not None and any(spec.remote for spec in pool.specs if spec.name == name)
+
     @staticmethod
     def _open_tunnel(sandbox: Sandbox, relay: ModelRelay) -> RelayTunnel:
         """The relay reaches an in-sandbox agent through an exec stream: no bind mount, any engine."""
@@ -311,6 +361,18 @@ class TaskPipeline:
         if not state.get("Running"):
             raise InfrastructureError(f"sandbox container {sandbox.id[:12]} stopped during the agent run "
                                       f"(exit {state.get('ExitCode')}, OOM killed: {state.get('OOMKilled')})")
+        # An engine that is shutting down still answers inspections on open connections while it stops the
+        # container: only a new command run to its end shows the sandbox outlived the agent.
+        from pytest_programbench.sandbox import SandboxError
+
+        try:
+            probe = sandbox.exec(["true"], user="root", workdir="/", timeout=60, use_timeout=False)
+        except SandboxError as exc:
+            raise InfrastructureError(f"sandbox container {sandbox.id[:12]} stopped answering at the end of the "
+                                      f"agent run: {exc}") from exc
+        if probe.exit_code != 0:
+            raise InfrastructureError(f"sandbox container {sandbox.id[:12]} cannot run a command at the end of the "
+                                      f"agent run (exit {probe.exit_code}: {probe.text.strip()[-300:]})")
 
     def _no_submission(self, instance: dict[str, Any]) -> TaskOutcome:
         from programbench.utils.load_data import get_active_branches, get_ignored_tests

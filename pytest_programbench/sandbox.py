@@ -255,6 +255,7 @@ class Sandbox:
         proxy_client: ProxyClient | None = None,
         engine: Any | None = None,
         mounts: Sequence[tuple[str, str]] = (),
+        copies: Sequence[tuple[str, str]] = (),
         allow_uids: Sequence[int] = (),
         name: str | None = None,
     ) -> None:
@@ -266,6 +267,7 @@ class Sandbox:
         self.expected_image_id = expected_image_id
         self.pids_limit = pids_limit
         self.mounts = tuple(mounts)
+        self.copies = tuple(copies)  # (host dir, dir inside): copied in by the API where no bind mount can be
         self.allow_uids = tuple(allow_uids)
         self.name = name
         self._client = proxy_client
@@ -280,8 +282,12 @@ class Sandbox:
     # ------------------------------------------------------------------ construction
     @classmethod
     def for_task(cls, task: Task, settings: Settings, labels: Labels, *, image_id: str | None = None,
-                 proxy_client: ProxyClient | None = None, engine: Any | None = None) -> Sandbox:
-        """The sandbox of ``task`` with the session's limits; lives agent timeout + margin at most."""
+                 proxy_client: ProxyClient | None = None, engine: Any | None = None,
+                 remote: bool = False) -> Sandbox:
+        """The sandbox of ``task`` with the session's limits; lives agent timeout + margin at most.
+
+        ``remote``: the engine does not share this machine's filesystem, so ``--pb-agent-mount`` directories are
+        copied in (root-owned, not writable by the agent) instead of bind-mounted."""
         mounts: list[tuple[str, str]] = []
         for spec in settings.agent_mounts:
             host, _, inside = spec.partition(":")
@@ -289,7 +295,8 @@ class Sandbox:
         return cls(f"{task.image_name}:{settings.image_tag}", labels=labels.for_task(task.instance_id),
                    cpus=settings.sandbox_cpus, memory=settings.sandbox_memory,
                    lifetime=settings.agent_timeout + LIFETIME_MARGIN, expected_image_id=image_id,
-                   proxy_client=proxy_client, engine=engine, mounts=mounts)
+                   proxy_client=proxy_client, engine=engine, mounts=() if remote else mounts,
+                   copies=mounts if remote else ())
 
     # ------------------------------------------------------------------ properties
     @property
@@ -353,6 +360,8 @@ class Sandbox:
                                             builder_images=(self._image_id,))
             self._create()
             self._install()
+            for host, inside in self.copies:
+                self._copy_in(Path(host), inside)
         except BaseException as exc:
             self.close()
             if isinstance(exc, SandboxError | EngineUnavailable):
@@ -434,6 +443,20 @@ class Sandbox:
             detail = (report or {}).get("error") or result.text.strip()[-2000:] or f"exit {result.exit_code}"
             raise SandboxError(f"sandbox set-up failed in {self.image}: {detail}")
         self._layout = Layout.from_report(report)
+
+    def _copy_in(self, source: Path, dest: str) -> None:
+        """``source``'s tree at ``dest`` by the API: root-owned and not writable, like a read-only mount."""
+        def read_only(info: tarfile.TarInfo) -> tarfile.TarInfo:
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            info.mode &= 0o555
+            return info
+
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            tar.add(source, arcname=dest.lstrip("/") or ".", filter=read_only)
+        if not self._container_obj().put_archive("/", archive.getvalue()):
+            raise SandboxError(f"could not copy {source} into the sandbox at {dest}")
 
     def close(self) -> None:
         """Remove the container (by id); safe to call twice and on every path."""
@@ -652,9 +675,14 @@ class Sandbox:
         except DockerException as exc:
             partial.unlink(missing_ok=True)
             raise SandboxError(f"cannot pack {SRC_DIR}: {exc}") from exc
+        except EngineUnavailable:  # before OSError: requests' connection errors are OSErrors too
+            partial.unlink(missing_ok=True)
+            raise
         except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
             partial.unlink(missing_ok=True)
-            if not self._alive():
+            # A stopping engine still answers on pooled connections while refusing new ones: only a broken
+            # stream with no engine trouble anywhere in its causes is the agent's doing.
+            if _engine_trouble(exc) or not self._alive():
                 raise SandboxError(f"cannot pack {SRC_DIR}: {exc} (the sandbox is gone)") from exc
             raise SubmissionUnpackable(f"{SRC_DIR} could not be packed: {type(exc).__name__}: {exc}") from exc
         except BaseException:
@@ -700,7 +728,11 @@ class Sandbox:
                         return handle.read()
         except NotFound as exc:
             raise FileNotFoundError(path) from exc
+        except EngineUnavailable:  # the engine, not the file: an infrastructure error
+            raise
         except (DockerException, _TooLarge, tarfile.TarError, EOFError, OSError) as exc:
+            if _engine_trouble(exc):
+                raise EngineUnavailable(f"cannot read {path}: {exc}") from exc
             raise SandboxError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
         raise SandboxError(f"{path} is not a regular file")
 
@@ -808,6 +840,20 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int, *, uid: 
     info.uid, info.gid = uid, gid
     info.mtime = int(time.time())
     tar.addfile(info, io.BytesIO(data))
+
+
+def _engine_trouble(exc: BaseException) -> bool:
+    """Whether the engine connection failed somewhere in ``exc``'s causes (never the agent's doing)."""
+    import requests.exceptions
+
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(seen) < 20 and not any(current is s for s in seen):
+        if isinstance(current, EngineUnavailable | requests.exceptions.ConnectionError):
+            return True
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _strip_root(name: str) -> str:
