@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test suite on a fresh machine: install, start Docker + build the test bed, run pytest.
-# Two phases: the chaos and load tests (own engines, engine restarts, -n 8) run alone first, then the rest -n 2.
+# Two phases: the tests with engines of their own (chaos, load, several engines, a registry) run alone first, then
+# the rest -n 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q -e '.[dev,mini]'
@@ -23,7 +24,7 @@ for name in p.PRESETS: print(p.describe(p.ensure_installed(*p.parse(name))))'
 # No network during tests: the hidden test archives come from the local blob dir.
 export HF_HUB_OFFLINE=1
 mkdir -p .ci/out
-serial=(tests/test_chaos_engine.py tests/test_chaos.py tests/test_load.py tests/test_engines.py)
+serial=(tests/test_chaos_engine.py tests/test_chaos.py tests/test_load.py tests/test_engines.py tests/test_registry.py)
 status=0
 # --durations: where the suite's time goes, kept in every run's output (the CI budget is 25 minutes).
 python3 -m pytest "${serial[@]}" -p no:cacheprovider --durations=15 --junitxml=.ci/out/junit-serial.xml "$@" \
