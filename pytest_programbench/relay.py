@@ -6,7 +6,9 @@ container's loopback and hands every connection to a Unix socket that is bind-mo
 ``--pb-model-endpoint`` URL (its path prefix included), optionally adding the API key from the host's environment so
 the key never enters the sandbox. Anything else (``CONNECT``, absolute URIs naming another host, paths outside the
 endpoint's prefix, dot segments) is refused with a 4xx before any connection is made. Host-loop agents get the same
-relay on ``127.0.0.1:<ephemeral port>``.
+relay on ``127.0.0.1:<ephemeral port>``. The agent-facing side is a small HTTP/1.1 server of our own (it must decide,
+byte by byte, what it accepts); the upstream side is httpx (keep-alive pool, TLS, streaming, timeouts), with no
+proxy taken from the environment and no redirects followed.
 
 Responses are streamed through as they arrive (server-sent events included); a tap parses them on the fly for token
 usage in every API shape the agents use:
@@ -26,7 +28,6 @@ no key reaches the records.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import io
 import json
 import logging
@@ -48,6 +49,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal, cast
 from urllib.parse import unquote, urlsplit
+
+import httpx
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +141,23 @@ class Upstream:
     def contains(self, path: str) -> bool:
         """Whether an origin-form path (no query) lies under the endpoint's prefix."""
         return not self.prefix or path == self.prefix or path.startswith(self.prefix + "/")
+
+
+def _content_length(headers: httpx.Headers) -> int | None:
+    """The upstream body's declared length; ``None`` when chunked or until the connection closes."""
+    if "transfer-encoding" in headers:
+        return None
+    try:
+        return int(headers["content-length"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _socket_of(response: httpx.Response) -> socket.socket | None:
+    """The upstream socket under a streaming response (to cut it from another thread at close)."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    return sock if isinstance(sock, socket.socket) else None
 
 
 def _bad_path(path: str) -> bool:
@@ -725,8 +745,8 @@ class ModelRelay:
         self._lock = threading.Lock()
         self._clients: set[socket.socket] = set()
         self._handlers: set[threading.Thread] = set()
-        self._upstreams: set[http.client.HTTPConnection] = set()
-        self._pool: list[tuple[float, http.client.HTTPConnection]] = []
+        self._client: httpx.Client | None = None  # the upstream side: pooled, streaming, TLS (created by start)
+        self._inflight: set[httpx.Response] = set()
         self._records: list[RelayRecord] = []
         self._stats = RelayStats()
         self._records_file: IO[str] | None = None
@@ -745,6 +765,7 @@ class ModelRelay:
                 raise RelayConfigError(f"the model relay adds the key from ${self.api_key_env}, which is not set")
             self._key = key
         try:
+            self._client = self._upstream_client()
             if self.records_path is not None:
                 self.records_path.parent.mkdir(parents=True, exist_ok=True)
                 self._records_file = self.records_path.open("a", encoding="utf-8")
@@ -803,7 +824,7 @@ class ModelRelay:
                 server.shutdown()  # returns once serve_forever has left its loop
             server.server_close()
         with self._lock:
-            live: list[Any] = [*self._clients, *(conn.sock for conn in self._upstreams if conn.sock is not None)]
+            live: list[Any] = [*self._clients, *filter(None, map(_socket_of, self._inflight))]
             handlers = list(self._handlers)
         for sock in live:
             with contextlib.suppress(OSError):
@@ -811,10 +832,9 @@ class ModelRelay:
         deadline = time.monotonic() + 5
         for thread in handlers:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self._client is not None:
+            self._client.close()
         with self._lock:
-            for _, conn in self._pool:
-                conn.close()
-            self._pool.clear()
             if self._records_file is not None:
                 self._records_file.close()
                 self._records_file = None
@@ -1045,67 +1065,37 @@ class ModelRelay:
                            ("Authorization", f"Bearer {self._key}"))
         return headers
 
-    def _connection(self, *, fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
-        """An upstream connection: a pooled idle one unless ``fresh``; the flag says whether it was pooled."""
-        if not fresh:
-            now = time.monotonic()
-            with self._lock:
-                while self._pool:
-                    since, idle = self._pool.pop()
-                    if now - since < _POOL_IDLE_S:
-                        self._upstreams.add(idle)
-                        return idle, True
-                    idle.close()
-        upstream = self.upstream
-        conn: http.client.HTTPConnection
-        if upstream.scheme == "https":
-            context = self._ssl_context or ssl.create_default_context()
-            conn = http.client.HTTPSConnection(upstream.host, upstream.port, timeout=self.connect_timeout,
-                                               context=context)
-        else:
-            conn = http.client.HTTPConnection(upstream.host, upstream.port, timeout=self.connect_timeout)
-        with self._lock:
-            if self._closed:
-                raise ConnectionAbortedError("the relay is closing")
-            self._upstreams.add(conn)
-        conn.connect()
-        if conn.sock is not None:
-            conn.sock.settimeout(self.upstream_timeout)
-        return conn, False
+    def _upstream_client(self) -> httpx.Client:
+        """httpx for the upstream side: a keep-alive pool, streaming, TLS, and a read timeout long enough for a
+        model that thinks for an hour before its first byte. No proxy from the environment, no redirects: the
+        relay goes to the configured endpoint and nowhere else."""
+        timeout = httpx.Timeout(connect=self.connect_timeout, read=self.upstream_timeout, write=self.upstream_timeout,
+                                pool=self.connect_timeout)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=_MAX_POOLED,
+                              keepalive_expiry=_POOL_IDLE_S)
+        verify: ssl.SSLContext | bool = self._ssl_context if self._ssl_context is not None else True
+        return httpx.Client(timeout=timeout, limits=limits, verify=verify, trust_env=False, follow_redirects=False)
 
-    def _release(self, conn: http.client.HTTPConnection, *, reusable: bool) -> None:
+    def _send_upstream(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes) -> httpx.Response:
+        client = self._client
+        if client is None or self._closed:
+            raise _Refusal(503, "the relay is closing")
+        # The path was checked against the endpoint's prefix as sent: the URL is built from its raw bytes, so
+        # nothing is re-encoded or normalised on the way.
+        url = httpx.URL(scheme=self.upstream.scheme, host=self.upstream.host, port=self.upstream.port,
+                        raw_path=path.encode("ascii", "surrogateescape"))
+        request = client.build_request(method, url, headers=headers, content=body if body else None)
+        try:
+            response = client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise _Refusal(504, f"upstream {self.upstream.origin} timed out: {exc!r}") from exc
+        except (httpx.ConnectError, httpx.UnsupportedProtocol) as exc:
+            raise _Refusal(502, f"upstream {self.upstream.origin} unreachable: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise _Refusal(502, f"upstream {self.upstream.origin} sent no valid response: {exc!r}") from exc
         with self._lock:
-            self._upstreams.discard(conn)
-            if reusable and not self._closed and len(self._pool) < _MAX_POOLED:
-                self._pool.append((time.monotonic(), conn))
-                return
-        conn.close()
-
-    def _send_upstream(self, method: str, path: str, headers: list[tuple[str, str]],
-                       body: bytes) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        fresh = False
-        while True:
-            conn: http.client.HTTPConnection | None = None
-            pooled = False
-            try:
-                conn, pooled = self._connection(fresh=fresh)
-                conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
-                for name, value in headers:
-                    conn.putheader(name, value)
-                conn.endheaders(body or None)
-                return conn, conn.getresponse()
-            except (OSError, http.client.HTTPException) as exc:
-                if conn is not None:
-                    self._release(conn, reusable=False)
-                stale = pooled and isinstance(exc, ConnectionError | http.client.BadStatusLine)
-                if stale:  # a keep-alive connection the upstream had closed: nothing reached it
-                    fresh = True
-                    continue
-                if isinstance(exc, TimeoutError):
-                    raise _Refusal(504, f"upstream {self.upstream.origin} timed out: {exc!r}") from exc
-                if isinstance(exc, http.client.HTTPException):
-                    raise _Refusal(502, f"upstream {self.upstream.origin} sent no valid response: {exc!r}") from exc
-                raise _Refusal(502, f"upstream {self.upstream.origin} unreachable: {exc!r}") from exc
+            self._inflight.add(response)
+        return response
 
     def _forward(self, handler: _Handler, exchange: _Exchange) -> None:
         if handler.command == "CONNECT":
@@ -1121,20 +1111,22 @@ class ModelRelay:
                 if isinstance(request, dict):
                     exchange.model = request["model"] if isinstance(request.get("model"), str) else None
                     exchange.stream = request["stream"] if isinstance(request.get("stream"), bool) else None
-        conn, response = self._send_upstream(handler.command, path, self._headers(handler, body), body)
+        response = self._send_upstream(handler.command, path, self._headers(handler, body), body)
         try:
             self._respond(handler, exchange, response)
         finally:
-            self._release(conn, reusable=response.isclosed() and not response.will_close and exchange.error is None)
+            with self._lock:
+                self._inflight.discard(response)
+            response.close()  # a body read to its end returns the connection to the pool
 
-    def _respond(self, handler: _Handler, exchange: _Exchange, response: http.client.HTTPResponse) -> None:
-        status = response.status
+    def _respond(self, handler: _Handler, exchange: _Exchange, response: httpx.Response) -> None:
+        status = response.status_code
         exchange.status = status
         bodyless = handler.command == "HEAD" or status in (204, 304) or 100 <= status < 200
-        headers = response.getheaders()
+        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in response.headers.raw]
         named = {token.strip().lower() for name, value in headers if name.lower() == "connection"
                  for token in value.split(",")}
-        handler.send_response_only(status, response.reason)
+        handler.send_response_only(status, response.reason_phrase)
         for name, value in headers:
             lowered = name.lower()
             dropped = lowered in _RESPONSE_DROP or lowered in named
@@ -1142,10 +1134,11 @@ class ModelRelay:
                 continue
             handler.send_header(name, value)
         chunked = False
+        length = _content_length(response.headers)
         if bodyless:
             pass
-        elif not response.chunked and response.length is not None:
-            handler.send_header("Content-Length", str(response.length))
+        elif length is not None:
+            handler.send_header("Content-Length", str(length))
         elif handler.request_version == "HTTP/1.1":
             handler.send_header("Transfer-Encoding", "chunked")
             chunked = True
@@ -1158,21 +1151,18 @@ class ModelRelay:
             exchange.mark_first_byte()
             response.read()  # nothing, but lets the connection be reused
             return
-        tap = UsageTap(response.getheader("Content-Type") or "", response.getheader("Content-Encoding") or "")
+        tap = UsageTap(response.headers.get("Content-Type") or "", response.headers.get("Content-Encoding") or "")
         write = handler.wfile.write
+        # Raw bytes as they arrive (no decompression: the client gets the upstream's encoding, the tap inflates).
+        chunks = response.iter_raw()
         while True:
             try:
-                chunk = response.read1(65536)
-            except (http.client.IncompleteRead, OSError) as exc:
+                chunk = next(chunks, b"")
+            except (httpx.HTTPError, OSError) as exc:  # a cut stream, or a body short of its Content-Length
                 exchange.error = f"upstream broke off the response: {exc!r}"
                 handler.close_connection = True  # no terminating chunk: the client sees a truncated body
                 break
             if not chunk:
-                if response.length:  # Content-Length promised more
-                    exchange.error = f"upstream closed {response.length} bytes short of its Content-Length"
-                    handler.close_connection = True
-                    break
-                response.close()  # read1 leaves a fully read body "open"; closed, the connection is reusable
                 if chunked:
                     write(b"0\r\n\r\n")
                 break

@@ -146,6 +146,34 @@ def test_relay_answers_the_start_up_probe_itself() -> None:
     assert server.log == ["GET /v1/models"]
 
 
+def test_relay_ignores_proxy_settings_of_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP(S)_PROXY on the host never reroutes the relay: it goes to the endpoint and nowhere else."""
+    import http.client
+    import socket
+
+    from pytest_programbench.relay import ModelRelay
+
+    with socket.socket() as proxy:  # a would-be proxy that only counts who connects
+        proxy.bind(("127.0.0.1", 0))
+        proxy.listen(8)
+        proxy.settimeout(0)
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "all_proxy"):
+            monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.getsockname()[1]}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        with ScriptedModels(STEPS) as server, ModelRelay(server.base_url, unix=False, tcp=True) as relay:
+            address = relay.tcp_address
+            assert address is not None
+            conn = http.client.HTTPConnection(*address, timeout=30)
+            conn.request("GET", "/v1/models")
+            response = conn.getresponse()
+            assert (response.status, json.loads(response.read())["data"][0]["id"]) == (200, "scripted")
+            conn.close()
+        with pytest.raises(BlockingIOError):
+            proxy.accept()
+    assert server.log == ["GET /v1/models"]
+
+
 def test_cli_agent_solves_a_task_through_the_relay(pytester: pytest.Pytester, testbed: Testbed, preset: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     with ScriptedModels(STEPS) as server:
