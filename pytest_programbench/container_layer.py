@@ -33,8 +33,7 @@ import contextlib
 import io
 import logging
 import os
-import select
-import socket
+import queue
 import stat
 import struct
 import subprocess
@@ -55,6 +54,7 @@ from programbench.eval.eval import EvaluationResult, Evaluator
 from programbench.exceptions import EvalStepError
 
 from pytest_programbench.docker_engine import EngineUnavailable
+from pytest_programbench.exec_stream import ExecStream
 
 if TYPE_CHECKING:
     import docker
@@ -239,57 +239,53 @@ def _strict_output(out: CappedBuffer, err: CappedBuffer) -> str:
 
 
 class _ExecStream:
-    """The hijacked connection of one exec: demultiplexes stdout/stderr, honours a deadline, writes stdin."""
+    """One exec's connection for the official layer, on the shared reader (:class:`ExecStream`: no socket timeout,
+    bytes buffered with the 101 kept, sockets and ssh's pipes alike) run in a thread, so a deadline holds whatever
+    the transport."""
 
     def __init__(self, sock: Any) -> None:
-        self._holder = sock  # keeps the HTTP response (and so the connection) alive
-        self.raw: socket.socket = getattr(sock, "_sock", sock)
-        # The engine may send the first frames in the same write as its 101 answer: http.client then holds
-        # them in the buffer it parsed the headers from, where select() on the socket never sees them
-        # (docker-py issues 425 and 3332). They come first.
-        self._buf = bytearray(_take_buffered(sock, self.raw))
+        self.stream = ExecStream(sock)
+        self._frames: queue.Queue[tuple[int, bytes] | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, name="pb-exec-reader", daemon=True)
+        self._reader.start()
         self.eof = False
+
+    def _read(self) -> None:
+        try:
+            for frame in self.stream.frames():
+                self._frames.put(frame)
+        finally:
+            self._frames.put(None)
 
     def pump(self, deadline: float, sinks: Mapping[int, Callable[[bytes], None]]) -> bool:
         """Read frames until EOF (True) or the deadline (False).
 
-        Waits in ``select`` with no socket timeout involved: a silent command is read until it exits or its own
-        clock (``deadline``) fires, however long the engine client's API timeout is.
+        A silent command is read until it exits or its own clock (``deadline``) fires, however long the engine
+        client's API timeout is.
         """
-        self._parse(sinks)
         while not self.eof:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            ready, _, _ = select.select([self.raw], [], [], min(remaining, 1.0))
-            if not ready:
-                continue
             try:
-                chunk = self.raw.recv(_CHUNK)
-            except (BlockingIOError, InterruptedError):
+                item = self._frames.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
                 continue
-            except OSError:
-                chunk = b""
-            if not chunk:
+            if item is None:
                 self.eof = True
                 break
-            self._buf += chunk
-            self._parse(sinks)
-        return True
-
-    def _parse(self, sinks: Mapping[int, Callable[[bytes], None]]) -> None:
-        while len(self._buf) >= _HEADER.size:
-            kind, length = _HEADER.unpack_from(self._buf)
-            if len(self._buf) < _HEADER.size + length:
-                return
-            payload = bytes(self._buf[_HEADER.size : _HEADER.size + length])
-            del self._buf[: _HEADER.size + length]
+            kind, payload = item
             sink = sinks.get(kind) or sinks.get(1)
             if sink is not None and payload:
                 sink(payload)
+        return True
 
     def send_file(self, source: IO[bytes], deadline: float) -> str | None:
         """Write ``source`` to the exec's stdin and half-close it; an error text when the reader went away."""
+        # A receiver that stops reading without exiting would block the write forever: the deadline cuts it.
+        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), self.stream.shutdown)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             while True:
                 if time.monotonic() > deadline:
@@ -297,42 +293,17 @@ class _ExecStream:
                 data = source.read(_CHUNK)
                 if not data:
                     break
-                self.raw.settimeout(max(0.1, deadline - time.monotonic()))
-                self.raw.sendall(data)
+                self.stream.write(data)
         except OSError as exc:  # tar exited early (bad archive): its stderr says why
-            return f"stream interrupted: {exc}"
+            return "timed out while sending" if time.monotonic() > deadline else f"stream interrupted: {exc}"
         finally:
-            try:
-                self.raw.settimeout(None)
-                self.raw.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
+            watchdog.cancel()
+            self.stream.close_stdin()
         return None
 
     def close(self) -> None:
-        for closer in (getattr(self._holder, "close", None), self.raw.close):
-            if closer is not None:
-                with contextlib.suppress(Exception):  # best effort on a connection we abandon
-                    closer()
-
-
-def _take_buffered(holder: Any, raw: socket.socket) -> bytes:
-    """What ``http.client`` already read past the 101 response's headers (never waits for more)."""
-    from pytest_programbench.exec_stream import _buffered_reader
-
-    reader = _buffered_reader(holder)
-    if reader is None:
-        return b""
-    previous = raw.gettimeout()
-    try:
-        raw.setblocking(False)  # only what is already buffered: an empty buffer must not wait on the socket
-        data = reader.read1(1 << 20)
-    except (OSError, ValueError):
-        data = b""
-    finally:
-        with contextlib.suppress(OSError):
-            raw.settimeout(previous)
-    return bytes(data or b"")
+        self.stream.close()
+        self._reader.join(5)
 
 
 class Reaper:

@@ -9,6 +9,10 @@ socket is switched to blocking reads here, and whoever owns the stream stops it 
 The engine answers ``exec_start`` with ``101 UPGRADED`` and may send the first frames in the same write:
 ``http.client`` has then already buffered them while parsing the headers (docker-py issues 425 and 3332). They are
 taken from that buffer first, so a short command's output is never lost.
+
+Over ``ssh://`` (docker-py's ``SSHSocket``: the system's ``ssh`` running ``docker system dial-stdio``) the
+connection is a pair of pipes: reads already go through the buffered reader, a half-close is closing ssh's stdin,
+and unblocking a reader is ending ssh.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ class ExecStream:
     def __init__(self, sock: Any) -> None:
         self._holder = sock  # keeps the HTTP response, and so the connection, alive
         self.raw: socket.socket = getattr(sock, "_sock", sock)
-        self._pending = bytearray(self._take_buffered())
+        self._ssh = getattr(self.raw, "proc", None)  # SSHSocket: the ssh process whose pipes carry the stream
+        self._pending = bytearray(b"" if self._ssh is not None else self._take_buffered())
         with contextlib.suppress(OSError, AttributeError):
             self.raw.settimeout(None)  # quiet is not the end: see the module docstring
 
@@ -91,16 +96,37 @@ class ExecStream:
         except OSError:
             return
 
+    def write(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin (it stays open). ``OSError`` when the other side is gone."""
+        try:
+            self.raw.sendall(data)
+        except OSError:
+            raise
+        except Exception as exc:  # SSHSocket says "not initiated" once its pipe is closed
+            raise BrokenPipeError(str(exc)) from exc
+
+    def close_stdin(self) -> None:
+        """EOF on the command's stdin; its output can still be read."""
+        if self._ssh is not None:
+            with contextlib.suppress(Exception):
+                self._ssh.stdin.close()  # dial-stdio passes the half-close on to the engine
+            return
+        with contextlib.suppress(OSError):
+            self.raw.shutdown(socket.SHUT_WR)
+
     def send(self, data: bytes) -> None:
         """Write ``data`` to the command's stdin and close it (EOF)."""
         try:
-            self.raw.sendall(data)
+            self.write(data)
         finally:
-            with contextlib.suppress(OSError):
-                self.raw.shutdown(socket.SHUT_WR)
+            self.close_stdin()
 
     def shutdown(self) -> None:
         """Unblock a reader in :meth:`frames` (it then ends)."""
+        if self._ssh is not None:
+            with contextlib.suppress(Exception):
+                self._ssh.kill()  # the reader's pipe then ends
+            return
         with contextlib.suppress(OSError):
             self.raw.shutdown(socket.SHUT_RDWR)
 

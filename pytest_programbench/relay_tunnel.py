@@ -101,7 +101,7 @@ class RelayTunnel:
         if stream is None:
             return
         with self._write_lock, contextlib.suppress(OSError):
-            stream.raw.sendall(frame(channel, kind, payload))
+            stream.write(frame(channel, kind, payload))
 
     def _read(self) -> None:
         assert self._stream is not None

@@ -4,11 +4,15 @@
 # the rest -n 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q -e '.[dev,mini]'
+python3 -m pip install -q -e '.[dev,mini,ssh]'
 bash testbed/setup.sh
 # Debian's Chromium renders report.html for tests/test_report.py (headless, offline); installed only when missing.
 if ! command -v chromium >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+# Debian's openssh-server: an engine reached over ssh:// on 127.0.0.1 for tests/test_engines.py.
+if ! [ -x /usr/sbin/sshd ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null
 fi
 # Debian's docker-registry serves a test-bed image on 127.0.0.1 for tests/test_registry.py (the pull path).
 if ! command -v docker-registry >/dev/null; then
