@@ -383,7 +383,6 @@ class SdkContainerEnvironment:
         network_mode: str = "default",
         start: bool = True,
     ) -> None:
-        from docker.errors import APIError
 
         self.cwd = cwd
         self.executable = executable
@@ -411,7 +410,7 @@ class SdkContainerEnvironment:
             pids_limit=PIDS_LIMIT,
             mem_limit=memory,
         )
-        try:
+        with self._as_docker_run():
             created = self._api.create_container(
                 image,
                 command=["sleep", str(int(lifetime))],
@@ -423,29 +422,24 @@ class SdkContainerEnvironment:
                 detach=True,
             )
             self.container_id = created["Id"]
-        except APIError as exc:
-            self.cleanup()
-            raise RuntimeError(f"Failed to start container: {_api_error_text(exc)}") from exc
-        except requests.exceptions.Timeout as exc:
-            self.cleanup()
-            # The official's `docker run` runs under DOCKER_RUN_TIMEOUT: the same exception, so the same outcome.
-            raise subprocess.TimeoutExpired(["docker", "run", self.image], DOCKER_RUN_TIMEOUT) from exc
-        except Exception as exc:
-            self.cleanup()
-            if _is_connection_failure(exc):
-                raise _engine_unavailable(exc) from exc
-            raise
         if start:
             self.start()
 
     def start(self) -> None:
         """Start the created container: its ``sleep <lifetime>`` counts from here."""
-        from docker.errors import APIError
-
         if self.started:
             return
-        try:
+        with self._as_docker_run():
             self._api.start(self.container_id)
+        self.started = True
+
+    @contextlib.contextmanager
+    def _as_docker_run(self) -> Iterator[None]:
+        """Creating or starting fails as the official's ``docker run`` would (the container removed first)."""
+        from docker.errors import APIError
+
+        try:
+            yield
         except APIError as exc:
             self.cleanup()
             raise RuntimeError(f"Failed to start container: {_api_error_text(exc)}") from exc
@@ -458,7 +452,6 @@ class SdkContainerEnvironment:
             if _is_connection_failure(exc):
                 raise _engine_unavailable(exc) from exc
             raise
-        self.started = True
 
     # ----------------------------------------------------------------------------------------- execute
 
