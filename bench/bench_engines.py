@@ -22,13 +22,11 @@ import io
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -69,31 +67,6 @@ print(json.dumps(times))
 """
 
 
-class Echo:
-    """Host-side stand-in for the relay: echoes each connection, then half-closes back."""
-
-    def __init__(self, path: Path) -> None:
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(str(path))
-        self.server.listen(128)
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
-
-    @staticmethod
-    def _echo(conn: socket.socket) -> None:
-        with conn:
-            while data := conn.recv(65536):
-                conn.sendall(data)
-            conn.shutdown(socket.SHUT_WR)
-
-
 def _exchanges(box: Sandbox, n: int) -> list[float]:
     result = box.exec(["python3", "/tmp/bench_client.py", str(n), str(PORT)], timeout=600)
     if result.exit_code != 0:
@@ -111,7 +84,9 @@ def _stats(times: list[float]) -> dict[str, float]:
 def bench_tunnel(requests: int) -> dict[str, Any]:
     directory = Path(tempfile.mkdtemp(prefix="pb-bench-echo-"))
     socket_path = directory / "relay.sock"
-    echo = Echo(socket_path)
+    from tests.test_relay_tunnel import EchoServer
+
+    echo = EchoServer(socket_path)
     labels = Labels(f"pbbench-{uuid.uuid4().hex[:10]}", "controller", "bench")
     results: dict[str, Any] = {}
     try:
@@ -144,7 +119,7 @@ def bench_tunnel(requests: int) -> dict[str, Any]:
             _exchanges(box, 10)
             results["mounted_socket"] = _stats(_exchanges(box, requests))
     finally:
-        echo.server.close()
+        echo.close()
         sweep(labels.run_id)
         shutil.rmtree(directory, ignore_errors=True)
     results["added_median_ms"] = round(results["tunnel"]["median_ms"] - results["mounted_socket"]["median_ms"], 3)
