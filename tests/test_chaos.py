@@ -146,8 +146,11 @@ def start_session(engine: PrivateEngine, workdir: Path, testbed: Testbed, *args:
     if "--pb-resume" not in args:
         argv += ["--pb-output", str(run_dir)]
     with out.open("wb") as handle:
+        # SIGINT as a terminal delivers it, even when this suite was started in the background of a shell (which
+        # leaves SIGINT ignored, and exec keeps that): the Ctrl-C tests send it.
         proc = subprocess.Popen(argv, cwd=workdir, env=engine.env(env), stdout=handle, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
     return Session(proc, workdir, run_dir, out)
 
 
