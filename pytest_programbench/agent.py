@@ -143,12 +143,13 @@ class AgentRunner:
     """Runs one agent against one sandbox; streams its output to ``agent.log``."""
 
     def __init__(self, spec: AgentSpec, task: Task, settings: Settings, *, log_path: Path,
-                 extra_env: Mapping[str, str] | None = None) -> None:
+                 extra_env: Mapping[str, str] | None = None, config: pytest.Config | None = None) -> None:
         self.spec = spec
         self.task = task
         self.settings = settings
         self.log_path = log_path
         self.extra_env = dict(extra_env or {})
+        self.config = config  # its hooks (newhooks.py): the prompt and the agent's environment
         self._invocation: Invocation | None = None
         self.transcript: Path | None = None
 
@@ -159,6 +160,9 @@ class AgentRunner:
         }
         env.update(self.extra_env)
         env.update(agent_env(self.settings.agent_env))
+        if self.config is not None:
+            self.config.hook.pytest_programbench_agent_env(task=self.task, env=env, command=self.spec.label,
+                                                           config=self.config)
         return env
 
     def write_prompt(self, sandbox: Sandbox) -> str:
@@ -177,6 +181,10 @@ class AgentRunner:
                                              # A host-loop agent's sandbox reaches nothing at all.
                                              model_relay=bool(self.settings.model_endpoint) and not self.spec.on_host),
                                  template)
+        if self.config is not None:
+            changed = self.config.hook.pytest_programbench_prompt(task=self.task, prompt=prompt, config=self.config)
+            if changed is not None:
+                prompt = str(changed)
         sandbox.put_file(prompt.encode(), PROMPT_PATH, mode=0o644, owner="root")
         return prompt
 

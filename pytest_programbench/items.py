@@ -58,7 +58,7 @@ class ProgramBenchItem(pytest.Item):
         session = self.pb_session
         # Said for errors too (setup), so they come first; plain strings for xdist.
         self.user_properties.extend([("language", self.task.language), ("difficulty", self.task.difficulty),
-                                     ("run_dir", str(self.task_dir))])
+                                     ("run_dir", session.identity.run_dir), ("task_dir", str(self.task_dir))])
         pipeline = item_pipeline(self)
         reasons: list[str] = []
         for attempt in range(session.settings.infra_retries + 1):
@@ -87,8 +87,14 @@ class ProgramBenchItem(pytest.Item):
 
         settings = self.pb_session.settings
         assert self.outcome is not None, "setup ran the pipeline"
-        assert_verdict(self, self.outcome, min_score=settings.min_score, allow_flags=settings.allow_flags,
-                       junit_tests=settings.junit_tests, task_dir=self.task_dir)
+        passed = False
+        try:
+            assert_verdict(self, self.outcome, min_score=settings.min_score, allow_flags=settings.allow_flags,
+                           junit_tests=settings.junit_tests, task_dir=self.task_dir)
+            passed = True
+        finally:  # scored either way: the pytest_programbench_task_outcome hook sees every verdict
+            self.config.hook.pytest_programbench_task_outcome(item=self, outcome=self.outcome, passed=passed,
+                                                              task_dir=str(self.task_dir))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | Any:
         from pytest_programbench.verdict import InfrastructureError, VerdictFailure

@@ -260,7 +260,7 @@ class TaskPipeline:
             try:
                 with self.phase("agent"):
                     runner = AgentRunner(spec, self.task, self.settings, log_path=self.artifacts.agent_log,
-                                         extra_env=extra_env)
+                                         extra_env=extra_env, config=self.session.config)
                     result = runner.run(sandbox)
                 self.meta["agent"].update(result.meta())
                 # A sandbox that died under the agent (its engine went away) ended the agent: it may run again.

@@ -9,8 +9,37 @@ from pytest_programbench import options
 SESSION_PLUGIN = "programbench-session"
 
 
+# Set when the plugin chose --dist worksteal for a -n given without --dist (the report header says so).
+WORKSTEAL_DEFAULTED = pytest.StashKey[bool]()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.register(parser)
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """The plugin's own hooks (prompt, agent environment, task outcome, summary): see newhooks.py."""
+    from pytest_programbench import newhooks
+
+    pluginmanager.add_hookspecs(newhooks)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config) -> object:
+    """``-n`` without ``--dist``: work stealing (items take hours, xdist's default pre-splits them in chunks).
+
+    A wrapper, so this runs before xdist's own hook turns a bare ``-n`` into ``--dist load`` (and before any
+    ``pytest_configure``, so ``--pb-preflight``'s collect-only mode keeps xdist from starting workers)."""
+    option = config.option
+    # --pb-preflight lists the selection like --co, then checks it: nothing runs (and xdist starts no workers).
+    if options.to_bool(options.raw_value(config, options.BY_DEST["pb_preflight"])) and _opted_in(config):
+        option.collectonly = True
+    if (getattr(option, "numprocesses", None) and getattr(option, "dist", None) == "no"
+            and not getattr(option, "distload", False) and not hasattr(config, "workerinput")
+            and _opted_in(config)):
+        option.dist = "worksteal"
+        config.stash[WORKSTEAL_DEFAULTED] = True
+    return (yield)
 
 
 @pytest.hookimpl(trylast=True)

@@ -308,6 +308,7 @@ class ProgramBenchSession:
             [TaskRecord(t.instance_id, t.language, t.difficulty, t.overridden) for t in chosen],
             meta_loader=lambda iid: TaskArtifacts(self.identity.path, iid).read_meta(),
             token_price=self.settings.token_price,
+            before_write=lambda data: self.config.hook.pytest_programbench_summary(summary=data, config=self.config),
         )
         self.summary.write()
 
@@ -476,15 +477,18 @@ class ProgramBenchSession:
         report.longrepr = (f"infrastructure error: the xdist worker crashed {len(crashes)} time(s) while running "
                            f"it (run directory: {self.identity.path / instance_id})\n" + "\n".join(crashes))
 
-    def engine_urls(self) -> list[str | None]:
-        """Every engine this run may use (``None``: the environment's)."""
-        return [None] if self.engines is None else [spec.url for spec in self.engines.specs]
+    def engine_urls(self, *, up_only: bool = False) -> list[str | None]:
+        """Every engine this run may use (``None``: the environment's); ``up_only``: not those marked down."""
+        if self.engines is None:
+            return [None]
+        pool = self.engines
+        return [spec.url for spec in pool.specs if not up_only or pool.down_reason(spec) is None]
 
     def forget_task_containers(self, instance_id: str) -> None:
         """Remove what an aborted attempt left behind, before the task runs again (on every engine of the run)."""
         from pytest_programbench import docker_engine
 
-        for url in self.engine_urls():
+        for url in self.engine_urls(up_only=True):  # a down engine's leftovers: reaped when it is used again
             try:
                 docker_engine.sweep(self.identity.run_id, task=instance_id, engine=docker_engine.client(url))
             except docker_engine.EngineUnavailable as exc:  # the item's own error already says so

@@ -128,10 +128,12 @@ def token_totals(records: Iterable[TaskRecord]) -> dict[str, Any]:
 
 
 class RunSummary:
-    def __init__(self, path: Path, header: dict[str, Any], records: Iterable[TaskRecord],
+    def __init__(self, path: Path, header: dict[str, Any], records: Iterable[TaskRecord], *,
                  meta_loader: Callable[[str], dict[str, Any] | None] | None = None,
-                 token_price: tuple[float, float] | None = None) -> None:
+                 token_price: tuple[float, float] | None = None,
+                 before_write: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = path
+        self.before_write = before_write  # the pytest_programbench_summary hook: may change what is written
         self.header = header
         self.records = {r.instance_id: r for r in records}
         self.meta_loader = meta_loader
@@ -235,7 +237,10 @@ class RunSummary:
 
     def write(self) -> None:
         with self._lock:
-            atomic_write_text(self.path, json.dumps(self.as_dict(), indent=2, default=str))
+            data = self.as_dict()
+            if self.before_write is not None:
+                self.before_write(data)
+            atomic_write_text(self.path, json.dumps(data, indent=2, default=str))
 
     # -- terminal ---------------------------------------------------------------------------------------------
 

@@ -3,15 +3,23 @@ integrity flag is raised (unless ``--pb-allow-flags``). Its JUnit properties are
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 
 class InfrastructureError(Exception):
-    """Something outside the agent's and the submission's windows broke: reported as an error, never a score."""
+    """Something outside the agent's and the submission's windows broke: reported as an error, never a score.
+
+    ``retryable=False`` when a retry would run the agent a second time after it already ended."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class VerdictFailure(Exception):
@@ -81,13 +89,37 @@ def junit_properties(outcome: TaskOutcome) -> list[tuple[str, Any]]:
 AGENT_NOT_RUN = {127: "command not found", 126: "command found but not executable"}
 
 
-def failure_message(outcome: TaskOutcome, min_score: float, *, flagged: bool) -> str:
+AGENT_LOG_TAIL = 20
+
+
+def tail_lines(path: Path, n: int = AGENT_LOG_TAIL, *, max_bytes: int = 64 << 10, width: int = 400) -> list[str]:
+    """The last ``n`` lines of a file (read from its end: agent.log may be large), each cut at ``width``."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            data = handle.read()
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    if size > max_bytes and lines:
+        lines = lines[1:]  # the first line read is likely cut
+    return [line if len(line) <= width else line[:width] + " [...]" for line in lines[-n:]]
+
+
+def failure_message(outcome: TaskOutcome, min_score: float, *, flagged: bool, task_dir: Path | None = None) -> str:
+    """The first line is the reason (pytest's short summary shows it); the header above it is the task id."""
     lines = []
     if outcome.agent_exit in AGENT_NOT_RUN:
         lines.append(f"agent exited {outcome.agent_exit}: {AGENT_NOT_RUN[outcome.agent_exit]} (check --pb-agent; "
                      "the shell's own message is in agent.log)")
-    lines += [f"{outcome.instance_id}: score {outcome.score:.4f} ({outcome.n_passed}/{outcome.n_tests} tests passed)"
-             + (f", below --pb-min-score {min_score:g}" if outcome.score < min_score else "")]
+    lines += [f"score {outcome.score:.4f} ({outcome.n_passed}/{outcome.n_tests} tests passed)"
+              + (f", below --pb-min-score {min_score:g}" if outcome.score < min_score else "")]
+    if outcome.agent_exit is not None or outcome.agent_seconds is not None:
+        status = "no exit status" if outcome.agent_exit is None else f"exit status {outcome.agent_exit}"
+        clock = "" if outcome.agent_seconds is None else f" after {outcome.agent_seconds:.1f} s"
+        lines.append(f"agent: {status}{clock}")
     if outcome.error_code:
         lines.append(f"error code: {outcome.error_code}")
     if outcome.clock_fired:
@@ -101,14 +133,20 @@ def failure_message(outcome: TaskOutcome, min_score: float, *, flagged: bool) ->
         lines.append(f"integrity flags: {', '.join(outcome.flags)} (the score is official; pass --pb-allow-flags "
                      "to accept it, or --pb-strict to evaluate with the flagged files neutralised)")
     lines.extend(outcome.notes)
+    if task_dir is not None:
+        lines.append(f"run directory: {task_dir}")
+        tail = tail_lines(task_dir / "agent.log")
+        if tail:
+            lines.append(f"last {len(tail)} lines of agent.log:")
+            lines.extend(f"  {line}" for line in tail)
     return "\n".join(lines)
 
 
 def assert_verdict(item: pytest.Item, outcome: TaskOutcome, *, min_score: float, allow_flags: bool,
-                   junit_tests: bool = False) -> None:
+                   junit_tests: bool = False, task_dir: Path | None = None) -> None:
     item.user_properties.extend(junit_properties(outcome))
     if junit_tests:
         item.user_properties.extend((f"test:{name}", status) for name, status in sorted(outcome.tests.items()))
     flagged = bool(outcome.flags) and not allow_flags
     if outcome.score < min_score or flagged:
-        raise VerdictFailure(failure_message(outcome, min_score, flagged=flagged))
+        raise VerdictFailure(failure_message(outcome, min_score, flagged=flagged, task_dir=task_dir))

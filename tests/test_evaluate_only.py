@@ -76,7 +76,7 @@ def test_good_submissions_pass_with_artifacts(pytester: pytest.Pytester, testbed
 def test_wrong_submission_fails_with_score_and_branches(pytester: pytest.Pytester, testbed: Testbed) -> None:
     result = run(pytester, testbed, testbed.submissions.parent / "wrong", "--pb-filter", CATLIKE)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([f"*{CATLIKE}: score 0.* tests passed), below --pb-min-score 1*",
+    result.stdout.fnmatch_lines([f"*_ {CATLIKE} _*", "score 0.* tests passed), below --pb-min-score 1*",
                                  "*branch * failing: eval.tests.*"])
     props = properties(junit_cases(pytester)[CATLIKE])
     assert 0.0 < float(props["score"]) < 1.0
@@ -91,7 +91,7 @@ def test_min_score_lets_a_partial_submission_pass(pytester: pytest.Pytester, tes
 def test_compile_error_is_a_failure_not_an_error(pytester: pytest.Pytester, testbed: Testbed) -> None:
     result = run(pytester, testbed, testbed.submissions.parent / "compile_error", "--pb-filter", RPN)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([f"*{RPN}: score 0.0000 (0/* tests passed)*", "*error code: compile_failed*"])
+    result.stdout.fnmatch_lines([f"*_ {RPN} _*", "score 0.0000 (0/* tests passed)*", "*error code: compile_failed*"])
 
 
 def test_missing_submissions_are_deselected_and_listed(pytester: pytest.Pytester, testbed: Testbed) -> None:
@@ -112,7 +112,7 @@ def test_require_all_fails_missing_with_score_zero(pytester: pytest.Pytester, te
     shutil.copytree(testbed.submissions / RPN, only_rpn / RPN)
     result = run(pytester, testbed, only_rpn, "--pb-filter", "pbfix__(rpn|catlike)", "--pb-require-all")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines([f"*{CATLIKE}: score 0.0000 (0/* tests passed)*", "*error code: no_submission*"])
+    result.stdout.fnmatch_lines([f"*_ {CATLIKE} _*", "score 0.0000 (0/* tests passed)*", "*error code: no_submission*"])
 
 
 def test_missing_image_is_an_error_fast(pytester: pytest.Pytester, testbed: Testbed) -> None:

@@ -1,0 +1,339 @@
+"""``--pb-preflight``: before spending hours, check what the selection needs, without running any of it.
+
+For the selected tasks: the images (present, pullable or buildable), the hidden test archives (present, or listed in
+the Hugging Face dataset: nothing is downloaded), the agent command (``command -v`` in one sample sandbox, after
+``--pb-agent-setup``; on the host for host-loop agents), the agent's inputs, the model endpoint (a TCP connection)
+and its key variable, and disk space. The result is a table of what is missing; the session exits non-zero when
+anything is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import socket
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_programbench.agent import AgentSpec
+    from pytest_programbench.catalogue import Task
+    from pytest_programbench.options import Settings
+    from pytest_programbench.run_identity import RunIdentity
+
+MODEL_CONNECT_TIMEOUT = 10.0
+COMMAND_CHECK_TIMEOUT = 120.0
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Check:
+    kind: str  # input | engine | image | blobs | agent | model | disk
+    subject: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class PreflightReport:
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, kind: str, subject: str, ok: bool, detail: str = "") -> None:
+        self.checks.append(Check(kind, subject, ok, detail))
+
+    @property
+    def missing(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def lines(self) -> list[str]:
+        """Per kind a count, then a table of what is missing (or a line saying nothing is)."""
+        kinds = list(dict.fromkeys(c.kind for c in self.checks))
+        counts = ", ".join(f"{kind} {sum(c.ok for c in self.checks if c.kind == kind)}/"
+                           f"{sum(1 for c in self.checks if c.kind == kind)} ok" for kind in kinds)
+        lines = [f"checked: {counts}"]
+        missing = self.missing
+        if not missing:
+            return [*lines, "nothing is missing"]
+        kind_w = max(len("check"), *(len(c.kind) for c in missing))
+        subject_w = min(60, max(len("subject"), *(len(c.subject) for c in missing)))
+        lines.append(f"{'check':<{kind_w}}  {'subject':<{subject_w}}  missing")
+        lines.extend(f"{c.kind:<{kind_w}}  {c.subject:<{subject_w}}  {c.detail}" for c in missing)
+        lines.append(f"{len(missing)} missing: fix them, then run again (the run itself would error or fail "
+                     "on each)")
+        return lines
+
+
+def command_word(command: str) -> str | None:
+    """The program a shell command runs first (leading ``NAME=value`` assignments skipped); None if unparsable."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    return next((w for w in words if not _ASSIGNMENT.fullmatch(w)), None)
+
+
+def run_preflight(settings: Settings, tasks: Sequence[Task], agent_spec: AgentSpec | None, identity: RunIdentity,
+                  *, environ: Mapping[str, str] | None = None) -> PreflightReport:
+    env = os.environ if environ is None else environ
+    report = PreflightReport()
+    check_inputs(report, settings, env)
+    check_blobs(report, tasks, settings.blob_dir, env)
+    check_model(report, settings, env)
+    from pytest_programbench import docker_engine
+
+    try:
+        engine = docker_engine.client()
+    except docker_engine.EngineUnavailable as exc:
+        report.add("engine", "Docker engine", False, str(exc))
+        return report
+    report.add("engine", "Docker engine", True)
+    present, to_fetch = check_images(report, engine, tasks, settings)
+    check_disk(report, engine, identity.path, images_to_fetch=to_fetch, agent=agent_spec is not None)
+    if agent_spec is not None:
+        check_agent(report, agent_spec, settings, tasks=tasks, present=present, identity=identity, env=env)
+    return report
+
+
+# ---------------------------------------------------------------------------------------------- inputs, model
+
+
+def check_inputs(report: PreflightReport, settings: Settings, env: Mapping[str, str]) -> None:
+    """What a run refuses at start-up (usage errors), listed together instead of one at a time."""
+    from pytest_programbench.agent import AgentEnvError, agent_env
+
+    for spec in settings.agent_env:
+        try:
+            agent_env((spec,), env)
+        except AgentEnvError as exc:
+            report.add("input", f"--pb-agent-env {spec.partition('=')[0]}", False, str(exc))
+    if settings.prompt_template and not Path(settings.prompt_template).is_file():
+        report.add("input", "--pb-prompt-template", False, f"{settings.prompt_template} is not a file")
+    for spec in settings.agent_mounts:
+        host = spec.partition(":")[0]
+        if not Path(host).expanduser().exists():
+            report.add("input", f"--pb-agent-mount {host}", False, f"{host} does not exist")
+    if settings.model_key_env:
+        report.add("model", f"key variable {settings.model_key_env}", settings.model_key_env in env,
+                   "" if settings.model_key_env in env else f"{settings.model_key_env} is not set on the host")
+
+
+def check_model(report: PreflightReport, settings: Settings, env: Mapping[str, str]) -> None:
+    """The endpoint answers a TCP connection (what the relay will open for each request)."""
+    if not settings.model_endpoint:
+        return
+    from pytest_programbench.relay import RelayConfigError, Upstream
+
+    try:
+        upstream = Upstream.parse(settings.model_endpoint)
+    except RelayConfigError as exc:
+        report.add("model", settings.model_endpoint, False, str(exc))
+        return
+    try:
+        with socket.create_connection((upstream.host, upstream.port), timeout=MODEL_CONNECT_TIMEOUT):
+            pass
+    except OSError as exc:
+        report.add("model", settings.model_endpoint, False,
+                   f"no answer from {upstream.host}:{upstream.port} ({exc.strerror or exc})")
+        return
+    report.add("model", settings.model_endpoint, True)
+
+
+# ---------------------------------------------------------------------------------------------- blobs
+
+
+def check_blobs(report: PreflightReport, tasks: Iterable[Task], blob_dir: str | None,
+                env: Mapping[str, str]) -> None:
+    """Where each task's archives would come from, in the pipeline's order; nothing is hashed or downloaded."""
+    from programbench.utils.load_data import get_active_branches
+
+    from pytest_programbench.catalogue import CatalogueError
+
+    listing: _HubListing | None = None
+    for task in tasks:
+        try:
+            branches = list(get_active_branches(task.load_instance()))
+        except CatalogueError as exc:
+            report.add("blobs", task.instance_id, False, f"malformed task: {exc}")
+            continue
+        if blob_dir and (Path(blob_dir) / task.instance_id / "tests").is_dir():
+            where = Path(blob_dir) / task.instance_id / "tests"
+            absent = [b for b in branches if not (where / f"{b}.tar.gz").is_file()]
+            report.add("blobs", task.instance_id, not absent,
+                       f"{where} lacks {', '.join(f'{b}.tar.gz' for b in absent)}" if absent else "")
+            continue
+        trees = task.task_dir / "tests"
+        if any((trees / b).is_dir() for b in branches):
+            absent = [b for b in branches if not (trees / b).is_dir()]
+            report.add("blobs", task.instance_id, not absent,
+                       f"{trees} lacks the tree(s) {', '.join(absent)}" if absent else "")
+            continue
+        if not task.packaged:
+            report.add("blobs", task.instance_id, False,
+                       f"no hidden tests: not in --pb-blob-dir, no tests/<branch>/ in {task.task_dir}")
+            continue
+        if listing is None:
+            listing = _HubListing(env)
+        absent = [b for b in branches if not listing.has(f"{task.instance_id}/tests/{b}.tar.gz")]
+        report.add("blobs", task.instance_id, not absent,
+                   f"{', '.join(absent)}: {listing.why_missing}" if absent else "")
+
+
+class _HubListing:
+    """The Hugging Face dataset's files: the local cache, plus one listing of the repository when online."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        from programbench.constants import HF_REPO_ID, HF_REVISION
+
+        self.repo = HF_REPO_ID
+        self.revision = HF_REVISION or None
+        self.offline = env.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+        self.remote: set[str] | None = None
+        self.why_missing = (f"not in the Hugging Face cache and HF_HUB_OFFLINE=1 ({HF_REPO_ID}); pass --pb-blob-dir"
+                            if self.offline else f"not in the dataset {HF_REPO_ID}")
+        if not self.offline:
+            try:
+                from huggingface_hub import HfApi
+
+                self.remote = set(HfApi().list_repo_files(self.repo, repo_type="dataset", revision=self.revision))
+            except Exception as exc:  # unreachable hub: only the cache counts
+                self.why_missing = (f"not in the Hugging Face cache and the dataset {HF_REPO_ID} could not be "
+                                    f"listed ({type(exc).__name__}: {exc}); pass --pb-blob-dir")
+
+    def has(self, filename: str) -> bool:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(self.repo, filename, repo_type="dataset", revision=self.revision)
+        if isinstance(cached, str):
+            return True
+        return self.remote is not None and filename in self.remote
+
+
+# ---------------------------------------------------------------------------------------------- images, disk
+
+
+def check_images(report: PreflightReport, engine: Any, tasks: Iterable[Task],
+                 settings: Settings) -> tuple[dict[str, str], int]:
+    """Per task: present, else pullable (the registry's manifest, not the layers), else buildable.
+
+    Returns the image ids of the tasks whose image is present, and how many images a run would pull or build."""
+    from docker.errors import DockerException, ImageNotFound
+
+    from pytest_programbench.images import image_ref
+
+    present: dict[str, str] = {}
+    to_fetch = 0
+    for task in tasks:
+        ref = image_ref(task, settings.image_tag)
+        try:
+            present[task.instance_id] = str(engine.api.inspect_image(ref)["Id"])
+            report.add("image", ref, True)
+            continue
+        except ImageNotFound:
+            pass
+        except DockerException as exc:
+            report.add("image", ref, False, f"the engine could not inspect it: {exc}")
+            continue
+        why = "not present locally"
+        if settings.pull == "missing":
+            try:
+                engine.api.inspect_distribution(ref)
+            except DockerException as exc:
+                why += f"; not pullable ({getattr(exc, 'explanation', None) or exc})"
+            else:
+                to_fetch += 1
+                report.add("image", ref, True, "to pull")
+                continue
+        else:
+            why += "; --pb-pull never"
+        if task.dockerfile is not None:
+            to_fetch += 1
+            report.add("image", ref, True, f"to build from {task.dockerfile}")
+            continue
+        report.add("image", ref, False, f"{why}; no Dockerfile in {task.task_dir}")
+    return present, to_fetch
+
+
+def check_disk(report: PreflightReport, engine: Any, run_dir: Path, *, images_to_fetch: int, agent: bool) -> None:
+    from pytest_programbench import disk
+
+    root = disk.docker_root(engine.api)
+    if root is not None:
+        need = disk.run_need() + images_to_fetch * disk.image_need()
+        if agent:
+            need += disk.sandbox_storage_need(engine.api)
+        _space(report, "Docker data root", root, need,
+               f"a task at a time plus {images_to_fetch} image(s) to pull or build")
+    _space(report, "run directory", run_dir, disk.run_dir_need(), "the most one task can write")
+
+
+def _space(report: PreflightReport, what: str, path: Path, need: int, why: str) -> None:
+    from pytest_programbench import disk
+
+    space = disk.free_space(path)
+    ok = space.free >= need
+    report.add("disk", f"{what} {path}", ok,
+               "" if ok else f"{disk.human(space.free)} free, {disk.human(need)} needed ({why})")
+
+
+# ---------------------------------------------------------------------------------------------- agent
+
+
+def check_agent(report: PreflightReport, spec: AgentSpec, settings: Settings, *, tasks: Sequence[Task],
+                present: Mapping[str, str], identity: RunIdentity, env: Mapping[str, str]) -> None:
+    """The agent's command is found where it will run: the host, or a sample sandbox (after the set-up command)."""
+    if spec.kind != "command":
+        report.add("agent", spec.label, True, "a preset")
+        return
+    word = command_word(spec.command)
+    if word is None:
+        report.add("agent", spec.command, False, "the command cannot be parsed (unbalanced quotes?)")
+        return
+    if spec.on_host:
+        found = (word if os.access(word, os.X_OK) else None) if "/" in word else shutil.which(word, path=env.get(
+            "PATH"))
+        report.add("agent", f"{word} (on the host)", found is not None,
+                   "" if found else f"`command -v {word}` finds nothing on the host's PATH")
+        return
+    sample = next((t for t in tasks if t.instance_id in present), None)
+    if sample is None:
+        report.add("agent", word, False, "no selected task's image is present to start a sample sandbox in")
+        return
+    report.add(*_command_in_sandbox(word, settings, sample, image_id=present[sample.instance_id], identity=identity,
+                                    env=env))
+
+
+def _command_in_sandbox(word: str, settings: Settings, task: Task, *, image_id: str, identity: RunIdentity,
+                        env: Mapping[str, str]) -> tuple[str, str, bool, str]:
+    from pytest_programbench import docker_engine
+    from pytest_programbench.agent import AgentEnvError, agent_env
+    from pytest_programbench.sandbox import Sandbox, SandboxError
+
+    subject = f"{word} (in the sandbox of {task.instance_id})"
+    try:
+        extra = agent_env(settings.agent_env, env)
+    except AgentEnvError:
+        extra = {}  # reported as an input
+    labels = docker_engine.Labels(identity.run_id, "preflight", task.instance_id)
+    sandbox = Sandbox.for_task(task, settings, labels, image_id=image_id)
+    try:
+        sandbox.start()
+        if settings.agent_setup:
+            setup = sandbox.exec(settings.agent_setup, user="root", workdir="/", timeout=settings.agent_timeout)
+            if setup.exit_code != 0:
+                return "agent", subject, False, (f"--pb-agent-setup exited {setup.exit_code}: "
+                                                 f"{setup.text.strip()[-300:]}")
+        probe = f"command -v {shlex.quote(word)} || {{ echo \"PATH=$PATH\"; exit 127; }}"
+        result = sandbox.exec(probe, user="agent", timeout=COMMAND_CHECK_TIMEOUT, env=extra)
+    except (SandboxError, docker_engine.EngineUnavailable, RuntimeError) as exc:
+        return "agent", subject, False, f"the sample sandbox failed: {exc}"
+    finally:
+        sandbox.close()
+    if result.exit_code == 0:
+        return "agent", subject, True, result.text.strip()
+    return "agent", subject, False, (f"`command -v {word}` finds nothing for the agent user "
+                                     f"({result.text.strip()[-300:]}); install it with --pb-agent-setup or mount it "
+                                     "with --pb-agent-mount")

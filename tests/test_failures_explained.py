@@ -1,0 +1,199 @@
+"""Failures that explain themselves: the task id as the failure header, the agent's exit status and clock, the
+agent.log tail and the run directory in the message and in JUnit, one reason per error line, a session that stops
+when the agent command does not exist, and the options that go with it. Real pytest sessions on the test bed.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_programbench.options import SECTIONS
+from tests.conftest import Testbed
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+RPN = "pbfix__rpn.0b5e55e"
+CATLIKE = "pbfix__catlike.c47c47c"
+FIXTURES = (CATLIKE, RPN, "pbfix__tuiish.7e1a0b2")
+TAG = "task_cleanroom_v6"
+# Prints 30 numbered lines and exits 3: the message must show the last 20 and the status.
+CHATTY_AGENT = "i=1; while [ $i -le 30 ]; do echo agent-line-$i; i=$((i+1)); done; exit 3"
+
+
+def _args(tasks_dir: Path, blob_dir: Path, run_dir: Path, *extra: str) -> list[str]:
+    return ["-p", "no:cacheprovider", "--pb-tasks-dir", str(tasks_dir), "--pb-blob-dir", str(blob_dir),
+            "--pb-pull", "never", "--pb-cpus", "2", "--pb-output", str(run_dir),
+            "--junitxml", str(run_dir.parent / "junit.xml"), *extra]
+
+
+def _cases(junit: Path) -> dict[str, ET.Element]:
+    return {case.attrib["name"]: case for case in ET.parse(junit).getroot().iter("testcase")}
+
+
+def _properties(case: ET.Element) -> dict[str, str]:
+    return {p.attrib["name"]: p.attrib["value"] for p in case.iter("property")}
+
+
+# ---------------------------------------------------------------------------------------------- the message
+
+
+def test_failure_is_headed_by_the_task_and_explains_itself(pytester: pytest.Pytester, testbed: Testbed) -> None:
+    run_dir = pytester.path / "run"
+    result = pytester.runpytest_subprocess(
+        *_args(testbed.tasks_dir, testbed.blob_dir, run_dir, "--pb-filter", RPN, "--pb-agent", CHATTY_AGENT),
+        timeout=600)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "test session" not in out, "the failure header is the task id"
+    task_dir = run_dir / RPN
+    result.stdout.fnmatch_lines([
+        f"*_ {RPN} _*",
+        "score 0.0000 (0/* tests passed), below --pb-min-score 1",
+        "agent: exit status 3 after * s",
+        f"run directory: {task_dir}",
+        "last 20 lines of agent.log:",
+        "  agent-line-11",
+        "  agent-line-30",
+    ])
+    assert "agent-line-10\n" not in out, "only the last 20 lines"
+    # The short summary's reason comes once, without the id a second time.
+    result.stdout.fnmatch_lines([f"FAILED *programbench::{RPN} - score 0.0000*"])
+
+    case = _cases(run_dir.parent / "junit.xml")[RPN]
+    props = _properties(case)
+    assert (props["language"], props["difficulty"], props["run_dir"], props["task_dir"]) == (
+        "c", "easy", str(run_dir), str(task_dir))
+    system_out = case.find("system-out")
+    assert system_out is not None
+    assert (system_out.text or "").splitlines() == ["last 20 lines of agent.log:",
+                                                    *(f"agent-line-{i}" for i in range(11, 31))]
+
+
+def test_infrastructure_error_line_gives_the_reason_once(pytester: pytest.Pytester, testbed: Testbed) -> None:
+    tasks = pytester.mkdir("tasks")
+    noimage = "pbfix__noimage.1111111"
+    shutil.copytree(testbed.tasks_dir / CATLIKE, tasks / noimage, ignore=shutil.ignore_patterns("Dockerfile"))
+    blobs = pytester.mkdir("blobs")
+    shutil.copytree(testbed.blob_dir / CATLIKE, blobs / noimage)
+    run_dir = pytester.path / "run"
+    result = pytester.runpytest_subprocess(*_args(tasks, blobs, run_dir, "--pb-filter", noimage, "--pb-agent",
+                                                  "true"), timeout=600)
+    result.assert_outcomes(errors=1)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines([f"*ERROR at setup of {noimage}*",
+                                 "infrastructure error after 2 attempt(s): *programbench/pbfix_1776_noimage*",
+                                 f"run directory: {run_dir / noimage}"])
+    # The programbench summary's errors line: the id once, then the whole first sentence.
+    error_lines = [line for line in out.splitlines() if line.startswith(f"  {noimage}: ")]
+    assert len(error_lines) == 1, out[-3000:]
+    assert error_lines[0].count(noimage) == 1, error_lines
+    assert error_lines[0].startswith(f"  {noimage}: infrastructure error after 2 attempt(s): "), error_lines
+    assert not error_lines[0].endswith(":"), "a whole sentence, not a cut one"
+    props = _properties(_cases(run_dir.parent / "junit.xml")[noimage])
+    assert (props["language"], props["task_dir"]) == ("c", str(run_dir / noimage))
+
+
+# ---------------------------------------------------------------------------------------------- agent not found
+
+
+@dataclass(frozen=True)
+class Copies:
+    tasks_dir: Path
+    blob_dir: Path
+    ids: list[str]
+
+
+@pytest.fixture
+def six_tasks(tmp_path: Path, testbed: Testbed, docker_client: Any) -> Iterator[Copies]:
+    """Two copies of each fixture task under ids of this test alone, their images extra tags of the fixtures'."""
+    from programbench.constants import image_name_from_instance_id
+
+    org = f"pbstop{secrets.token_hex(3)}"
+    copies = Copies(tmp_path / "tasks", tmp_path / "blobs", [])
+    tags: list[str] = []
+    try:
+        for fixture in FIXTURES:
+            name, _, commit = fixture.split("__", 1)[1].rpartition(".")
+            image = docker_client.images.get(f"{image_name_from_instance_id(fixture)}:{TAG}")
+            for k in range(2):
+                new_id = f"{org}__{name}{k}.{commit}"
+                (copies.tasks_dir / new_id).mkdir(parents=True)
+                for meta in ("task.yaml", "tests.json"):
+                    shutil.copy2(testbed.tasks_dir / fixture / meta, copies.tasks_dir / new_id / meta)
+                shutil.copytree(testbed.blob_dir / fixture, copies.blob_dir / new_id)
+                repository = image_name_from_instance_id(new_id)
+                image.tag(repository, TAG)
+                tags.append(f"{repository}:{TAG}")
+                copies.ids.append(new_id)
+        yield copies
+    finally:
+        for tag in tags:
+            docker_client.api.remove_image(tag)  # the tag only: the fixture image keeps its own
+
+
+def test_missing_agent_stops_the_session_under_xdist(pytester: pytest.Pytester, six_tasks: Copies) -> None:
+    run_dir = pytester.path / "run"
+    result = pytester.runpytest_subprocess(
+        *_args(six_tasks.tasks_dir, six_tasks.blob_dir, run_dir, "--pb-agent", "no-such-agent", "-n", "2", "-v"),
+        timeout=600)
+    assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([
+        "programbench: -n without --dist: using --dist worksteal*",
+        "scheduling tests via WorkStealingScheduling",
+        "*programbench: stopping: the agent of each of the first 3 tasks exited 127 (127: command not found); "
+        "check --pb-agent 'no-such-agent'*--pb-keep-going runs every task anyway*",
+    ])
+    ran = _cases(run_dir.parent / "junit.xml")
+    assert 3 <= len(ran) < len(six_tasks.ids), sorted(ran)
+    assert all(_properties(case)["agent_exit"] == "127" for case in ran.values())
+
+
+def test_keep_going_runs_every_task(pytester: pytest.Pytester, six_tasks: Copies) -> None:
+    run_dir = pytester.path / "run"
+    result = pytester.runpytest_subprocess(
+        *_args(six_tasks.tasks_dir, six_tasks.blob_dir, run_dir, "--pb-agent", "no-such-agent", "-n", "2",
+               "--dist", "load", "--pb-keep-going"), timeout=600)
+    result.assert_outcomes(failed=len(six_tasks.ids))
+    assert "stopping" not in result.stdout.str()
+    assert "using --dist worksteal" not in result.stdout.str(), "an explicit --dist is kept"
+
+
+def test_missing_agent_stops_a_serial_session(pytester: pytest.Pytester, six_tasks: Copies) -> None:
+    run_dir = pytester.path / "run"
+    result = pytester.runpytest_subprocess(
+        *_args(six_tasks.tasks_dir, six_tasks.blob_dir, run_dir, "--pb-agent", "/etc/hostname"), timeout=600)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines(["*Interrupted: programbench: stopping: the agent of each of the first 3 tasks "
+                                 "exited 126 (126: command found but not executable)*"])
+
+
+# ---------------------------------------------------------------------------------------------- usage, --help
+
+
+def test_agent_and_submissions_together_are_a_usage_error(pytester: pytest.Pytester, testbed: Testbed) -> None:
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir),
+                                           "--pb-agent", "true", "--pb-submissions", str(testbed.submissions))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--pb-agent and --pb-submissions exclude each other*"])
+
+
+def test_help_groups_the_options_from_an_unrelated_directory(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "pytest", "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    headers = [line for line in done.stdout.splitlines() if line.startswith("ProgramBench ")]
+    assert headers == [f"ProgramBench {name} (pytest-programbench):" for name, _ in SECTIONS]
+    section = done.stdout.split("ProgramBench model (pytest-programbench):")[1].split("\n\n")[0]
+    assert "--pb-model-endpoint" in section
+    assert "--pb-agent " not in section
