@@ -75,7 +75,8 @@ class ProgramBenchItem(pytest.Item):
             return
         # The first line is the reason, once (pytest's short summary and ours show it; the header is the task id);
         # identical reasons (an engine that is down) are said once.
-        distinct = list(dict.fromkeys(r.split(": ", 1)[1] for r in reasons))
+        distinct = list(dict.fromkeys(r.split(": ", 1)[1].removeprefix(f"{self.task.instance_id}: ")
+                                      for r in reasons))
         lines = [f"infrastructure error after {len(reasons)} attempt(s): {distinct[-1]}"]
         if len(distinct) > 1:
             lines += ["every attempt:", *(f"  {r}" for r in reasons)]
