@@ -35,11 +35,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_programbench.docker_engine import Labels, client, sweep  # noqa: E402
-from pytest_programbench.relay import BRIDGE_SCRIPT, SANDBOX_BRIDGE_PATH  # noqa: E402
-from pytest_programbench.relay_bridge import connect_unix  # noqa: E402
-from pytest_programbench.relay_tunnel import RelayTunnel  # noqa: E402
-from pytest_programbench.sandbox import Sandbox  # noqa: E402
+from pytest_programbench.engine.docker_engine import Labels, client, sweep  # noqa: E402
+from pytest_programbench.relay.relay import BRIDGE_SCRIPT, SANDBOX_BRIDGE_PATH  # noqa: E402
+from pytest_programbench.relay.relay_bridge import connect_unix  # noqa: E402
+from pytest_programbench.relay.relay_tunnel import RelayTunnel  # noqa: E402
+from pytest_programbench.sandbox.sandbox import Sandbox  # noqa: E402
 
 IMAGE = "programbench/pbfix_1776_rpn.0b5e55e:task_cleanroom_v6"
 PORT = 47801

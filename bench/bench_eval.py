@@ -144,7 +144,7 @@ def main() -> None:
     source = Path(env["PB_TESTBED_RUNS"]) / args.variant
     if not source.is_dir():
         sys.exit(f"no run directory {source}")
-    from pytest_programbench.rerunfailures import ensure_wheels
+    from pytest_programbench.evaluation.rerunfailures import ensure_wheels
 
     wheels = ensure_wheels()
     if not wheels.available:

@@ -27,8 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pytest_programbench.docker_engine import Labels, sweep
-from pytest_programbench.sandbox import Sandbox
+from pytest_programbench.engine.docker_engine import Labels, sweep
+from pytest_programbench.sandbox.sandbox import Sandbox
 
 DEFAULT_IMAGE = "programbench/pbfix_1776_catlike.c47c47c:task_cleanroom_v6"
 DIRECT = "/opt/direct/executable"

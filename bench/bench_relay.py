@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pytest_programbench.relay import ModelRelay
+from pytest_programbench.relay.relay import ModelRelay
 from tests.scripted_models import ScriptedModels, Step
 
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "anthropic": "/v1/messages"}

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_programbench.catalogue import Task
 from pytest_programbench.markers import SUITE, difficulty_marker, language_marker
-from pytest_programbench.plugin import SESSION_PLUGIN
-from pytest_programbench.verdict import TaskOutcome
+from pytest_programbench.results.verdict import TaskOutcome
+from pytest_programbench.stash import SESSION
+from pytest_programbench.tasks.catalogue import Task
 
 if TYPE_CHECKING:
     from pytest_programbench.session import ProgramBenchSession
@@ -41,9 +41,7 @@ class ProgramBenchItem(pytest.Item):
     @property
     def pb_session(self) -> ProgramBenchSession:
         """The opted-in session's state (items exist only when the session opted in)."""
-        session = self.config.pluginmanager.get_plugin(SESSION_PLUGIN)
-        assert session is not None, "items exist only in opted-in sessions"
-        return session  # type: ignore[no-any-return]
+        return self.config.stash[SESSION]
 
     @property
     def task_dir(self) -> Path:
@@ -53,7 +51,7 @@ class ProgramBenchItem(pytest.Item):
     def setup(self) -> None:
         """Run the pipeline; infrastructure errors are retried (``--pb-infra-retries``), never agent failures."""
         from pytest_programbench.pipeline import item_pipeline
-        from pytest_programbench.verdict import InfrastructureError
+        from pytest_programbench.results.verdict import InfrastructureError
 
         session = self.pb_session
         # Said for errors too (setup), so they come first; plain strings for xdist.
@@ -84,7 +82,7 @@ class ProgramBenchItem(pytest.Item):
         raise InfrastructureError("\n".join(lines))
 
     def runtest(self) -> None:
-        from pytest_programbench.verdict import assert_verdict
+        from pytest_programbench.results.verdict import assert_verdict
 
         settings = self.pb_session.settings
         assert self.outcome is not None, "setup ran the pipeline"
@@ -98,7 +96,7 @@ class ProgramBenchItem(pytest.Item):
                                                               task_dir=str(self.task_dir))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | Any:
-        from pytest_programbench.verdict import InfrastructureError, VerdictFailure
+        from pytest_programbench.results.verdict import InfrastructureError, VerdictFailure
 
         # Our own verdicts and infrastructure errors are messages, not tracebacks.
         if isinstance(excinfo.value, VerdictFailure | InfrastructureError):

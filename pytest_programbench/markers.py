@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from pytest_programbench.catalogue import CORE_LANGUAGES, DIFFICULTIES
+from pytest_programbench.tasks.catalogue import CORE_LANGUAGES, DIFFICULTIES
 
 SUITE = "programbench"
 

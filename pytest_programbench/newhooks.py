@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_programbench.catalogue import Task
-    from pytest_programbench.verdict import TaskOutcome
+    from pytest_programbench.results.verdict import TaskOutcome
+    from pytest_programbench.tasks.catalogue import Task
 
 
 @pytest.hookspec(firstresult=True)

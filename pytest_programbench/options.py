@@ -310,7 +310,7 @@ def _parsers() -> dict[str, Callable[[str, Any], Any]]:
         return tuple(str(x) for x in (v if isinstance(v, list | tuple) else [v]))
 
     def docker_hosts(flag: str, v: Any) -> tuple[str, ...]:
-        from pytest_programbench.engines import EngineSpecError, parse_docker_hosts
+        from pytest_programbench.engine.engines import EngineSpecError, parse_docker_hosts
 
         values = raw_seq(flag, v)
         try:

@@ -15,22 +15,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_programbench.artifacts import TaskArtifacts, atomic_copy
-from pytest_programbench.catalogue import CatalogueError, Task
-from pytest_programbench.docker_engine import EngineUnavailable, Labels
-from pytest_programbench.verdict import InfrastructureError, TaskOutcome
+from pytest_programbench.engine.docker_engine import Labels
+from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.results.artifacts import TaskArtifacts, atomic_copy
+from pytest_programbench.results.verdict import InfrastructureError, TaskOutcome
+from pytest_programbench.tasks.catalogue import CatalogueError, Task
 
 if TYPE_CHECKING:
-    from pytest_programbench.agent import AgentResult
-    from pytest_programbench.blobs import BlobSet
-    from pytest_programbench.engines import EngineLease
-    from pytest_programbench.evaluation import EvaluationOutcome
-    from pytest_programbench.images import ResolvedImage
+    from pytest_programbench.agents.agent import AgentResult
+    from pytest_programbench.engine.engines import EngineLease
+    from pytest_programbench.engine.images import ResolvedImage
+    from pytest_programbench.evaluation.evaluation import EvaluationOutcome
     from pytest_programbench.items import ProgramBenchItem
-    from pytest_programbench.relay import ModelRelay
-    from pytest_programbench.relay_tunnel import RelayTunnel
-    from pytest_programbench.sandbox import Sandbox
+    from pytest_programbench.relay.relay import ModelRelay
+    from pytest_programbench.relay.relay_tunnel import RelayTunnel
+    from pytest_programbench.sandbox.sandbox import Sandbox
     from pytest_programbench.session import ProgramBenchSession
+    from pytest_programbench.tasks.blobs import BlobSet
 
 log = logging.getLogger("pytest_programbench")
 
@@ -112,7 +113,7 @@ class TaskPipeline:
         if pool is None:
             self.engine = None
             return None
-        from pytest_programbench.docker_engine import client
+        from pytest_programbench.engine.docker_engine import client
 
         with self.phase("engine"):
             lease = pool.lease(avoid=self.engines_tried, task=self.task.instance_id)
@@ -129,14 +130,17 @@ class TaskPipeline:
     def _run(self) -> TaskOutcome:
         from programbench.utils.load_data import get_active_branches
 
-        from pytest_programbench import disk
-        from pytest_programbench.blobs import BlobError, resolve_blobs
-        from pytest_programbench.evaluation import EvalSettings, evaluate
-        from pytest_programbench.images import ImageError, ensure_image
+        from pytest_programbench.engine import disk, docker_engine
+        from pytest_programbench.engine.images import ImageError, ensure_image
+        from pytest_programbench.evaluation.evaluation import EvalSettings, evaluate
+        from pytest_programbench.sandbox.sandbox import run_dir_need, sandbox_storage_need
+        from pytest_programbench.tasks.blobs import BlobError, resolve_blobs
 
         # A DiskSpaceError is an EngineUnavailable: an error. An agent run also needs its sandbox's storage limit.
-        disk.require_for_run(self.artifacts.dir.parent, sandbox=self.session.submissions is None,
-                             engine_api=None if self.engine is None else self.engine.api)
+        engine = self.engine or docker_engine.client()
+        sandbox_need = sandbox_storage_need(engine.api) if self.session.submissions is None else 0
+        disk.require_for_run(self.artifacts.dir.parent, engine_api=engine.api, run_dir_need=run_dir_need(),
+                             sandbox_need=sandbox_need)
         self.artifacts.dir.mkdir(parents=True, exist_ok=True)
         with self.phase("task"):
             try:
@@ -175,7 +179,7 @@ class TaskPipeline:
             )
         self.meta["evaluation"] = result.meta()
         if self.settings.prune_images and image.source in ("built", "pulled"):
-            self.meta["pruned"] = dataclasses.asdict(disk.prune_images([image.id]))
+            self.meta["pruned"] = dataclasses.asdict(disk.prune_images([image.id], engine=engine))
         if result.infra_error:
             raise InfrastructureError(result.infra_error)
         if result.result is not None:
@@ -188,7 +192,7 @@ class TaskPipeline:
         """One build or pull of an image per engine: the lock is the engine's (default: the shared one)."""
         if self.engine is None or self.session.engines is None:
             return None
-        from pytest_programbench.rerunfailures import cache_root
+        from pytest_programbench.evaluation.rerunfailures import cache_root
 
         return cache_root() / "image-locks" / hashlib.sha256(str(self.meta.get("engine")).encode()).hexdigest()[:16]
 
@@ -229,8 +233,8 @@ class TaskPipeline:
 
         The agent runs once per task: after it ended, a failing step (packing, evaluation) is retried on its own and
         an agent whose work is lost with its sandbox is not run again (its cost is paid; ``--pb-resume`` can)."""
-        from pytest_programbench.agent import AgentRunner
-        from pytest_programbench.sandbox import Sandbox, SandboxError, SubmissionTooLarge, SubmissionUnpackable
+        from pytest_programbench.agents.agent import AgentRunner
+        from pytest_programbench.sandbox.sandbox import Sandbox, SandboxError, SubmissionTooLarge, SubmissionUnpackable
 
         if self.agent_result is not None:
             raise InfrastructureError(
@@ -300,7 +304,7 @@ class TaskPipeline:
 
     def _pack(self, sandbox: Sandbox) -> int:
         """Pack ``/workspace/src``; an engine failure is retried in place (``--pb-infra-retries``), never the agent."""
-        from pytest_programbench.sandbox import SandboxError
+        from pytest_programbench.sandbox.sandbox import SandboxError
 
         failures: list[str] = []
         while True:
@@ -328,9 +332,9 @@ class TaskPipeline:
     @staticmethod
     def _open_tunnel(sandbox: Sandbox, relay: ModelRelay) -> RelayTunnel:
         """The relay reaches an in-sandbox agent through an exec stream: no bind mount, any engine."""
-        from pytest_programbench.relay import BRIDGE_SCRIPT, SANDBOX_BRIDGE_PORT
-        from pytest_programbench.relay_bridge import connect_unix
-        from pytest_programbench.relay_tunnel import RelayTunnel
+        from pytest_programbench.relay.relay import BRIDGE_SCRIPT, SANDBOX_BRIDGE_PORT
+        from pytest_programbench.relay.relay_bridge import connect_unix
+        from pytest_programbench.relay.relay_tunnel import RelayTunnel
 
         socket_path = str(relay.socket_path)
         return RelayTunnel(sandbox.engine.api, sandbox.id, lambda: connect_unix(socket_path)).open(
@@ -340,7 +344,7 @@ class TaskPipeline:
         """--pb-model-endpoint: the agent's only way out, recorded per task."""
         if not self.settings.model_endpoint:
             return None
-        from pytest_programbench.relay import ModelRelay, RelayConfigError
+        from pytest_programbench.relay.relay import ModelRelay, RelayConfigError
 
         relay = ModelRelay(self.settings.model_endpoint, records_path=self.artifacts.dir / "model-requests.jsonl",
                            api_key_env=self.settings.model_key_env, unix=not on_host, tcp=on_host)
@@ -363,7 +367,7 @@ class TaskPipeline:
                                       f"(exit {state.get('ExitCode')}, OOM killed: {state.get('OOMKilled')})")
         # An engine that is shutting down still answers inspections on open connections while it stops the
         # container: only a new command run to its end shows the sandbox outlived the agent.
-        from pytest_programbench.sandbox import SandboxError
+        from pytest_programbench.sandbox.sandbox import SandboxError
 
         try:
             probe = sandbox.exec(["true"], user="root", workdir="/", timeout=60, use_timeout=False)

@@ -5,12 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pytest_programbench import options
+from pytest_programbench.stash import SESSION, WORKSTEAL_DEFAULTED
 
-SESSION_PLUGIN = "programbench-session"
-
-
-# Set when the plugin chose --dist worksteal for a -n given without --dist (the report header says so).
-WORKSTEAL_DEFAULTED = pytest.StashKey[bool]()
+SESSION_PLUGIN = "programbench-session"  # the session object is also a plugin: its hooks run only when opted in
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -51,7 +48,9 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from pytest_programbench.session import ProgramBenchSession
 
-    config.pluginmanager.register(ProgramBenchSession.from_config(config), SESSION_PLUGIN)
+    session = ProgramBenchSession.from_config(config)
+    config.stash[SESSION] = session
+    config.pluginmanager.register(session, SESSION_PLUGIN)
 
 
 def _opted_in(config: pytest.Config) -> bool:

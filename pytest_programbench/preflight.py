@@ -19,11 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.sizes import human
+
 if TYPE_CHECKING:
-    from pytest_programbench.agent import AgentSpec
-    from pytest_programbench.catalogue import Task
+    from pytest_programbench.agents.agent import AgentSpec
     from pytest_programbench.options import Settings
     from pytest_programbench.run_identity import RunIdentity
+    from pytest_programbench.tasks.catalogue import Task
 
 MODEL_CONNECT_TIMEOUT = 10.0
 COMMAND_CHECK_TIMEOUT = 120.0
@@ -83,11 +86,11 @@ def run_preflight(settings: Settings, tasks: Sequence[Task], agent_spec: AgentSp
     check_inputs(report, settings, env)
     check_blobs(report, tasks, settings.blob_dir, env)
     check_model(report, settings, env)
-    from pytest_programbench import docker_engine
+    from pytest_programbench.engine import docker_engine
 
     try:
         engine = docker_engine.client()
-    except docker_engine.EngineUnavailable as exc:
+    except EngineUnavailable as exc:
         report.add("engine", "Docker engine", False, str(exc))
         return report
     report.add("engine", "Docker engine", True)
@@ -103,7 +106,7 @@ def run_preflight(settings: Settings, tasks: Sequence[Task], agent_spec: AgentSp
 
 def check_inputs(report: PreflightReport, settings: Settings, env: Mapping[str, str]) -> None:
     """What a run refuses at start-up (usage errors), listed together instead of one at a time."""
-    from pytest_programbench.agent import AgentEnvError, agent_env
+    from pytest_programbench.agents.agent import AgentEnvError, agent_env
 
     for spec in settings.agent_env:
         try:
@@ -125,7 +128,7 @@ def check_model(report: PreflightReport, settings: Settings, env: Mapping[str, s
     """The endpoint answers a TCP connection (what the relay will open for each request)."""
     if not settings.model_endpoint:
         return
-    from pytest_programbench.relay import RelayConfigError, Upstream
+    from pytest_programbench.relay.relay import RelayConfigError, Upstream
 
     try:
         upstream = Upstream.parse(settings.model_endpoint)
@@ -150,7 +153,7 @@ def check_blobs(report: PreflightReport, tasks: Iterable[Task], blob_dir: str | 
     """Where each task's archives would come from, in the pipeline's order; nothing is hashed or downloaded."""
     from programbench.utils.load_data import get_active_branches
 
-    from pytest_programbench.catalogue import CatalogueError
+    from pytest_programbench.tasks.catalogue import CatalogueError
 
     listing: _HubListing | None = None
     for task in tasks:
@@ -222,7 +225,7 @@ def check_images(report: PreflightReport, engine: Any, tasks: Iterable[Task],
     Returns the image ids of the tasks whose image is present, and how many images a run would pull or build."""
     from docker.errors import DockerException, ImageNotFound
 
-    from pytest_programbench.images import image_ref
+    from pytest_programbench.engine.images import image_ref
 
     present: dict[str, str] = {}
     to_fetch = 0
@@ -258,25 +261,26 @@ def check_images(report: PreflightReport, engine: Any, tasks: Iterable[Task],
 
 
 def check_disk(report: PreflightReport, engine: Any, run_dir: Path, *, images_to_fetch: int, agent: bool) -> None:
-    from pytest_programbench import disk
+    from pytest_programbench.engine import disk
+    from pytest_programbench.sandbox.sandbox import run_dir_need, sandbox_storage_need
 
     root = disk.docker_root(engine.api)
     if root is not None:
         need = disk.run_need() + images_to_fetch * disk.image_need()
         if agent:
-            need += disk.sandbox_storage_need(engine.api)
+            need += sandbox_storage_need(engine.api)
         _space(report, "Docker data root", root, need,
                f"a task at a time plus {images_to_fetch} image(s) to pull or build")
-    _space(report, "run directory", run_dir, disk.run_dir_need(), "the most one task can write")
+    _space(report, "run directory", run_dir, run_dir_need(), "the most one task can write")
 
 
 def _space(report: PreflightReport, what: str, path: Path, need: int, why: str) -> None:
-    from pytest_programbench import disk
+    from pytest_programbench.engine import disk
 
     space = disk.free_space(path)
     ok = space.free >= need
     report.add("disk", f"{what} {path}", ok,
-               "" if ok else f"{disk.human(space.free)} free, {disk.human(need)} needed ({why})")
+               "" if ok else f"{human(space.free)} free, {human(need)} needed ({why})")
 
 
 # ---------------------------------------------------------------------------------------------- agent
@@ -308,9 +312,9 @@ def check_agent(report: PreflightReport, spec: AgentSpec, settings: Settings, *,
 
 def _command_in_sandbox(word: str, settings: Settings, task: Task, *, image_id: str, identity: RunIdentity,
                         env: Mapping[str, str]) -> tuple[str, str, bool, str]:
-    from pytest_programbench import docker_engine
-    from pytest_programbench.agent import AgentEnvError, agent_env
-    from pytest_programbench.sandbox import Sandbox, SandboxError
+    from pytest_programbench.agents.agent import AgentEnvError, agent_env
+    from pytest_programbench.engine import docker_engine
+    from pytest_programbench.sandbox.sandbox import Sandbox, SandboxError
 
     subject = f"{word} (in the sandbox of {task.instance_id})"
     try:
@@ -328,7 +332,7 @@ def _command_in_sandbox(word: str, settings: Settings, task: Task, *, image_id: 
                                                  f"{setup.text.strip()[-300:]}")
         probe = f"command -v {shlex.quote(word)} || {{ echo \"PATH=$PATH\"; exit 127; }}"
         result = sandbox.exec(probe, user="agent", timeout=COMMAND_CHECK_TIMEOUT, env=extra)
-    except (SandboxError, docker_engine.EngineUnavailable, RuntimeError) as exc:
+    except (SandboxError, EngineUnavailable, RuntimeError) as exc:
         return "agent", subject, False, f"the sample sandbox failed: {exc}"
     finally:
         sandbox.close()

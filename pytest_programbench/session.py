@@ -21,19 +21,21 @@ import pytest
 from _pytest.junitxml import bin_xml_escape
 
 from pytest_programbench import options
-from pytest_programbench.catalogue import Catalogue, CatalogueError, Task
+from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.items import ProgramBenchItem
 from pytest_programbench.markers import register_languages
 from pytest_programbench.run_identity import RunIdentity
-from pytest_programbench.selection import Selection, select
+from pytest_programbench.stash import WORKSTEAL_DEFAULTED
+from pytest_programbench.tasks.catalogue import Catalogue, CatalogueError, Task
+from pytest_programbench.tasks.selection import Selection, select
 
 if TYPE_CHECKING:
-    from pytest_programbench.agent import AgentSpec
-    from pytest_programbench.engines import EnginePool
+    from pytest_programbench.agents.agent import AgentSpec
+    from pytest_programbench.engine.engines import EnginePool
     from pytest_programbench.preflight import PreflightReport
-    from pytest_programbench.progress import Publisher
-    from pytest_programbench.submissions import SubmissionsDir
-    from pytest_programbench.summary import RunSummary
+    from pytest_programbench.results.progress import Publisher
+    from pytest_programbench.results.summary import RunSummary
+    from pytest_programbench.tasks.submissions import SubmissionsDir
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,7 @@ def fingerprint(settings: options.Settings) -> dict[str, Any]:
 
 def validate_agent_inputs(settings: options.Settings) -> None:
     """Bad agent inputs are usage errors before anything runs, not an error per item."""
-    from pytest_programbench.agent import AgentEnvError, agent_env
+    from pytest_programbench.agents.agent import AgentEnvError, agent_env
 
     try:
         agent_env(settings.agent_env)
@@ -100,7 +102,7 @@ def validate_agent_inputs(settings: options.Settings) -> None:
     if settings.prompt_template and not Path(settings.prompt_template).is_file():
         raise pytest.UsageError(f"--pb-prompt-template: {settings.prompt_template} is not a file")
     if settings.model_endpoint:
-        from pytest_programbench.relay import RelayConfigError, Upstream
+        from pytest_programbench.relay.relay import RelayConfigError, Upstream
 
         try:
             Upstream.parse(settings.model_endpoint)
@@ -165,7 +167,7 @@ class ProgramBenchSession:
         self.explicit_paths = config.args_source == pytest.Config.ArgsSource.ARGS
         self.worker_id: str = getattr(config, "workerinput", {}).get("workerid", "controller")
         if not self.collect_only:
-            from pytest_programbench import docker_engine
+            from pytest_programbench.engine import docker_engine
 
             # Owner labels on everything this process creates, and the cross-worker cap on heavy engine calls.
             docker_engine.configure_run(identity, concurrency=settings.docker_concurrency)
@@ -183,25 +185,25 @@ class ProgramBenchSession:
         self.preflight: PreflightReport | None = None
         self.agent_spec: AgentSpec | None = None
         if settings.agent and not settings.submissions:
-            from pytest_programbench.agent import AgentSpec
+            from pytest_programbench.agents.agent import AgentSpec
 
             self.agent_spec = AgentSpec.parse(settings.agent, on_host=settings.agent_on_host)
             if not config.option.collectonly:
                 validate_agent_inputs(settings)
             if self.agent_spec.kind == "mini-swe-agent" and not config.option.collectonly:
-                from pytest_programbench.mini_swe_agent import preflight
+                from pytest_programbench.agents.mini_swe_agent import preflight
 
                 preflight(settings)
         self.engines: EnginePool | None = None  # --pb-docker-host: tasks spread over these engines
         if settings.docker_hosts:
-            from pytest_programbench.engines import EnginePool, parse_docker_hosts
+            from pytest_programbench.engine.engines import EnginePool, parse_docker_hosts
 
             self.engines = EnginePool.for_run(parse_docker_hosts(settings.docker_hosts), identity.run_id,
                                               sandbox_cpus=settings.sandbox_cpus)
         self.submissions: SubmissionsDir | None = None
         self.without_submission: list[str] = []
         if settings.submissions:
-            from pytest_programbench.submissions import SubmissionsDir
+            from pytest_programbench.tasks.submissions import SubmissionsDir
 
             self.submissions = SubmissionsDir(Path(settings.submissions), catalogue)
             if not settings.require_all:
@@ -290,8 +292,8 @@ class ProgramBenchSession:
             return
         from importlib.metadata import version
 
-        from pytest_programbench.artifacts import TaskArtifacts
-        from pytest_programbench.summary import RunSummary, TaskRecord
+        from pytest_programbench.results.artifacts import TaskArtifacts
+        from pytest_programbench.results.summary import RunSummary, TaskRecord
 
         by_id = {t.instance_id: t for t in self.selection.tasks}
         chosen = [by_id[i] for i in (n.removeprefix("programbench::") for n in node_ids
@@ -324,7 +326,7 @@ class ProgramBenchSession:
         xml = _junit_xml(self.config)
         if xml is None:
             return
-        from pytest_programbench.verdict import tail_lines
+        from pytest_programbench.results.verdict import tail_lines
 
         tail = tail_lines(self.identity.path / report.nodeid.removeprefix("programbench::") / "agent.log")
         if tail:
@@ -346,7 +348,7 @@ class ProgramBenchSession:
 
     def _watch_agent_exit(self, instance_id: str, agent_exit: Any) -> None:
         """Stop the session when the first tasks' agents all exited 127/126: every other task would do the same."""
-        from pytest_programbench.verdict import AGENT_NOT_RUN
+        from pytest_programbench.results.verdict import AGENT_NOT_RUN
 
         if self.settings.keep_going or self.agent_spec is None or agent_exit in (None, "") or self.stop_reason:
             return
@@ -389,7 +391,7 @@ class ProgramBenchSession:
 
     def _write_report(self) -> None:
         """report.html next to summary.json; a page that cannot be written is said, never fails the run."""
-        from pytest_programbench.report import TaskScope, write_report
+        from pytest_programbench.results.report import TaskScope, write_report
 
         assert self.summary is not None
         by_id = {t.instance_id: t for t in self.selection.tasks}
@@ -440,7 +442,7 @@ class ProgramBenchSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
         report: pytest.TestReport = yield
-        from pytest_programbench.verdict import InfrastructureError
+        from pytest_programbench.results.verdict import InfrastructureError
 
         # An infrastructure error is a message, not a traceback of the harness.
         if call.excinfo is not None and isinstance(call.excinfo.value, InfrastructureError):
@@ -486,12 +488,12 @@ class ProgramBenchSession:
 
     def forget_task_containers(self, instance_id: str) -> None:
         """Remove what an aborted attempt left behind, before the task runs again (on every engine of the run)."""
-        from pytest_programbench import docker_engine
+        from pytest_programbench.engine import docker_engine
 
         for url in self.engine_urls(up_only=True):  # a down engine's leftovers: reaped when it is used again
             try:
                 docker_engine.sweep(self.identity.run_id, task=instance_id, engine=docker_engine.client(url))
-            except docker_engine.EngineUnavailable as exc:  # the item's own error already says so
+            except EngineUnavailable as exc:  # the item's own error already says so
                 log.debug("could not remove the containers of %s on %s: %s", instance_id, url or "default", exc)
             except Exception as exc:  # the session-end sweep and the reaper remain
                 log.warning("could not remove the containers of %s: %s", instance_id, exc)
@@ -509,7 +511,6 @@ class ProgramBenchSession:
             f"programbench {version('programbench')}: {len(self.selection.tasks)} tasks selected ({languages})",
             f"programbench run {self.identity.run_id}: {self.identity.run_dir}",
         ]
-        from pytest_programbench.plugin import WORKSTEAL_DEFAULTED
 
         if config.stash.get(WORKSTEAL_DEFAULTED, False):
             lines.append("programbench: -n without --dist: using --dist worksteal (tasks take hours; pass --dist to "
@@ -528,7 +529,7 @@ class ProgramBenchSession:
                                   for spec in self.engines.specs)
             lines.append(f"programbench engines: {described}")
         elif not self.collect_only:
-            from pytest_programbench import docker_engine
+            from pytest_programbench.engine import docker_engine
 
             problem = docker_engine.preflight()
             if problem:
@@ -537,20 +538,20 @@ class ProgramBenchSession:
 
     def _storage_label(self) -> str:
         """Whether the engine can limit a sandbox's writable layer: said up front where it cannot."""
-        from pytest_programbench import docker_engine
-        from pytest_programbench.sandbox import storage_limit, storage_quota
+        from pytest_programbench.engine import docker_engine
+        from pytest_programbench.sandbox.sandbox import storage_limit, storage_quota
 
         limit = storage_limit()
         if not limit:
             return "no size limit asked (PB_SANDBOX_STORAGE=0)"
         try:
             return storage_quota(docker_engine.client().api).describe(limit)
-        except docker_engine.EngineUnavailable as exc:
+        except EngineUnavailable as exc:
             return f"unknown ({exc})"
 
     def _proxy_client_label(self) -> str:
         """Built (or found in its cache) once here, so a fallback to the slow Python client is visible up front."""
-        from pytest_programbench.proxy_build import ProxyBuildError, build_client
+        from pytest_programbench.sandbox.proxy_build import ProxyBuildError, build_client
 
         try:
             return build_client().label
@@ -562,21 +563,21 @@ class ProgramBenchSession:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.pytest_session = session
         if not self.collect_only and self.settings.progress != "off":
-            from pytest_programbench import progress
+            from pytest_programbench.results import progress
 
             self._close_progress = progress.attach(self, session)
         if self.collect_only or is_worker(self.config):
             return
         from importlib.metadata import version
 
-        from pytest_programbench import docker_engine
-        from pytest_programbench.reaper import reap_dead_runs
+        from pytest_programbench.engine import docker_engine
+        from pytest_programbench.engine.reaper import reap_dead_runs
 
         # Leftovers of dead runs (their controller is gone or their lifetime expired), never a live run's.
         for url in self.engine_urls():
             try:
                 engine = docker_engine.client(url) if url is not None else None
-            except docker_engine.EngineUnavailable as exc:
+            except EngineUnavailable as exc:
                 log.warning("engine %s does not answer: %s", url, exc)
                 continue
             reaped = reap_dead_runs(self.identity.run_id, engine=engine,
@@ -604,16 +605,16 @@ class ProgramBenchSession:
         if self.collect_only or is_worker(self.config):
             return
         self._check_min_mean(session)
-        from pytest_programbench import docker_engine
+        from pytest_programbench.engine import docker_engine
 
         for url in self.engine_urls():
             try:
                 report = docker_engine.sweep(self.identity.run_id, engine=docker_engine.client(url))
-            except docker_engine.EngineUnavailable as exc:  # its reaper will, once it answers again
+            except EngineUnavailable as exc:  # its reaper will, once it answers again
                 log.warning("could not sweep run %s on %s: %s", self.identity.run_id, url or "the engine", exc)
                 continue
             if report.errors:
                 log.warning("sweep of run %s left: %s", self.identity.run_id, "; ".join(report.errors))
-        from pytest_programbench import backpressure
+        from pytest_programbench.engine import backpressure
 
         backpressure.release_run(self.identity.run_id)

@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench.docker_engine import EngineUnavailable, Labels, client, sweep
-from pytest_programbench.sandbox import Sandbox
+from pytest_programbench.engine.docker_engine import Labels, client, sweep
+from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.sandbox.sandbox import Sandbox
 
 BASE_IMAGE = "pb-testbed-base:latest"
 CATLIKE = "programbench/pbfix_1776_catlike.c47c47c:task_cleanroom_v6"

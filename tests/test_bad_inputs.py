@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench.docker_engine import HOW_TO_START
+from pytest_programbench.engine.docker_engine import HOW_TO_START
 from tests.conftest import Testbed
 
 pytestmark = pytest.mark.usefixtures("clean_env")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_programbench.blobs import BlobError, pack_tree, resolve_blobs
-from pytest_programbench.catalogue import Task
+from pytest_programbench.tasks.blobs import BlobError, pack_tree, resolve_blobs
+from pytest_programbench.tasks.catalogue import Task
 
 
 def _task(tmp_path: Path, *, packaged: bool = False, instance_id: str = "org__tool.abc1234") -> Task:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench import agent_presets
+from pytest_programbench.agents import agent_presets
 from tests.conftest import TESTBED, Testbed
 from tests.scripted_models import ScriptedModels, Step
 
@@ -108,7 +108,7 @@ def _check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> N
 @pytest.mark.parametrize("call", [None, ("bash", {"command": "true"})])
 def test_relay_meters_what_the_scripted_server_streams(api: str, call: tuple[str, dict[str, Any]] | None) -> None:
     """The relay's tap reads usage and tool calls from exactly the event shapes the real CLIs accepted above."""
-    from pytest_programbench.relay import UsageTap
+    from pytest_programbench.relay.relay import UsageTap
     from tests import scripted_models as sm
 
     step = Step("hi", "true" if call else None, 321, 12, 100)
@@ -129,7 +129,7 @@ def test_relay_answers_the_start_up_probe_itself() -> None:
     """claude-code's ``HEAD /`` outside the endpoint's ``/v1``: answered by the relay, not refused, not forwarded."""
     import http.client
 
-    from pytest_programbench.relay import ModelRelay
+    from pytest_programbench.relay.relay import ModelRelay
 
     with ScriptedModels(STEPS) as server, ModelRelay(server.base_url, unix=False, tcp=True) as relay:
         address = relay.tcp_address
@@ -151,7 +151,7 @@ def test_relay_ignores_proxy_settings_of_the_environment(monkeypatch: pytest.Mon
     import http.client
     import socket
 
-    from pytest_programbench.relay import ModelRelay
+    from pytest_programbench.relay.relay import ModelRelay
 
     with socket.socket() as proxy:  # a would-be proxy that only counts who connects
         proxy.bind(("127.0.0.1", 0))

@@ -387,9 +387,9 @@ def test_item_timeout_is_above_every_clock() -> None:
     """The outer backstop never fires while a legitimate clock runs: in every infrastructure attempt (the setup
     re-runs the pipeline up to 1 + --pb-infra-retries times) the agent's clock, compile.sh's, and every branch's
     in every retry round may all run out in full. Stated as lower bounds, not as the formula."""
-    from pytest_programbench.catalogue import Catalogue
     from pytest_programbench.options import Settings
     from pytest_programbench.session import item_timeout
+    from pytest_programbench.tasks.catalogue import Catalogue
 
     def active(task: Any) -> int:
         return sum(1 for info in task.load_instance()["branches"].values() if not info.get("ignored"))

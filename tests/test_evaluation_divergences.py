@@ -29,12 +29,12 @@ from programbench.eval.eval import EvaluationResult
 from programbench.utils import blob_store
 from programbench.utils.load_data import get_active_branches, load_all_instances
 
-from pytest_programbench import container_layer
-from pytest_programbench.blobs import resolve_blobs
-from pytest_programbench.catalogue import Task, load_tasks_dir
-from pytest_programbench.docker_engine import Labels
-from pytest_programbench.evaluation import EvalSettings, EvaluationOutcome, evaluate
-from pytest_programbench.images import ensure_image
+from pytest_programbench.engine.docker_engine import Labels
+from pytest_programbench.engine.images import ensure_image
+from pytest_programbench.evaluation import container_layer
+from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome, evaluate
+from pytest_programbench.tasks.blobs import resolve_blobs
+from pytest_programbench.tasks.catalogue import Task, load_tasks_dir
 from tests.conftest import Testbed
 from tests.test_evaluation_parity import RPN, RUN_LABEL, pack, statuses
 
@@ -332,7 +332,7 @@ def test_prefetched_branch_container_lives_from_its_own_start(testbed: Testbed, 
 def test_silent_compile_and_silent_hidden_tests_outlast_the_client_timeout(testbed: Testbed, tmp_path: Path) -> None:
     """The engine client's socket timeout at 3 s (PB_DOCKER_API_TIMEOUT's role); compile.sh and the hidden run
     are each silent for 10 s before their work: both windows end when the command exits, and the work counts."""
-    from pytest_programbench.docker_engine import _client_class
+    from pytest_programbench.engine.docker_engine import _client_class
 
     branch = "4d3c2b1a0f9e"
     root = custom_rpn(testbed, tmp_path / "task", active=[branch], run_prefix="sleep 10")

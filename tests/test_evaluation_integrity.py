@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench import integrity
+from pytest_programbench.evaluation import integrity
 from tests.conftest import Testbed
 from tests.test_evaluation_parity import (
     CATLIKE,

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench import container_layer
-from pytest_programbench.container_layer import (
+from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.evaluation import container_layer
+from pytest_programbench.evaluation.container_layer import (
     PIDS_LIMIT,
     CappedBuffer,
     SdkContainerEnvironment,
     audit_official_sources,
     install_remove_image_dispatch,
 )
-from pytest_programbench.docker_engine import EngineUnavailable
 from tests.conftest import Testbed
 
 LABELS = {"pytest-programbench": "pb-test-layer", "pytest-programbench.task": "layer"}

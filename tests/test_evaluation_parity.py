@@ -30,12 +30,12 @@ from programbench.utils.load_data import (
     load_all_instances,
 )
 
-from pytest_programbench.blobs import resolve_blobs
-from pytest_programbench.catalogue import Task, load_packaged, load_tasks_dir
-from pytest_programbench.docker_engine import Labels
-from pytest_programbench.evaluation import EvalSettings, EvaluationOutcome, evaluate
-from pytest_programbench.images import ensure_image
-from pytest_programbench.rerunfailures import CONTAINER_WHEEL_DIR, ensure_wheels
+from pytest_programbench.engine.docker_engine import Labels
+from pytest_programbench.engine.images import ensure_image
+from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome, evaluate
+from pytest_programbench.evaluation.rerunfailures import CONTAINER_WHEEL_DIR, ensure_wheels
+from pytest_programbench.tasks.blobs import resolve_blobs
+from pytest_programbench.tasks.catalogue import Task, load_packaged, load_tasks_dir
 from tests.conftest import Testbed
 
 pytestmark = pytest.mark.docker

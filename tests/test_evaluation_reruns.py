@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_programbench import rerunfailures
-from pytest_programbench.rerunfailures import (
+from pytest_programbench.evaluation import rerunfailures
+from pytest_programbench.evaluation.rerunfailures import (
     CONTAINER_WHEEL_DIR,
     RerunWheels,
     ensure_wheels,

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from programbench.utils.load_data import get_active_branches, get_ignored_branches, get_ignored_tests
 
-from pytest_programbench import container_layer
-from pytest_programbench.blobs import BlobSet, resolve_blobs
-from pytest_programbench.catalogue import Task
-from pytest_programbench.docker_engine import Labels
-from pytest_programbench.evaluation import EvalSettings, EvaluationOutcome, evaluate
-from pytest_programbench.images import ensure_image
+from pytest_programbench.engine.docker_engine import Labels
+from pytest_programbench.engine.images import ensure_image
+from pytest_programbench.evaluation import container_layer
+from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome, evaluate
+from pytest_programbench.tasks.blobs import BlobSet, resolve_blobs
+from pytest_programbench.tasks.catalogue import Task
 from tests.conftest import Testbed
 from tests.test_evaluation_parity import CATLIKE, RPN, TUIISH, pack, statuses, steps, submission, tasks
 

@@ -88,9 +88,9 @@ def test_silent_agent_outlasting_the_read_timeout_keeps_its_window(pytester: pyt
 
 def test_broken_stream_waits_for_the_running_command(testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> None:
     """The connection to a running command is cut: the harness waits for the command and keeps its exit status."""
-    from pytest_programbench import sandbox as sandbox_module
-    from pytest_programbench.docker_engine import Labels, sweep
-    from pytest_programbench.exec_stream import ExecStream
+    from pytest_programbench.engine.docker_engine import Labels, sweep
+    from pytest_programbench.engine.exec_stream import ExecStream
+    from pytest_programbench.sandbox import sandbox as sandbox_module
 
     streams: list[ExecStream] = []
 
@@ -175,8 +175,9 @@ FAIL_ONCE_PLUGIN = textwrap.dedent("""\
 
     import pytest
 
-    from pytest_programbench import evaluation, sandbox
-    from pytest_programbench.verdict import InfrastructureError
+    from pytest_programbench.evaluation import evaluation
+    from pytest_programbench.sandbox import sandbox
+    from pytest_programbench.results.verdict import InfrastructureError
 
     def _once(name):
         flag = Path(os.environ["PB_TEST_FAIL_DIR"]) / name

@@ -27,11 +27,11 @@ from typing import Any
 import pytest
 from docker.errors import ImageNotFound
 
-from pytest_programbench import sandbox as sandbox_module
-from pytest_programbench.agent_log import CappedLog
-from pytest_programbench.docker_engine import Labels
-from pytest_programbench.proxy_build import DAEMON_SOURCE
-from pytest_programbench.sandbox import Sandbox, merge_call_records
+from pytest_programbench.agents.agent_log import CappedLog
+from pytest_programbench.engine.docker_engine import Labels
+from pytest_programbench.sandbox import sandbox as sandbox_module
+from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE
+from pytest_programbench.sandbox.sandbox import Sandbox, merge_call_records
 from tests.conftest import Testbed
 from tests.proxy_support import (  # noqa: F401 - fixtures
     RPN,
@@ -232,7 +232,7 @@ def test_hostile_agents_are_scored_never_errors(pytester: pytest.Pytester, testb
 
 # Makes the call log unreadable for the harness (as an oversized log was): the read limit shrinks to 64 bytes.
 SMALL_READ_LIMIT_PLUGIN = textwrap.dedent("""
-    from pytest_programbench import sandbox
+    from pytest_programbench.sandbox import sandbox
     sandbox.CALL_LOG_READ_LIMIT = 64
     sandbox.TAR_OVERHEAD = 0
 """)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench.catalogue import Task
-from pytest_programbench.images import ImageError, ensure_image
+from pytest_programbench.engine.images import ImageError, ensure_image
+from pytest_programbench.tasks.catalogue import Task
 from tests.conftest import Testbed
 from tests.test_evaluation_parity import RPN, tasks
 

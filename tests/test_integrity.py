@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_programbench import integrity
-from pytest_programbench.evaluation import check_archive
-from pytest_programbench.integrity import IntegrityFlag, classify
+from pytest_programbench.evaluation import integrity
+from pytest_programbench.evaluation.evaluation import check_archive
+from pytest_programbench.evaluation.integrity import IntegrityFlag, classify
 
 
 def _tar(path: Path, files: dict[str, bytes], *, symlinks: dict[str, str] | None = None) -> Path:

@@ -214,7 +214,11 @@ def test_templates_keep_the_official_rules_and_our_layout(monkeypatch: pytest.Mo
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "False")  # forced to True below, restored after the test
     monkeypatch.setenv("MSWEA_SILENT_STARTUP", "1")
     require_minisweagent()
-    from pytest_programbench.mini_swe_agent import adapt_instance_template, adapt_system_template, official_config
+    from pytest_programbench.agents.mini_swe_agent import (
+        adapt_instance_template,
+        adapt_system_template,
+        official_config,
+    )
 
     official = official_config()
     system = adapt_system_template(official["agent"]["system_template"])
@@ -233,7 +237,7 @@ def test_templates_keep_the_official_rules_and_our_layout(monkeypatch: pytest.Mo
 
 
 def test_a_model_is_required() -> None:
-    from pytest_programbench.mini_swe_agent import MiniSweAgentError, check, preflight
+    from pytest_programbench.agents.mini_swe_agent import MiniSweAgentError, check, preflight
     from pytest_programbench.options import Settings
 
     with pytest.raises(MiniSweAgentError, match="--pb-model"):
@@ -264,7 +268,7 @@ class FakeSandbox:
 
 
 def exec_result(output: str, exit_code: int | None = 0, *, timed_out: bool = False) -> Any:
-    from pytest_programbench.sandbox import ExecResult
+    from pytest_programbench.sandbox.sandbox import ExecResult
 
     return ExecResult(exit_code, output.encode(), 0.01, timed_out)
 
@@ -282,7 +286,7 @@ def test_environment_maps_results_like_the_official_one(monkeypatch: pytest.Monk
     require_minisweagent()
     from minisweagent.exceptions import Submitted, TimeExceeded
 
-    from pytest_programbench.mini_swe_agent import SandboxEnvironment
+    from pytest_programbench.agents.mini_swe_agent import SandboxEnvironment
 
     outcomes = iter([exec_result("partial", 124, timed_out=True), exec_result("boom\n", 3),
                      exec_result(f"{SENTINEL}\n", 1), exec_result(f"  {SENTINEL}\nsummary\n", 0)])
@@ -315,9 +319,9 @@ def test_hard_stop_abandons_a_hung_agent(tmp_path: Path, monkeypatch: pytest.Mon
     require_minisweagent()
     import threading
 
-    from pytest_programbench import mini_swe_agent
-    from pytest_programbench.catalogue import Task
+    from pytest_programbench.agents import mini_swe_agent
     from pytest_programbench.options import Settings
+    from pytest_programbench.tasks.catalogue import Task
 
     monkeypatch.setattr(mini_swe_agent, "HARD_STOP_GRACE", 1.0)
     monkeypatch.setattr(mini_swe_agent, "STOP_WAIT", 0.2)

@@ -27,7 +27,7 @@ NOENGINE = "pbfix__noengine.2222222"
 BREAK_ENGINE_PLUGIN = textwrap.dedent("""
     import os
     import pytest
-    from pytest_programbench import docker_engine
+    from pytest_programbench.engine import docker_engine
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(item):
@@ -204,7 +204,7 @@ def test_summary_matches_official_scoring(pytester: pytest.Pytester, testbed: Te
         "--pb-output", str(run_dir), "--pb-cpus", "2", timeout=900)
     result.assert_outcomes(passed=1, failed=2)
     tasks = summary(run_dir)["tasks"]
-    from pytest_programbench.catalogue import Catalogue
+    from pytest_programbench.tasks.catalogue import Catalogue
 
     catalogue = {t.instance_id: t for t in Catalogue.load([testbed.tasks_dir], include_fixtures=True)}
     official = {iid: score_instance(run_dir / iid / f"{iid}.eval.json", catalogue[iid].load_instance())

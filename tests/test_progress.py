@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench import docker_engine
-from pytest_programbench.progress import (
+from pytest_programbench.engine import docker_engine
+from pytest_programbench.results.progress import (
     HISTORY,
     Counts,
     InFlight,
@@ -99,13 +99,13 @@ def test_log_tap_reads_phases_and_leaves_what_pytest_sees_unchanged(tmp_path: Pa
         assert read_json(publisher.path)["phase"] == "compile"  # type: ignore[index]
         logger.info("[%s] branch %d/%d: %s%s", RPN, 2, 3, "tests/b", "")
         assert read_json(publisher.path)["phase"] == "branch 2/3"  # type: ignore[index]
-        logging.getLogger("pytest_programbench.images").info("building an image")
-        logging.getLogger("pytest_programbench.docker_engine").warning("engine trouble")
+        logging.getLogger("pytest_programbench.engine.images").info("building an image")
+        logging.getLogger("pytest_programbench.engine.docker_engine").warning("engine trouble")
     finally:
         tap.uninstall()
     # INFO stayed below the (unchanged) WARNING threshold; the warning went through once.
     assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("pytest_programbench.docker_engine", "WARNING", "engine trouble")]
+        ("pytest_programbench.engine.docker_engine", "WARNING", "engine trouble")]
     assert (logger.level, logger.propagate) == before
     history = [json.loads(line)["phase"] for line in (tmp_path / HISTORY).read_text().splitlines()]
     assert history == ["starting", "compile", "branch 2/3"]

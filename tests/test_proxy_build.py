@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench import RUN_LABEL, proxy_build
-from pytest_programbench.docker_engine import Labels
-from pytest_programbench.proxy_build import ProxyBuildError, build_client, elf_problem, source_hash
+from pytest_programbench import RUN_LABEL
+from pytest_programbench.engine.docker_engine import Labels
+from pytest_programbench.sandbox import proxy_build
+from pytest_programbench.sandbox.proxy_build import ProxyBuildError, build_client, elf_problem, source_hash
 from tests.proxy_support import BASE_IMAGE, require_image
 
 
@@ -40,7 +41,7 @@ def test_build_is_cached_by_source_hash(tmp_path: Path) -> None:
 
 
 def test_concurrent_builds_build_once(tmp_path: Path) -> None:
-    code = ("import json; from pytest_programbench.proxy_build import build_client; "
+    code = ("import json; from pytest_programbench.sandbox.proxy_build import build_client; "
             "c = build_client(allow_fallback=False); print(json.dumps([c.kind, str(c.path), c.sha256]))")
     env = {**os.environ, "PB_PROXY_CACHE": str(tmp_path)}
     processes = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE) for _ in range(4)]

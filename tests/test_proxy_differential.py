@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench.docker_engine import Labels
-from pytest_programbench.sandbox import Sandbox
+from pytest_programbench.engine.docker_engine import Labels
+from pytest_programbench.sandbox.sandbox import Sandbox
 from tests.proxy_support import (
     CATLIKE,
     DIRECT,

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench.proxy_build import DAEMON_SOURCE, PYTHON_CLIENT, build_client
+from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE, PYTHON_CLIENT, build_client
 
 
 def _load_daemon() -> ModuleType:

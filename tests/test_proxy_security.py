@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench.docker_engine import Labels
-from pytest_programbench.sandbox import Sandbox
+from pytest_programbench.engine.docker_engine import Labels
+from pytest_programbench.sandbox.sandbox import Sandbox
 from tests.proxy_support import CALCULATOR, CATLIKE, agent, open_sandbox, require_image
 
 pytestmark = pytest.mark.docker
@@ -375,7 +375,7 @@ def test_daemon_refuses_to_serve_when_suid_dumpable_is_1(tmp_path: Any) -> None:
     """fs.suid_dumpable=1 would make execute-only programs dumpable: the daemon must not start."""
     import importlib.util
 
-    from pytest_programbench.proxy_build import DAEMON_SOURCE
+    from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE
 
     spec = importlib.util.spec_from_file_location("pb_proxy_daemon_under_test", DAEMON_SOURCE)
     assert spec is not None

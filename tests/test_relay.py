@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench.relay import (
+from pytest_programbench.relay.relay import (
     BRIDGE_SCRIPT,
     PLACEHOLDER_KEY,
     ModelRelay,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_programbench import RUN_LABEL
-from pytest_programbench.relay import (
+from pytest_programbench.relay.relay import (
     PLACEHOLDER_KEY,
     SANDBOX_BRIDGE_PORT,
     SANDBOX_SOCKET_DIR,

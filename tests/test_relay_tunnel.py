@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench.docker_engine import Labels, sweep
-from pytest_programbench.relay import BRIDGE_SCRIPT
-from pytest_programbench.relay_bridge import connect_unix
-from pytest_programbench.relay_tunnel import RelayTunnel, TunnelError
-from pytest_programbench.sandbox import Sandbox
+from pytest_programbench.engine.docker_engine import Labels, sweep
+from pytest_programbench.relay.relay import BRIDGE_SCRIPT
+from pytest_programbench.relay.relay_bridge import connect_unix
+from pytest_programbench.relay.relay_tunnel import RelayTunnel, TunnelError
+from pytest_programbench.sandbox.sandbox import Sandbox
 from tests.conftest import Testbed
 
 pytestmark = pytest.mark.docker

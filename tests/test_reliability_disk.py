@@ -13,8 +13,11 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench import RUN_LABEL, disk, docker_engine
-from pytest_programbench.docker_engine import EngineUnavailable
+from pytest_programbench import RUN_LABEL
+from pytest_programbench.engine import disk, docker_engine
+from pytest_programbench.engine.errors import DiskSpaceError, EngineUnavailable
+from pytest_programbench.sandbox.sandbox import run_dir_need
+from pytest_programbench.sizes import human, parse_size
 from tests.conftest import Testbed
 
 CATLIKE = "pbfix__catlike.c47c47c"
@@ -33,30 +36,30 @@ def fresh_client(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_sizes() -> None:
-    assert disk.parse_size("10g") == 10 << 30
-    assert disk.parse_size("512M") == 512 << 20
-    assert disk.parse_size("1.5GiB") == int(1.5 * (1 << 30))
-    assert disk.parse_size("123") == 123
+    assert parse_size("10g") == 10 << 30
+    assert parse_size("512M") == 512 << 20
+    assert parse_size("1.5GiB") == int(1.5 * (1 << 30))
+    assert parse_size("123") == 123
     with pytest.raises(ValueError, match="is not a size"):
-        disk.parse_size("lots")
-    assert disk.human(0) == "0 B"
-    assert disk.human(3 << 30) == "3.0 GiB"
+        parse_size("lots")
+    assert human(0) == "0 B"
+    assert human(3 << 30) == "3.0 GiB"
 
 
 def test_a_shortfall_names_what_where_free_and_need(tmp_path: Path) -> None:
     free = shutil.disk_usage(tmp_path).free
-    with pytest.raises(disk.DiskSpaceError) as caught:
+    with pytest.raises(DiskSpaceError) as caught:
         disk.require(tmp_path / "not-yet", free * 4, "run a task", label="the run directory")
     text = str(caught.value)
     assert text.startswith(f"not enough disk space to run a task: the run directory {tmp_path / 'not-yet'} has ")
-    assert f"{disk.human(free * 4)} needed" in text
+    assert f"{human(free * 4)} needed" in text
     assert isinstance(caught.value, EngineUnavailable), "an infrastructure error, never a score"
     assert disk.require(tmp_path, 1, "x", label="y").free > 0
     assert disk.require(tmp_path, 0, "x", label="y").free > 0  # 0 disables
 
 
 def test_docker_root_is_the_engines(fresh_client: None, docker_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert disk.docker_root() == Path(docker_client.info()["DockerRootDir"])
+    assert disk.docker_root(docker_client.api) == Path(docker_client.info()["DockerRootDir"])
 
     class RemoteApi:
         def info(self) -> dict[str, str]:
@@ -66,17 +69,17 @@ def test_docker_root_is_the_engines(fresh_client: None, docker_client: Any, monk
     assert disk.docker_root(RemoteApi()) is None
 
 
-def test_run_check_covers_the_run_directory(fresh_client: None, tmp_path: Path,
+def test_run_check_covers_the_run_directory(fresh_client: None, tmp_path: Path, docker_client: Any,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PB_DISK_RUN_DIR_NEED", "1000t")
-    with pytest.raises(disk.DiskSpaceError, match=r"to run a task: the run directory .* 1000\.0 TiB needed"):
-        disk.require_for_run(tmp_path / "run")
+    with pytest.raises(DiskSpaceError, match=r"to run a task: the run directory .* 1000\.0 TiB needed"):
+        disk.require_for_run(tmp_path / "run", engine_api=docker_client.api, run_dir_need=run_dir_need())
     monkeypatch.setenv("PB_DISK_RUN_DIR_NEED", "1k")
     monkeypatch.setenv("PB_DISK_RUN_NEED", "1000t")
-    with pytest.raises(disk.DiskSpaceError, match=r"the Docker data root /\S+ has .* free, 1000\.0 TiB needed"):
-        disk.require_for_run(tmp_path / "run")
+    with pytest.raises(DiskSpaceError, match=r"the Docker data root /\S+ has .* free, 1000\.0 TiB needed"):
+        disk.require_for_run(tmp_path / "run", engine_api=docker_client.api, run_dir_need=run_dir_need())
     monkeypatch.setenv("PB_DISK_RUN_NEED", "1k")
-    disk.require_for_run(tmp_path / "run")
+    disk.require_for_run(tmp_path / "run", engine_api=docker_client.api, run_dir_need=run_dir_need())
 
 
 def test_the_client_checks_before_every_build(fresh_client: None, testbed: Testbed, docker_client: Any,
@@ -84,10 +87,10 @@ def test_the_client_checks_before_every_build(fresh_client: None, testbed: Testb
     monkeypatch.setenv("PB_DISK_IMAGE_NEED", "1000t")
     tag = f"pbtest-disk/{uuid.uuid4().hex[:8]}:x"
     api = docker_engine.client().api
-    with pytest.raises(disk.DiskSpaceError, match=rf"not enough disk space to build {tag}: the Docker data root"):
+    with pytest.raises(DiskSpaceError, match=rf"not enough disk space to build {tag}: the Docker data root"):
         api.build(fileobj=io.BytesIO(f"FROM {testbed.base_image}\n".encode()), tag=tag, network_mode="none")
     assert docker_client.api.images(name=tag.split(":", maxsplit=1)[0]) == []
-    with pytest.raises(disk.DiskSpaceError, match=r"to pull programbench/nothing:here: "):
+    with pytest.raises(DiskSpaceError, match=r"to pull programbench/nothing:here: "):
         api.pull("programbench/nothing", tag="here")
 
 
@@ -155,7 +158,7 @@ def test_prune_removes_the_runs_images_by_id(fresh_client: None, docker_client: 
     used = tiny_images(f"{name}:used")
     user = docker_client.containers.create(used, ["sleep", "60"], network_mode="none")
     try:
-        report = disk.prune_images([unused, used, unused, "sha256:" + "0" * 64])
+        report = disk.prune_images([unused, used, unused, "sha256:" + "0" * 64], engine=docker_client)
     finally:
         user.remove(force=True)
     assert report.removed == [unused]
@@ -168,9 +171,9 @@ def test_prune_never_forces(fresh_client: None, docker_client: Any, tiny_images:
     image = tiny_images(f"pbtest-prune/{uuid.uuid4().hex[:8]}:x")
     child = docker_client.containers.create(image, ["true"], network_mode="none")
     try:
-        assert disk.prune_images([image]).removed == []
+        assert disk.prune_images([image], engine=docker_client).removed == []
         assert docker_client.images.get(image).id == image
     finally:
         child.remove(force=True)
-    assert disk.prune_images([image]).removed == [image]
+    assert disk.prune_images([image], engine=docker_client).removed == [image]
     assert os.environ.get("DOCKER_HOST") is None

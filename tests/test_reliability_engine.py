@@ -27,14 +27,11 @@ from typing import Any
 import pytest
 import requests
 
-from pytest_programbench import RUN_LABEL, backpressure, docker_engine
-from pytest_programbench.docker_engine import (
-    EXPIRES_LABEL,
-    HOW_TO_START,
-    OWNER_LABEL,
-    EngineConnectionError,
-    EngineUnavailable,
-)
+from pytest_programbench import RUN_LABEL
+from pytest_programbench.engine import backpressure, docker_engine
+from pytest_programbench.engine.docker_engine import HOW_TO_START
+from pytest_programbench.engine.errors import EngineConnectionError, EngineUnavailable
+from pytest_programbench.engine.ownership import EXPIRES_LABEL, OWNER_LABEL, Owner, boot_id
 from tests.conftest import Testbed
 
 UPSTREAM = "/var/run/docker.sock"
@@ -415,10 +412,10 @@ def test_configured_runs_label_owner_and_deadline(fresh_engine_state: None, test
         created = api.create_container(testbed.base_image, entrypoint=["sleep"], command=["120"],
                                        labels=labelled(run.run_id))
         labels = docker_client.api.inspect_container(created["Id"])["Config"]["Labels"]
-        owner = docker_engine.Owner.parse(labels[OWNER_LABEL])
+        owner = Owner.parse(labels[OWNER_LABEL])
         assert owner is not None
         assert (owner.hostname, owner.pid, owner.boot_id) == (run.hostname, run.controller_pid,
-                                                              docker_engine.boot_id())
+                                                              boot_id())
         expires = float(labels[EXPIRES_LABEL])
         margin = docker_engine.EXPIRY_MARGIN
         assert before + 120 + margin - 1 <= expires <= time.time() + 120 + margin + 1
@@ -453,7 +450,7 @@ _WORKER = textwrap.dedent("""
     for name in ("create_container", "start", "remove_container"):
         setattr(APIClient, name, recorded(name))
 
-    from pytest_programbench import docker_engine
+    from pytest_programbench.engine import docker_engine
     image, run, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     api = docker_engine.client().api
 
@@ -501,7 +498,7 @@ def test_heavy_operations_are_capped_across_processes(tmp_path: Path, testbed: T
 def test_a_dead_holder_frees_its_slot(tmp_path: Path) -> None:
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys, time
-        from pytest_programbench import backpressure
+        from pytest_programbench.engine import backpressure
         backpressure.configure(limit=1, directory=sys.argv[1], export=False)
         held = backpressure.acquire("create")
         print("held", flush=True)

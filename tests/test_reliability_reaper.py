@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench import RUN_LABEL, backpressure, reaper
-from pytest_programbench.docker_engine import EXPIRES_LABEL, OWNER_LABEL, Owner, boot_id
+from pytest_programbench import RUN_LABEL
+from pytest_programbench.engine import backpressure, ownership, reaper
+from pytest_programbench.engine.ownership import EXPIRES_LABEL, OWNER_LABEL, Owner, boot_id
 from tests.conftest import Testbed
 
 HOST = socket.gethostname()
@@ -44,7 +45,7 @@ def live_owner() -> Iterator[FakeOwner]:
     """A live "controller": a process of ours, started before the run's recorded start."""
     proc = subprocess.Popen(["sleep", "900"])
     try:
-        began = reaper.process_start_time(proc.pid)
+        began = ownership.process_start_time(proc.pid)
         assert began is not None
         yield FakeOwner(Owner(HOST, proc.pid, began + 1.0, boot_id()))
     finally:
@@ -76,15 +77,15 @@ def test_owner_label_round_trip() -> None:
 
 def test_process_alive_checks_pid_and_start_time() -> None:
     me = os.getpid()
-    began = reaper.process_start_time(me)
+    began = ownership.process_start_time(me)
     assert began is not None
     assert began <= time.time()
-    assert reaper.process_alive(me)
-    assert reaper.process_alive(me, began + 1)
+    assert ownership.process_alive(me)
+    assert ownership.process_alive(me, began + 1)
     # A run that started before this process did cannot have this process as its controller: a recycled pid.
-    assert not reaper.process_alive(me, began - 3600)
+    assert not ownership.process_alive(me, began - 3600)
     with dead_owner() as dead:
-        assert not reaper.process_alive(dead.owner.pid, dead.owner.started)
+        assert not ownership.process_alive(dead.owner.pid, dead.owner.started)
 
 
 def _verdict(labels: dict[str, str], *, created: float | None = None, current: str | None = "c0ffee00",

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from programbench.utils.load_data import get_active_branches, get_ignored_tests, load_all_instances
 
-from pytest_programbench.report import render
-from pytest_programbench.summary import RunSummary, TaskRecord, task_cost, token_totals, tokens_line
+from pytest_programbench.results.report import render
+from pytest_programbench.results.summary import RunSummary, TaskRecord, task_cost, token_totals, tokens_line
 from tests.conftest import Testbed
 
 pytestmark = pytest.mark.usefixtures("clean_env")

@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 
 from pytest_programbench import RUN_LABEL, TASK_LABEL, WORKER_LABEL
-from pytest_programbench.catalogue import Task
-from pytest_programbench.docker_engine import Labels
+from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.options import Settings
-from pytest_programbench.sandbox import (
+from pytest_programbench.sandbox.sandbox import (
     CAP_DROP,
     LIFETIME_MARGIN,
     Sandbox,
     SandboxError,
     SubmissionTooLarge,
 )
+from pytest_programbench.tasks.catalogue import Task
 from tests.proxy_support import CATLIKE, TUIISH, agent, open_sandbox, require_image
 
 pytestmark = pytest.mark.docker

@@ -32,16 +32,18 @@ from pathlib import Path
 from typing import Any
 
 from pytest_programbench import RUN_LABEL
-from pytest_programbench.docker_engine import EXPIRES_LABEL, OWNER_LABEL, EngineUnavailable, Owner, boot_id
+from pytest_programbench.engine.backpressure import stale_slot_dirs
+from pytest_programbench.engine.docker_engine import client
+from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.engine.ownership import EXPIRES_LABEL, OWNER_LABEL, Owner, boot_id, process_alive
 
 log = logging.getLogger(__name__)
 
 RUN_MARKER = "pb-run.json"
 UNLABELLED_MAX_AGE = float(os.environ.get("PB_REAP_UNLABELLED_AFTER", str(24 * 3600)))
 # A process that started this much after the run's recorded start is not its controller (clock granularity).
-START_TOLERANCE = 2.0
 
-__all__ = ["Owner", "ReapReport", "process_alive", "reap_dead_runs", "run_verdict"]
+__all__ = ["ReapReport", "reap_dead_runs", "run_verdict"]
 
 
 @dataclass
@@ -64,51 +66,6 @@ class ReapReport:
 
 
 # ---------------------------------------------------------------------------------------------- liveness
-
-
-def _boot_time() -> float | None:
-    try:
-        with open("/proc/stat") as handle:
-            for line in handle:
-                if line.startswith("btime "):
-                    return float(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def process_start_time(pid: int) -> float | None:
-    """Wall-clock start of process ``pid`` (Linux ``/proc``), or None when it does not exist or is unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            raw = handle.read()
-    except OSError:
-        return None
-    boot = _boot_time()
-    if boot is None:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: fields after the last ")" are fixed.
-    fields = raw[raw.rindex(")") + 2:].split()
-    ticks = int(fields[19])  # field 22 of the whole line: starttime, in clock ticks since boot
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def process_alive(pid: int, started: float | None = None) -> bool:
-    """A process ``pid`` exists (and, given ``started``, began no later than that: not a recycled pid)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    if started is None:
-        return True
-    began = process_start_time(pid)
-    if began is None:
-        return True  # cannot tell: assume alive (never reap a possibly live run)
-    return began <= started + START_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -213,8 +170,6 @@ def reap_dead_runs(current_run: str | None, *, engine: Any | None = None, run_di
     report = ReapReport()
     try:
         if engine is None:
-            from pytest_programbench.docker_engine import client
-
             engine = client()
         api = engine.api
         containers = api.containers(all=True, filters={"label": RUN_LABEL})
@@ -296,8 +251,6 @@ def _remove_image(api: Any, info: Mapping[str, Any], report: ReapReport) -> bool
 
 def _reap_slot_dirs(report: ReapReport) -> None:
     import shutil
-
-    from pytest_programbench.backpressure import stale_slot_dirs
 
     try:
         stale = stale_slot_dirs()

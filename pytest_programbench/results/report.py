@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_programbench.artifacts import atomic_write_text
+from pytest_programbench.results.artifacts import atomic_write_text
 
 REPORT_NAME = "report.html"
 MAX_TESTS_PER_BRANCH = 200  # a panel stays readable; the eval.json link has them all
@@ -102,7 +102,7 @@ def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope
 
     import jinja2
 
-    template = files("pytest_programbench").joinpath("templates", "report.html.j2").read_text()
+    template = files("pytest_programbench.results").joinpath("templates", "report.html.j2").read_text()
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.filters["fmt"] = _fmt
     head = data["headline"]

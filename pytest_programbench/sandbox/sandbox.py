@@ -31,14 +31,17 @@ from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from pytest_programbench.agent_log import CappedLog
-from pytest_programbench.docker_engine import EngineUnavailable, Labels, client
-from pytest_programbench.exec_stream import ExecStream
-from pytest_programbench.proxy_build import DAEMON_SOURCE, ProxyClient, build_client
+from pytest_programbench.agents.agent_log import CappedLog, agent_log_limit
+from pytest_programbench.engine import disk
+from pytest_programbench.engine.docker_engine import Labels, client
+from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.engine.exec_stream import ExecStream
+from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE, ProxyClient, build_client
+from pytest_programbench.sizes import human, parse_size
 
 if TYPE_CHECKING:
-    from pytest_programbench.catalogue import Task
     from pytest_programbench.options import Settings
+    from pytest_programbench.tasks.catalogue import Task
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +142,6 @@ class StorageQuota:
     reason: str
 
     def describe(self, limit: int) -> str:
-        from pytest_programbench.disk import human
-
         if self.supported:
             return f"writable layer limited to {human(limit)} per sandbox (PB_SANDBOX_STORAGE)"
         return f"no size limit on the writable layer: {self.reason} (a residual risk, see docs/security.md)"
@@ -153,8 +154,6 @@ _QUOTA_DRIVERS = {"btrfs", "zfs", "devicemapper", "windowsfilter"}
 
 def storage_limit() -> int:
     """``PB_SANDBOX_STORAGE`` (a size; default 10g; 0: no limit asked)."""
-    from pytest_programbench.disk import parse_size
-
     raw = os.environ.get("PB_SANDBOX_STORAGE", "").strip() or "10g"
     try:
         return parse_size(raw)
@@ -183,6 +182,21 @@ def storage_quota(api: Any) -> StorageQuota:
     with contextlib.suppress(AttributeError):
         api._pb_storage_quota = quota
     return quota
+
+
+def sandbox_storage_need(engine_api: Any) -> int:
+    """The sandbox's writable-layer limit when the engine enforces one; 0 when it cannot (then nothing bounds what
+    an agent writes there: docs/security.md, residual risks)."""
+    limit = storage_limit()
+    return limit if limit and storage_quota(engine_api).supported else 0
+
+
+def run_dir_need() -> int:
+    """``PB_DISK_RUN_DIR_NEED``, else the most one task can write into the run directory: every artifact an agent
+    controls is capped, so the sum of the caps is a bound (plus 64 MiB for results and metadata)."""
+    if os.environ.get("PB_DISK_RUN_DIR_NEED", "").strip():
+        return disk.need_from_env("PB_DISK_RUN_DIR_NEED", "1g")
+    return DEFAULT_SUBMISSION_LIMIT + agent_log_limit() + CALL_LOG_READ_LIMIT + (64 << 20)
 
 
 class SandboxError(Exception):

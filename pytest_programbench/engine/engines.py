@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_programbench.docker_engine import EngineUnavailable
+from pytest_programbench.engine.errors import EngineUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class EnginePool:
         if spec.slots is not None:
             return spec.slots
         if spec.key not in self._slots:
-            from pytest_programbench.docker_engine import client
+            from pytest_programbench.engine.docker_engine import client
 
             cpus = int(client(spec.url).info().get("NCPU") or 1)
             self._slots[spec.key] = max(1, int(cpus // max(self.sandbox_cpus, 0.001)))
@@ -212,7 +212,7 @@ class EnginePool:
 
     @staticmethod
     def _answers(spec: EngineSpec) -> bool:
-        from pytest_programbench import docker_engine
+        from pytest_programbench.engine import docker_engine
 
         try:
             docker_engine.client(spec.url).api.ping()

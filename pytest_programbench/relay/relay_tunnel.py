@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from pytest_programbench.exec_stream import STDERR, STDOUT, ExecStream
-from pytest_programbench.relay_bridge import CLOSE, DATA, EOF, OPEN, READY, FrameReader, frame
+from pytest_programbench.engine.exec_stream import STDERR, STDOUT, ExecStream
+from pytest_programbench.relay.relay_bridge import CLOSE, DATA, EOF, OPEN, READY, FrameReader, frame
 
 log = logging.getLogger(__name__)
 

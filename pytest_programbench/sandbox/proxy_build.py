@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytest_programbench.docker_engine import Labels
+    from pytest_programbench.engine.docker_engine import Labels
 
 log = logging.getLogger(__name__)
 

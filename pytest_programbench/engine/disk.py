@@ -23,25 +23,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from pytest_programbench.docker_engine import EngineUnavailable
+from pytest_programbench.engine.errors import DiskSpaceError
+from pytest_programbench.sizes import human, parse_size
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DOCKER_ROOT = Path("/var/lib/docker")
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?$", re.IGNORECASE)
 _UNKNOWN = object()
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-class DiskSpaceError(EngineUnavailable):
-    """Not enough free disk space for what was about to happen: an infrastructure error, never a score."""
 
 
 @dataclass(frozen=True)
@@ -51,22 +45,8 @@ class Space:
     total: int
 
 
-def parse_size(value: str) -> int:
-    match = _SIZE.match(value.strip())
-    if not match:
-        raise ValueError(f"{value!r} is not a size (examples: 10g, 512m, 1073741824)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
-def human(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
-        size /= 1024
-    return f"{size:.1f} TiB"  # pragma: no cover - the loop returns
-
-
-def _need(env: str, default: str) -> int:
+def need_from_env(env: str, default: str) -> int:
+    """A size from the environment variable ``env`` (``default`` when unset or not a size; 0 disables a check)."""
     raw = os.environ.get(env, "").strip() or default
     try:
         return parse_size(raw)
@@ -76,31 +56,11 @@ def _need(env: str, default: str) -> int:
 
 
 def image_need() -> int:
-    return _need("PB_DISK_IMAGE_NEED", "10g")
+    return need_from_env("PB_DISK_IMAGE_NEED", "10g")
 
 
 def run_need() -> int:
-    return _need("PB_DISK_RUN_NEED", "4g")
-
-
-def run_dir_need() -> int:
-    """``PB_DISK_RUN_DIR_NEED``, else the most one task can write into the run directory: every artifact an agent
-    controls is capped, so the sum of the caps is a bound (plus 64 MiB for results and metadata)."""
-    if os.environ.get("PB_DISK_RUN_DIR_NEED", "").strip():
-        return _need("PB_DISK_RUN_DIR_NEED", "1g")
-    from pytest_programbench.agent_log import agent_log_limit
-    from pytest_programbench.sandbox import CALL_LOG_READ_LIMIT, DEFAULT_SUBMISSION_LIMIT
-
-    return DEFAULT_SUBMISSION_LIMIT + agent_log_limit() + CALL_LOG_READ_LIMIT + (64 << 20)
-
-
-def sandbox_storage_need(engine_api: Any) -> int:
-    """The sandbox's writable-layer limit when the engine enforces one; 0 when it cannot (then nothing bounds what
-    an agent writes there: docs/security.md, residual risks)."""
-    from pytest_programbench.sandbox import storage_limit, storage_quota
-
-    limit = storage_limit()
-    return limit if limit and storage_quota(engine_api).supported else 0
+    return need_from_env("PB_DISK_RUN_NEED", "4g")
 
 
 def free_space(path: Path) -> Space:
@@ -112,13 +72,9 @@ def free_space(path: Path) -> Space:
     return Space(Path(path), usage.free, usage.total)
 
 
-def docker_root(engine_api: Any | None = None) -> Path | None:
+def docker_root(engine_api: Any) -> Path | None:
     """The engine's data root on this machine's filesystem; None when it is not here (a TCP/SSH engine, rootless
     or another mount namespace): then only the run directory can be checked."""
-    if engine_api is None:
-        from pytest_programbench.docker_engine import client
-
-        engine_api = client().api
     cached = getattr(engine_api, "_pb_docker_root", _UNKNOWN)
     if cached is not _UNKNOWN:
         return cast(Path | None, cached)
@@ -142,11 +98,11 @@ def require(path: Path, need: int, what: str, *, label: str) -> Space:
         raise DiskSpaceError(
             f"not enough disk space to {what}: {label} {path} has {human(space.free)} free, {human(need)} needed "
             f"(of {human(space.total)}); free some (`docker image prune`, `docker builder prune`, old pb-runs/), "
-            f"or lower the bar with the environment variable named in pytest_programbench.disk")
+            f"or lower the bar with the environment variable named in pytest_programbench.engine.disk")
     return space
 
 
-def require_for_image(what: str, *, engine_api: Any | None = None) -> Space | None:
+def require_for_image(what: str, *, engine_api: Any) -> Space | None:
     """Before a pull or a build (``what``: e.g. ``"pull programbench/x:tag"``)."""
     root = docker_root(engine_api)
     if root is None:
@@ -154,21 +110,15 @@ def require_for_image(what: str, *, engine_api: Any | None = None) -> Space | No
     return require(root, image_need(), what, label="the Docker data root")
 
 
-def require_for_run(run_dir: Path, *, engine_api: Any | None = None, what: str = "run a task",
-                    sandbox: bool = False) -> None:
-    """Before a task runs: the engine's data root and the run directory both have room (``sandbox``: an agent will
-    run, so the data root also needs its sandbox's storage limit)."""
+def require_for_run(run_dir: Path, *, engine_api: Any, run_dir_need: int, sandbox_need: int = 0,
+                    what: str = "run a task") -> None:
+    """Before a task runs: the engine's data root has room for its containers (plus ``sandbox_need``, the sandbox's
+    storage limit when an agent runs) and the run directory has ``run_dir_need`` bytes (what one task may write)."""
     root = docker_root(engine_api)
     if root is not None:
         need = run_need()
-        if sandbox and need:
-            if engine_api is None:
-                from pytest_programbench.docker_engine import client
-
-                engine_api = client().api
-            need += sandbox_storage_need(engine_api)
-        require(root, need, what, label="the Docker data root")
-    require(run_dir, run_dir_need(), what, label="the run directory")
+        require(root, need + sandbox_need if need else 0, what, label="the Docker data root")
+    require(run_dir, run_dir_need, what, label="the run directory")
 
 
 # ---------------------------------------------------------------------------------------------- pruning
@@ -180,17 +130,13 @@ class PruneReport:
     kept: dict[str, str] = field(default_factory=dict)  # image id -> why
 
 
-def prune_images(image_ids: Iterable[str], *, engine: Any | None = None) -> PruneReport:
+def prune_images(image_ids: Iterable[str], *, engine: Any) -> PruneReport:
     """``--pb-prune-images``: remove these images (ids the run built or pulled), their tags first, never forced.
 
     An image some container still uses, or that is already gone, is reported, not an error.
     """
     from docker.errors import APIError, NotFound
 
-    if engine is None:
-        from pytest_programbench.docker_engine import client
-
-        engine = client()
     api = engine.api
     report = PruneReport()
     for image_id in dict.fromkeys(image_ids):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import pytest
 
-from pytest_programbench.artifacts import atomic_write_text
+from pytest_programbench.results.artifacts import atomic_write_text
 
 if TYPE_CHECKING:
     from pytest_programbench.session import ProgramBenchSession

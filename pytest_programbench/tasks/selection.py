@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pytest_programbench.catalogue import DIFFICULTIES, LANGUAGE_ALIASES, Catalogue, Task
+from pytest_programbench.tasks.catalogue import DIFFICULTIES, LANGUAGE_ALIASES, Catalogue, Task
 
 
 @dataclass(frozen=True)

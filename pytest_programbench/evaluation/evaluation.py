@@ -1,7 +1,7 @@
 """Step 7 of the pipeline: evaluate one submission the official way and say what happened.
 
 :func:`evaluate` drives the official ``programbench.eval.eval.Evaluator`` (1.2.5) on the Docker-SDK container layer
-(:mod:`pytest_programbench.container_layer`), with the inputs resolved beforehand (image id, blob set), and returns
+(:mod:`.container_layer`), with the inputs resolved beforehand (image id, blob set), and returns
 an :class:`EvaluationOutcome`:
 
 * ``result`` — the unfiltered official ``EvaluationResult`` (what ``<id>.eval.json`` holds; official schema);
@@ -37,10 +37,10 @@ from programbench.eval.eval import EvaluationResult, Evaluator
 from programbench.exceptions import EvalStepError
 from programbench.utils.load_data import get_active_branches, get_ignored_branches, get_ignored_tests
 
-from pytest_programbench import integrity
-from pytest_programbench.blobs import BlobSet
-from pytest_programbench.catalogue import CatalogueError, Task
-from pytest_programbench.container_layer import (
+from pytest_programbench.engine.docker_engine import Labels
+from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.evaluation import integrity
+from pytest_programbench.evaluation.container_layer import (
     COMPILE_STEP,
     DEFAULT_OUTPUT_CAP,
     INSTALL_RERUNS_STEP,
@@ -52,10 +52,16 @@ from pytest_programbench.container_layer import (
     UndecodableOutput,
     _is_connection_failure,
 )
-from pytest_programbench.docker_engine import EngineUnavailable, Labels
-from pytest_programbench.integrity import IntegrityFlag
+from pytest_programbench.evaluation.integrity import IntegrityFlag
+from pytest_programbench.evaluation.rerunfailures import (
+    CONTAINER_WHEEL_DIR,
+    RerunWheels,
+    ensure_wheels,
+    pip_environment,
+)
 from pytest_programbench.options import cores
-from pytest_programbench.rerunfailures import CONTAINER_WHEEL_DIR, RerunWheels, ensure_wheels, pip_environment
+from pytest_programbench.tasks.blobs import BlobSet
+from pytest_programbench.tasks.catalogue import CatalogueError, Task
 
 if TYPE_CHECKING:
     import docker
@@ -490,7 +496,7 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
     probe = _Probe(image=image, strict=settings.strict, wheels=wheels, eval_clean_hashes=remove_hashes)
     try:
         if engine is None:
-            from pytest_programbench.docker_engine import client
+            from pytest_programbench.engine.docker_engine import client
 
             engine = client()
     except EngineUnavailable as exc:

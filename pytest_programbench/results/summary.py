@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench.artifacts import atomic_write_text
+from pytest_programbench.results.artifacts import atomic_write_text
 
 PASSED, FAILED, ERROR = "passed", "failed", "error"
 RESOLVED, NEAR_RESOLVED = 1.0, 0.95  # programbench.submission.RESOLVED_THRESHOLD / NEAR_RESOLVED_THRESHOLD

@@ -53,8 +53,8 @@ from programbench.eval import eval as official_eval
 from programbench.eval.eval import EvaluationResult, Evaluator
 from programbench.exceptions import EvalStepError
 
-from pytest_programbench.docker_engine import EngineUnavailable
-from pytest_programbench.exec_stream import ExecStream
+from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.engine.exec_stream import ExecStream
 
 if TYPE_CHECKING:
     import docker
@@ -129,7 +129,7 @@ def audit_official_sources() -> list[str]:
             continue
         if actual != digest:
             problems.append(f"{path} changed (sha256 {actual}, audited {digest}): re-check {recheck}, then update "
-                            f"AUDITED_SOURCES in pytest_programbench/container_layer.py")
+                            f"AUDITED_SOURCES in pytest_programbench/evaluation/container_layer.py")
     return problems
 
 

@@ -3,7 +3,7 @@
 Every container and image the plugin makes carries ``pytest-programbench=<run id>`` plus worker and task labels,
 so the controller can remove everything of its run at session end, also after a worker crashed. Once the session
 called :func:`configure_run`, they also carry the run's owner (controller host, pid, start time) and a deadline,
-so :mod:`pytest_programbench.reaper` can tell a dead run's leftovers from a live run's containers by labels alone.
+so :mod:`.reaper` can tell a dead run's leftovers from a live run's containers by labels alone.
 
 The client :func:`client` returns is reliable by construction, for every caller:
 
@@ -11,7 +11,7 @@ The client :func:`client` returns is reliable by construction, for every caller:
   :class:`EngineUnavailable` (with :data:`HOW_TO_START`) within seconds, never a hang; a failure is remembered for
   a few seconds, so a burst of items does not probe a dead engine one by one;
 * heavy operations (create, start, build, pull, commit, remove, load) go through
-  :mod:`pytest_programbench.backpressure`: at most N at once across all xdist workers of the run;
+  :mod:`pytest_programbench.engine.backpressure`: at most N at once across all xdist workers of the run;
 * transient engine errors (connection refused or reset while the engine restarts, timeouts, 5xx) are retried with
   exponential backoff, bounded by one outage budget per process, for the operations where a retry cannot change
   the meaning of the result: the heavy ones (made idempotent: containers get a name, a repeated removal that finds
@@ -38,12 +38,15 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import requests.exceptions
 
 from pytest_programbench import RUN_LABEL, TASK_LABEL, WORKER_LABEL
+from pytest_programbench.engine import backpressure, disk
+from pytest_programbench.engine.errors import EngineConnectionError, EngineRestarted, EngineUnavailable
+from pytest_programbench.engine.ownership import EXPIRES_LABEL, OWNER_LABEL, Owner, RunLike, boot_id
 
 if TYPE_CHECKING:
     import docker
@@ -72,23 +75,9 @@ TIMEOUT_RETRIES = 1
 BACKOFF_FIRST = 0.25
 BACKOFF_MAX = 5.0
 
-OWNER_LABEL = "pytest-programbench.owner"  # "<hostname>/<boot id>/<controller pid>/<started>"
-EXPIRES_LABEL = "pytest-programbench.expires"  # unix seconds after which the object is garbage
 # A container whose lifetime cannot be read from its command, and every image, expire this long after creation.
 DEFAULT_LIFETIME = float(os.environ.get("PB_RUN_LIFETIME", str(7 * 24 * 3600)))
 EXPIRY_MARGIN = 600
-
-
-class EngineUnavailable(Exception):
-    """The Docker engine does not answer: an infrastructure error, never a score."""
-
-
-class EngineConnectionError(EngineUnavailable, requests.exceptions.ConnectionError):
-    """The connection to the engine failed (after the retries the operation allows)."""
-
-
-class EngineRestarted(EngineConnectionError):
-    """The engine restarted while a container of this process was in use: its state is gone."""
 
 
 HOW_TO_START = (
@@ -100,50 +89,6 @@ HOW_TO_START = (
 # ---------------------------------------------------------------------------------------------- the run's owner
 
 
-class RunLike(Protocol):
-    """What the run's identity offers (read-only: RunIdentity is frozen)."""
-
-    @property
-    def run_id(self) -> str: ...
-    @property
-    def controller_pid(self) -> int: ...
-    @property
-    def hostname(self) -> str: ...
-    @property
-    def started(self) -> float: ...
-
-
-@dataclass(frozen=True)
-class Owner:
-    """Who owns a run: the controller process. ``pid`` is checked against ``started`` (pid reuse)."""
-
-    hostname: str
-    pid: int
-    started: float
-    boot_id: str = ""
-
-    def label(self) -> str:
-        return f"{self.hostname}/{self.boot_id}/{self.pid}/{self.started:.3f}"
-
-    @classmethod
-    def parse(cls, value: str | None) -> Owner | None:
-        if not value:
-            return None
-        try:
-            hostname, boot_id, pid, started = value.rsplit("/", 3)
-            return cls(hostname, int(pid), float(started), boot_id)
-        except ValueError:
-            return None
-
-
-def boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
-
-
 _owner: Owner | None = None
 
 
@@ -153,8 +98,6 @@ def configure_run(run: RunLike, *, concurrency: int | None = None) -> None:
     ``concurrency`` is ``--pb-docker-concurrency`` (None: ``$PB_DOCKER_CONCURRENCY`` or the default 4; 0: no cap).
     """
     global _owner  # noqa: PLW0603 - process-wide, set once by the session
-    from pytest_programbench import backpressure
-
     same_host = run.hostname == socket.gethostname()
     _owner = Owner(run.hostname, int(run.controller_pid), float(run.started), boot_id() if same_host else "")
     backpressure.configure(run_id=run.run_id, limit=concurrency,
@@ -587,8 +530,6 @@ def _client_class() -> type[docker.DockerClient]:
 
         def _pb_heavy(self, name: str, original: Callable[..., Any], signature: inspect.Signature,
                       args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            from pytest_programbench import backpressure
-
             bound = signature.bind(self, *args, **kwargs)
             params = bound.arguments
             before_retry: Callable[[], bool] | None = None
@@ -649,8 +590,6 @@ def _client_class() -> type[docker.DockerClient]:
             return adopt
 
         def _pb_check_disk(self, name: str, params: dict[str, Any]) -> None:
-            from pytest_programbench import disk
-
             what = {"build": f"build {params.get('tag') or 'an image'}",
                     "pull": f"pull {params.get('repository')}:{params.get('tag') or 'latest'}"}.get(name, name)
             disk.require_for_image(what, engine_api=self)

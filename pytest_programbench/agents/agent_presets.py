@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_programbench.sandbox import Sandbox
+    from pytest_programbench.sandbox.sandbox import Sandbox
 
 ENV_CACHE = "PB_AGENT_CACHE"
 ENV_NPM = "PB_NPM"  # the npm command (default: ``npm`` on PATH)
@@ -405,7 +405,7 @@ def _put_home_files(sandbox: Sandbox, files: Mapping[str, bytes]) -> None:
 
 def environment(invocation: Invocation, installed: Installed, relay_env: Mapping[str, str]) -> dict[str, str]:
     """The CLI's env: its bin dir first on PATH, a placeholder key (the relay adds the real one), its settings."""
-    from pytest_programbench.relay import PLACEHOLDER_KEY
+    from pytest_programbench.relay.relay import PLACEHOLDER_KEY
 
     env = {"PATH": f"{installed.bin_dir}:{SYSTEM_PATH}", "NO_COLOR": "1", "TERM": "dumb", "CI": "1",
            "OPENAI_API_KEY": PLACEHOLDER_KEY, "ANTHROPIC_API_KEY": PLACEHOLDER_KEY}
@@ -416,7 +416,7 @@ def environment(invocation: Invocation, installed: Installed, relay_env: Mapping
 
 def save_transcript(sandbox: Sandbox, invocation: Invocation, dest_dir: Path) -> Path | None:
     """Copy the CLI's own transcript out of the sandbox (after the agent's window, before packing)."""
-    from pytest_programbench.sandbox import SandboxError
+    from pytest_programbench.sandbox.sandbox import SandboxError
 
     path = invocation.transcript
     try:

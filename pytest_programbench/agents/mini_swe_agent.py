@@ -42,13 +42,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from pytest_programbench.agent_log import CappedLog
-from pytest_programbench.prompt import BINARY, DOCS, SRC
+from pytest_programbench.agents.agent_log import CappedLog
+from pytest_programbench.agents.prompt import BINARY, DOCS, SRC
 
 if TYPE_CHECKING:
-    from pytest_programbench.catalogue import Task
     from pytest_programbench.options import Settings
-    from pytest_programbench.sandbox import Sandbox
+    from pytest_programbench.sandbox.sandbox import Sandbox
+    from pytest_programbench.tasks.catalogue import Task
 
 SUBMIT_SENTINEL = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 COMMAND_TIMEOUT = 180  # the official config's per-command timeout (environment.timeout)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_programbench.catalogue import Catalogue
+from pytest_programbench.tasks.catalogue import Catalogue
 
 ARCHIVE = "submission.tar.gz"
 

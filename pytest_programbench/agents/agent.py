@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_programbench.agent_log import CappedLog, pump
-from pytest_programbench.prompt import BINARY, DOCS, SRC, PromptContext, render_prompt
+from pytest_programbench.agents.agent_log import CappedLog, pump
+from pytest_programbench.agents.prompt import BINARY, DOCS, SRC, PromptContext, render_prompt
 
 if TYPE_CHECKING:
-    from pytest_programbench.agent_presets import Installed, Invocation
-    from pytest_programbench.catalogue import Task
+    from pytest_programbench.agents.agent_presets import Installed, Invocation
     from pytest_programbench.options import Settings
-    from pytest_programbench.sandbox import Sandbox
+    from pytest_programbench.sandbox.sandbox import Sandbox
+    from pytest_programbench.tasks.catalogue import Task
 
 PROMPT_PATH = "/workspace/prompt.md"
 PRESETS = ("reference", "replay:DIR", "mini-swe-agent", "codex[@VERSION]", "claude-code[@VERSION]",
@@ -61,7 +61,7 @@ class AgentSpec:
             return cls("replay", replay_dir=directory.resolve())
         if text == "mini-swe-agent":
             return cls("mini-swe-agent", on_host=True)
-        from pytest_programbench.agent_presets import install_for_spec
+        from pytest_programbench.agents.agent_presets import install_for_spec
 
         installed = install_for_spec(text)  # codex / claude-code / opencode[@VERSION]: installed once per machine
         if installed is not None:
@@ -166,7 +166,7 @@ class AgentRunner:
         return env
 
     def write_prompt(self, sandbox: Sandbox) -> str:
-        from pytest_programbench.sandbox import SandboxError
+        from pytest_programbench.sandbox.sandbox import SandboxError
 
         readme = ""
         for name in sandbox.layout.docs:
@@ -202,7 +202,7 @@ class AgentRunner:
         if self.spec.kind in ("reference", "replay"):
             exit_code, timed_out = self._replay(sandbox, timeout, notes)
         elif self.spec.kind == "mini-swe-agent":
-            from pytest_programbench.mini_swe_agent import run_mini_swe_agent
+            from pytest_programbench.agents.mini_swe_agent import run_mini_swe_agent
 
             exit_code, timed_out = run_mini_swe_agent(
                 sandbox, task=self.task, settings=self.settings, prompt=prompt, env=self.environment(sandbox),
@@ -220,7 +220,7 @@ class AgentRunner:
         if killed.get("left"):
             notes.append(f"{len(killed['left'])} process(es) of the agent could not be killed before packing")
         if self._invocation is not None:  # the CLI's own transcript, copied out before packing
-            from pytest_programbench.agent_presets import save_transcript
+            from pytest_programbench.agents.agent_presets import save_transcript
 
             self.transcript = save_transcript(sandbox, self._invocation, self.log_path.parent)
         return AgentResult(exit_code, timed_out, time.monotonic() - started, self.log_path, notes,
@@ -257,8 +257,8 @@ class AgentRunner:
 
     def _cli(self, sandbox: Sandbox, timeout: float, notes: list[str]) -> tuple[int | None, bool]:
         """codex / claude-code / opencode: the native build copied in, configured headless, run as the agent."""
-        from pytest_programbench.agent_presets import PresetError, environment, prepare
-        from pytest_programbench.verdict import InfrastructureError
+        from pytest_programbench.agents.agent_presets import PresetError, environment, prepare
+        from pytest_programbench.results.verdict import InfrastructureError
 
         assert self.spec.cli is not None
         relay = dict(self.extra_env)

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from pytest_programbench.catalogue import Task
-from pytest_programbench.rerunfailures import cache_root
+from pytest_programbench.evaluation.rerunfailures import cache_root
+from pytest_programbench.tasks.catalogue import Task
 
 # What the test bed's packer leaves out of a branch tree (bytecode, caches, stale results).
 PACK_EXCLUDE_NAMES = frozenset({"__pycache__", ".pytest_cache", "results.xml"})

@@ -19,6 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from pytest_programbench.sizes import human, parse_size
+
 log = logging.getLogger(__name__)
 
 DEFAULT_LIMIT = "64m"
@@ -28,8 +30,6 @@ MARKER = "[pytest-programbench] agent.log capped at {limit}: {dropped} bytes of 
 
 def agent_log_limit() -> int:
     """The cap in bytes, from ``PB_AGENT_LOG_MAX`` (default 64 MiB)."""
-    from pytest_programbench.disk import parse_size
-
     raw = os.environ.get("PB_AGENT_LOG_MAX", "").strip() or DEFAULT_LIMIT
     try:
         return parse_size(raw)
@@ -96,8 +96,6 @@ class CappedLog:
             self.closed = True
             try:
                 if self.dropped:
-                    from pytest_programbench.disk import human
-
                     marker = MARKER.format(limit=human(self.limit), dropped=self.dropped, head=self.head,
                                            tail=self.tail)
                     self._file.write(f"\n{marker}\n".encode())

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_programbench.catalogue import Task
+from pytest_programbench.tasks.catalogue import Task
 
 DEFAULT_TEMPLATE = Path(__file__).with_name("templates") / "prompt.md.j2"
 README_CAP = 40_000

@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_programbench.engine.ownership import Owner, boot_id, process_alive, process_start_time
+
 log = logging.getLogger(__name__)
 
 DEFAULT_LIMIT = 4
@@ -153,9 +155,6 @@ def _xdist_default() -> Path | None:
 
 def _parent_owner() -> dict[str, object]:
     """The controller of an xdist worker is its parent process (popen gateways)."""
-    from pytest_programbench.docker_engine import boot_id
-    from pytest_programbench.reaper import process_start_time
-
     parent = os.getppid()
     return {"hostname": socket.gethostname(), "controller_pid": parent,
             "started": (process_start_time(parent) or time.time()) + 1.0, "boot_id": boot_id()}
@@ -336,8 +335,6 @@ def release_run(run_id: str | None = None, directory: Path | None = None) -> Non
 
 def stale_slot_dirs() -> list[Path]:
     """Slot directories under :func:`slots_root` whose owner (controller) is gone; used by the reaper."""
-    from pytest_programbench.reaper import Owner, process_alive
-
     root = slots_root()
     if not root.is_dir():
         return []

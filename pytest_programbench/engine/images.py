@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
-from pytest_programbench.catalogue import Task
-from pytest_programbench.docker_engine import EngineUnavailable
-from pytest_programbench.rerunfailures import cache_root
+from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.evaluation.rerunfailures import cache_root
+from pytest_programbench.tasks.catalogue import Task
 
 if TYPE_CHECKING:
     import docker
@@ -143,7 +143,7 @@ def ensure_image(
     if pull not in {"never", "missing"}:
         raise ValueError(f"pull must be 'never' or 'missing', not {pull!r}")
     if engine is None:
-        from pytest_programbench.docker_engine import client
+        from pytest_programbench.engine.docker_engine import client
 
         engine = client()
     ref = image_ref(task, tag)

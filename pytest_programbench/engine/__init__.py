@@ -1,0 +1,1 @@
+"""The Docker engines: clients, backpressure, disk checks, ownership labels and the reaper, images, exec streams."""

@@ -1,0 +1,17 @@
+"""The run's state, kept in ``config.stash`` (no process-wide globals): the keys the pytest layer shares."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_programbench.session import ProgramBenchSession
+
+    SessionKey = pytest.StashKey[ProgramBenchSession]
+
+# The opted-in session's state; absent when the session did not opt in (then there are no ProgramBench items).
+SESSION: SessionKey = pytest.StashKey()
+# Set when the plugin chose --dist worksteal for a -n given without --dist (the report header says so).
+WORKSTEAL_DEFAULTED = pytest.StashKey[bool]()

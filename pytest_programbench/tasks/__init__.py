@@ -1,0 +1,1 @@
+"""Step 1-2: the tasks (catalogue, selection, submissions) and their hidden-test archives."""
