@@ -312,6 +312,11 @@ def test_client_when_the_daemon_hangs_up(client_command: list[str], sock_path: P
     assert b"closed the connection without a result" in done.stderr
 
 
+def _default_signal_actions() -> None:
+    for sig in (signal.SIGINT, signal.SIGWINCH, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def test_client_forwards_signals(client_command: list[str], sock_path: Path) -> None:
     received: list[int] = []
 
@@ -325,8 +330,11 @@ def test_client_forwards_signals(client_command: list[str], sock_path: Path) -> 
         conn.sendall(daemon.REPLY.pack(b"PBR1", daemon.REPLY_SIGNAL, signal.SIGTERM, 0))
 
     fake = FakeDaemon(sock_path, answer)
+    # The signals' default actions whatever this suite inherited: a suite started in the background of a shell has
+    # SIGINT ignored, and a client rightly never forwards what its caller ignores (the reference would ignore it too).
     process = subprocess.Popen([*client_command], env={"PB_PROXY_SOCKET": str(sock_path),
-                                                       "PATH": os.environ.get("PATH", "/bin")})
+                                                       "PATH": os.environ.get("PATH", "/bin")},
+                               preexec_fn=_default_signal_actions)  # noqa: PLW1509
     deadline = time.monotonic() + 10
     while fake.request is None and time.monotonic() < deadline:
         time.sleep(0.02)
