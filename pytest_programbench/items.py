@@ -14,6 +14,7 @@ from pytest_programbench.stash import SESSION
 from pytest_programbench.tasks.catalogue import Task
 
 if TYPE_CHECKING:
+    from pytest_programbench.pipeline import TaskRun
     from pytest_programbench.session import ProgramBenchSession
 
 
@@ -27,16 +28,23 @@ class ProgramBenchSuite(pytest.Collector):
             yield ProgramBenchItem.from_parent(self, name=task.instance_id, task=task)
 
 
-class ProgramBenchItem(pytest.Item):
-    """One task. ``setup`` runs the pipeline (infrastructure failures there are errors); ``runtest`` asserts."""
+def programbench_task(pb_outcome: TaskOutcome) -> None:
+    """The benchmark item's function: its fixtures are the pipeline (fixtures.py); the item asserts the verdict."""
+
+
+class ProgramBenchItem(pytest.Function):
+    """One task. ``setup`` fills its fixtures, the pipeline (infrastructure failures there are errors, retried);
+    ``runtest`` asserts the verdict on ``pb_outcome``."""
 
     def __init__(self, *, task: Task, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(callobj=programbench_task, **kwargs)
         self.task = task
         self.outcome: TaskOutcome | None = None
         self.add_marker(SUITE)
         self.add_marker(language_marker(task.language))
         self.add_marker(difficulty_marker(task.difficulty))
+        self._task_run: TaskRun | None = None
+        self._attempt_fixtures: list[tuple[Any, Any]] = []
 
     @property
     def pb_session(self) -> ProgramBenchSession:
@@ -48,24 +56,37 @@ class ProgramBenchItem(pytest.Item):
         """This task's directory in the run directory (agent.log, submission, eval.json, pb-meta.json)."""
         return self.pb_session.identity.path / self.task.instance_id
 
+    @property
+    def task_run(self) -> TaskRun:
+        """The task's run record (``pb_run``): one per item, kept across infrastructure retries."""
+        if self._task_run is None:
+            from pytest_programbench.pipeline import TaskRun
+
+            self._task_run = TaskRun(self.pb_session, self.task)
+        return self._task_run
+
+    def track_fixture(self, fixturedef: Any, request: Any) -> None:
+        """A function-scoped fixture set up in this attempt (fixtures.py's hook): finalised if the attempt fails."""
+        self._attempt_fixtures.append((fixturedef, request))
+
     def setup(self) -> None:
-        """Run the pipeline; infrastructure errors are retried (``--pb-infra-retries``), never agent failures."""
-        from pytest_programbench.pipeline import item_pipeline
+        """Fill the fixtures; infrastructure errors are retried (``--pb-infra-retries``), never agent failures."""
         from pytest_programbench.results.verdict import InfrastructureError
 
         session = self.pb_session
         # Said for errors too (setup), so they come first; plain strings for xdist.
         self.user_properties.extend([("language", self.task.language), ("difficulty", self.task.difficulty),
                                      ("run_dir", session.identity.run_dir), ("task_dir", str(self.task_dir))])
-        pipeline = item_pipeline(self)
+        run = self.task_run
         reasons: list[str] = []
         for attempt in range(session.settings.infra_retries + 1):
             try:
-                self.outcome = pipeline.run()
+                self.outcome = run.attempt(self._fill)
             except InfrastructureError as exc:
                 reasons.append(f"attempt {attempt + 1}: {exc}")
-                pipeline.retried_after.append(reasons[-1])
+                run.retried_after.append(reasons[-1])
                 self.user_properties.append((f"infra_attempt_{attempt + 1}", str(exc)[:2000]))
+                self._end_attempt()
                 session.forget_task_containers(self.task.instance_id)
                 if not exc.retryable:
                     break
@@ -81,6 +102,25 @@ class ProgramBenchItem(pytest.Item):
         lines.append(f"run directory: {self.task_dir}")
         raise InfrastructureError("\n".join(lines))
 
+    def _fill(self) -> TaskOutcome:
+        self._request._fillfixtures()
+        outcome: TaskOutcome = self.funcargs["pb_outcome"]  # type: ignore[assignment]
+        return outcome
+
+    def _end_attempt(self) -> None:
+        """Finalise this attempt's function-scoped fixtures, last set up first (sandbox, relay, engine lease), and
+        start the next attempt with a fresh request; session-scoped fixtures stay."""
+        import logging
+
+        fixtures, self._attempt_fixtures = self._attempt_fixtures, []
+        for fixturedef, request in reversed(fixtures):
+            try:
+                fixturedef.finish(request)
+            except Exception as exc:  # the attempt failed already; its containers are swept next
+                logging.getLogger("pytest_programbench").warning("%s: finalising %s: %s", self.task.instance_id,
+                                                                 fixturedef.argname, exc)
+        self._initrequest()
+
     def runtest(self) -> None:
         from pytest_programbench.results.verdict import assert_verdict
 
@@ -95,13 +135,13 @@ class ProgramBenchItem(pytest.Item):
             self.config.hook.pytest_programbench_task_outcome(item=self, outcome=self.outcome, passed=passed,
                                                               task_dir=str(self.task_dir))
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str | Any:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]) -> str | Any:  # type: ignore[override]
         from pytest_programbench.results.verdict import InfrastructureError, VerdictFailure
 
         # Our own verdicts and infrastructure errors are messages, not tracebacks.
         if isinstance(excinfo.value, VerdictFailure | InfrastructureError):
             return str(excinfo.value)
-        return super().repr_failure(excinfo, style=style)
+        return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         # No domain here: pytest's progress lines would turn the dots of an instance id into "::". The failure

@@ -1,4 +1,9 @@
-"""The item pipeline, step by step: task → blobs → image → (agent →) submission → evaluation → verdict.
+"""A task's run, step by step: task → blobs → image → (relay →) sandbox → agent → submission → evaluation → outcome.
+
+``TaskRun`` holds one task's state and does each step's work; the fixtures of ``fixtures.py`` are thin wrappers that
+call one step each, so that pytest sees (``--setup-show``), orders, finalises and lets users override every step.
+The run outlives one attempt (it is the item's, not a fixture's value): what an attempt finished and must never be
+done twice (the agent's run, the packed submission) is kept on it, and a retry's fixtures find it there.
 
 Everything before the submission's own windows that fails is infrastructure (``InfrastructureError``, reported as a
 pytest error); everything inside them is scored the official way.
@@ -10,7 +15,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +31,6 @@ if TYPE_CHECKING:
     from pytest_programbench.engine.engines import EngineLease
     from pytest_programbench.engine.images import ResolvedImage
     from pytest_programbench.evaluation.evaluation import EvaluationOutcome
-    from pytest_programbench.items import ProgramBenchItem
     from pytest_programbench.relay.relay import ModelRelay
     from pytest_programbench.relay.relay_tunnel import RelayTunnel
     from pytest_programbench.sandbox.sandbox import Sandbox
@@ -43,17 +47,24 @@ class TaskLog(logging.LoggerAdapter[logging.Logger]):
         return f"[{self.extra['task'] if self.extra else '?'}] {msg}", kwargs
 
 
-class TaskPipeline:
-    def __init__(self, session: ProgramBenchSession, task: Task) -> None:
+class TaskRun:
+    """One task's run: its state across attempts and the work of each step (the fixtures call these)."""
+
+    def __init__(self, session: ProgramBenchSession, task: Task, *, artifacts_root: Path | None = None,
+                 record: bool = True) -> None:
         self.session = session
         self.settings = session.settings
         self.task = task
-        self.artifacts = TaskArtifacts(session.identity.path, task.instance_id)
+        # record=False: a user's own test over this task (its files apart, no pb-meta.json, no live phases).
+        self.record = record
+        self.artifacts = TaskArtifacts(artifacts_root or session.identity.path, task.instance_id)
         self.labels = Labels(session.identity.run_id, session.worker_id, task.instance_id)
         self.log = TaskLog(log, {"task": task.instance_id})
         self.timings: dict[str, float] = {}
+        # Kept across infrastructure retries: the agent runs once.
         self.agent_result: AgentResult | None = None
-        self.submission: Path | None = None  # kept across infrastructure retries: the agent runs once
+        self.submission: Path | None = None
+        self.lease: EngineLease | None = None  # this attempt's engine (--pb-docker-host)
         self.engine: Any | None = None  # this attempt's engine client (None: the environment's engine)
         self.engines_tried: list[str] = []
         self.retried_after: list[str] = []  # the infrastructure errors of earlier attempts (the item's retries)
@@ -62,14 +73,18 @@ class TaskPipeline:
         self.agent_notes: list[str] = []  # from the agent's window (call log, packing): joined to the outcome
         self.agent_flags: list[str] = []
         self.reused = False
+        self.relay: ModelRelay | None = None
         self.relay_stats: dict[str, Any] | None = None
+        self.sandbox: Sandbox | None = None
+        self.tunnel: RelayTunnel | None = None
+        self._instance: dict[str, Any] | None = None
         self.meta: dict[str, Any] = {"instance_id": task.instance_id, "run_id": session.identity.run_id,
                                      "worker": session.worker_id}
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         self.log.info("%s ...", name)
-        if self.session.progress is not None:  # the live view (--pb-progress)
+        if self.session.progress is not None and self.record:  # the live view (--pb-progress)
             self.session.progress.phase(self.task.instance_id, name)
         started = time.monotonic()
         try:
@@ -78,15 +93,17 @@ class TaskPipeline:
             self.timings[name] = round(time.monotonic() - started, 3)
             self.log.info("%s done in %.1f s", name, self.timings[name])
 
-    def run(self) -> TaskOutcome:
-        lease = self._lease_engine()
+    # -- one attempt ------------------------------------------------------------------------------------------
+
+    def attempt(self, steps: Callable[[], TaskOutcome]) -> TaskOutcome:
+        """One attempt of the steps (the item's fixtures); its state and pb-meta.json are written either way."""
         try:
-            outcome = self._run()
+            outcome = steps()
         except EngineUnavailable as exc:
             self.meta.update(state="error", infra_error=str(exc))
-            if lease is not None and self.session.engines is not None:
+            if self.lease is not None and self.session.engines is not None:
                 # Its other tasks will fail the same way: every worker avoids it until it answers a probe again.
-                self.session.engines.mark_down(lease.spec, str(exc))
+                self.session.engines.mark_down(self.lease.spec, str(exc))
             raise InfrastructureError(str(exc)) from exc
         except InfrastructureError as exc:
             self.meta.update(state="error", infra_error=str(exc))
@@ -100,60 +117,84 @@ class TaskPipeline:
             self.meta.update(state="finished", outcome=outcome.as_dict())
             return outcome
         finally:
-            if lease is not None:
-                lease.release()
-            self.meta["timings"] = self.timings
-            if self.artifacts.dir.exists() and not self.reused:
-                self.artifacts.write_meta(self.meta)
+            self.write_meta()
 
-    def _lease_engine(self) -> EngineLease | None:
-        """--pb-docker-host: this attempt's engine, the least busy one that is up (one the task failed on before
-        only when no other is). Everything of the attempt runs there."""
+    def write_meta(self) -> None:
+        self.meta["timings"] = self.timings
+        if self.record and self.artifacts.dir.exists() and not self.reused:
+            self.artifacts.write_meta(self.meta)
+
+    # -- engine -----------------------------------------------------------------------------------------------
+
+    def lease_engine(self) -> Any:
+        """This attempt's engine client: --pb-docker-host's least busy one that is up (one the task failed on
+        before only when no other is), else the environment's; the run directory's and engine's room checked."""
+        from pytest_programbench.engine import disk, docker_engine
+        from pytest_programbench.sandbox.sandbox import run_dir_need, sandbox_storage_need
+
         pool = self.session.engines
-        if pool is None:
-            self.engine = None
-            return None
-        from pytest_programbench.engine.docker_engine import client
-
-        with self.phase("engine"):
-            lease = pool.lease(avoid=self.engines_tried, task=self.task.instance_id)
-        self.engines_tried.append(lease.spec.name)
-        self.meta["engine"] = lease.spec.name
-        self.meta.setdefault("engines_tried", []).append(lease.spec.name)
+        self.lease, self.engine = None, None
+        if pool is not None:
+            with self.phase("engine"):
+                lease = pool.lease(avoid=self.engines_tried, task=self.task.instance_id)
+            self.engines_tried.append(lease.spec.name)
+            self.meta["engine"] = lease.spec.name
+            self.meta.setdefault("engines_tried", []).append(lease.spec.name)
+            try:
+                self.engine = docker_engine.client(lease.url)
+            except BaseException:
+                lease.release()
+                raise
+            self.lease = lease
         try:
-            self.engine = client(lease.url)
-        except BaseException:
-            lease.release()
+            # A DiskSpaceError is an EngineUnavailable: an error. An agent run also needs its sandbox's storage.
+            engine = self.engine or docker_engine.client()
+            sandbox_need = sandbox_storage_need(engine.api) if self.session.submissions is None else 0
+            disk.require_for_run(self.artifacts.dir.parent, engine_api=engine.api, run_dir_need=run_dir_need(),
+                                 sandbox_need=sandbox_need)
+        except EngineUnavailable as exc:
+            if self.lease is not None and self.session.engines is not None:
+                self.session.engines.mark_down(self.lease.spec, str(exc))
+            self.release_engine()
             raise
-        return lease
+        self.artifacts.dir.mkdir(parents=True, exist_ok=True)
+        return engine
 
-    def _run(self) -> TaskOutcome:
+    def release_engine(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+    # -- task, blobs, image -----------------------------------------------------------------------------------
+
+    def instance(self) -> dict[str, Any]:
+        """tests.json and task.yaml, read once."""
+        if self._instance is None:
+            with self.phase("task"):
+                try:
+                    self._instance = self.task.load_instance()
+                except CatalogueError as exc:
+                    raise InfrastructureError(f"malformed task: {exc}") from exc
+        return self._instance
+
+    def resolve_blobs(self) -> BlobSet:
+        """Resolved before any agent or evaluation time is spent: a failure here is fast and an error."""
         from programbench.utils.load_data import get_active_branches
 
-        from pytest_programbench.engine import disk, docker_engine
-        from pytest_programbench.engine.images import ImageError, ensure_image
-        from pytest_programbench.evaluation.evaluation import EvalSettings, evaluate
-        from pytest_programbench.sandbox.sandbox import run_dir_need, sandbox_storage_need
         from pytest_programbench.tasks.blobs import BlobError, resolve_blobs
 
-        # A DiskSpaceError is an EngineUnavailable: an error. An agent run also needs its sandbox's storage limit.
-        engine = self.engine or docker_engine.client()
-        sandbox_need = sandbox_storage_need(engine.api) if self.session.submissions is None else 0
-        disk.require_for_run(self.artifacts.dir.parent, engine_api=engine.api, run_dir_need=run_dir_need(),
-                             sandbox_need=sandbox_need)
-        self.artifacts.dir.mkdir(parents=True, exist_ok=True)
-        with self.phase("task"):
-            try:
-                instance = self.task.load_instance()
-            except CatalogueError as exc:
-                raise InfrastructureError(f"malformed task: {exc}") from exc
-        # Resolved before any agent or evaluation time is spent: a failure here is fast and an error.
+        instance = self.instance()
         with self.phase("blobs"):
             try:
                 blobs = resolve_blobs(self.task, get_active_branches(instance), blob_dir=self.settings.blob_dir)
             except BlobError as exc:
                 raise InfrastructureError(str(exc)) from exc
             self.meta["blobs"] = {"source": blobs.source, "sha256": dict(blobs.sha256)}
+        return blobs
+
+    def ensure_image(self) -> ResolvedImage:
+        from pytest_programbench.engine.images import ImageError, ensure_image
+
         with self.phase("image"):
             try:
                 image = ensure_image(self.task, tag=self.settings.image_tag, pull=self.settings.pull,
@@ -162,31 +203,7 @@ class TaskPipeline:
             except ImageError as exc:
                 raise InfrastructureError(str(exc)) from exc
             self.meta["image"] = dataclasses.asdict(image)
-
-        if self.session.identity.resumed:
-            reused = self._reuse_finished(image, blobs)
-            if reused is not None:
-                return reused
-
-        submission = self.submission if self.submission is not None else self._submission(image)
-        if submission is None:
-            return self._no_submission(instance)
-
-        with self.phase("evaluation"):
-            result = evaluate(
-                self.task, submission, blobs=blobs, image=image.id, labels=self.labels,
-                settings=EvalSettings.from_settings(self.settings), workdir=self.artifacts.dir, engine=self.engine,
-            )
-        self.meta["evaluation"] = result.meta()
-        if self.settings.prune_images and image.source in ("built", "pulled"):
-            self.meta["pruned"] = dataclasses.asdict(disk.prune_images([image.id], engine=engine))
-        if result.infra_error:
-            raise InfrastructureError(result.infra_error)
-        if result.result is not None:
-            self.artifacts.write_eval_json(result.result)
-        outcome = self._with_agent(task_outcome(result, instance))
-        self.log.info("verdict: score %.4f (%d/%d)", outcome.score, outcome.n_passed, outcome.n_tests)
-        return outcome
+        return image
 
     def _image_lock_dir(self) -> Path | None:
         """One build or pull of an image per engine: the lock is the engine's (default: the shared one)."""
@@ -196,8 +213,10 @@ class TaskPipeline:
 
         return cache_root() / "image-locks" / hashlib.sha256(str(self.meta.get("engine")).encode()).hexdigest()[:16]
 
-    def _reuse_finished(self, image: ResolvedImage, blobs: BlobSet) -> TaskOutcome | None:
+    def reuse_finished(self, image: ResolvedImage, blobs: BlobSet) -> TaskOutcome | None:
         """--pb-resume: a task that finished before keeps its result (no agent re-run) if nothing it used changed."""
+        if not self.session.identity.resumed or not self.record:
+            return None
         previous = self.artifacts.read_meta()
         if not previous or previous.get("state") != "finished" or "outcome" not in previous:
             return None
@@ -216,89 +235,136 @@ class TaskPipeline:
         data["notes"] = [*data.get("notes", []), f"result reused from the resumed run {previous.get('run_id')}"]
         return TaskOutcome(**data)
 
-    def _submission(self, image: ResolvedImage) -> Path | None:
-        """Evaluate-only: the archive from --pb-submissions, copied into the run directory first."""
-        submissions = self.session.submissions
-        if submissions is None:
-            return self._run_agent(image)
-        if not submissions.has(self.task.instance_id):
+    # -- the agent's window: relay, sandbox, agent, pack ------------------------------------------------------
+
+    def start_relay(self, *, on_host: bool) -> ModelRelay | None:
+        """--pb-model-endpoint: the agent's only way out, recorded per task."""
+        if not self.settings.model_endpoint:
             return None
-        atomic_copy(submissions.archive(self.task.instance_id), self.artifacts.submission)
-        self.meta["submission_source"] = str(submissions.archive(self.task.instance_id))
-        self.submission = self.artifacts.submission
-        return self.submission
+        from pytest_programbench.relay.relay import ModelRelay, RelayConfigError
 
-    def _run_agent(self, image: ResolvedImage) -> Path | None:
-        """Sandbox, agent, pack: the agent's window. Only the sandbox itself failing is infrastructure.
+        relay = ModelRelay(self.settings.model_endpoint, records_path=self.artifacts.dir / "model-requests.jsonl",
+                           api_key_env=self.settings.model_key_env, unix=not on_host, tcp=on_host)
+        try:
+            self.relay = relay.start()
+        except (RelayConfigError, OSError) as exc:
+            raise InfrastructureError(f"model relay: {exc}") from exc
+        return self.relay
 
-        The agent runs once per task: after it ended, a failing step (packing, evaluation) is retried on its own and
-        an agent whose work is lost with its sandbox is not run again (its cost is paid; ``--pb-resume`` can)."""
-        from pytest_programbench.agents.agent import AgentRunner
-        from pytest_programbench.sandbox.sandbox import Sandbox, SandboxError, SubmissionTooLarge, SubmissionUnpackable
+    def close_relay(self) -> None:
+        """Records are complete once the relay is closed (the sandbox is gone by then: nothing is in flight)."""
+        relay, self.relay = self.relay, None
+        if relay is not None:
+            relay.close()
+            self.relay_stats = relay.stats().as_dict()
+            self.meta["relay"] = self.relay_stats
 
+    def relay_env(self, *, on_host: bool) -> dict[str, str]:
+        if self.relay is None:
+            return {}
+        return self.relay.agent_env() if on_host else self.relay.sandbox_env()
+
+    def open_sandbox(self, image: ResolvedImage, *, tunnel_to: ModelRelay | None = None) -> Sandbox:
+        """Only the sandbox itself failing is infrastructure."""
+        from pytest_programbench.sandbox.sandbox import Sandbox, SandboxError
+
+        with self.phase("sandbox"):
+            sandbox = Sandbox.for_task(self.task, self.settings, self.labels, image_id=image.id,
+                                       engine=self.engine, remote=self._engine_is_remote())
+            self.sandbox = sandbox
+            try:
+                sandbox.start()
+                if tunnel_to is not None:
+                    self.tunnel = self._open_tunnel(sandbox, tunnel_to)
+            except (SandboxError, RuntimeError) as exc:
+                self.close_sandbox()
+                raise InfrastructureError(f"sandbox: {exc}") from exc
+            self.meta["sandbox"] = {"container": sandbox.id, "proxy_client": sandbox.proxy_client.label,
+                                    "reference_kind": sandbox.layout.reference_kind}
+        return sandbox
+
+    def close_sandbox(self) -> None:
+        tunnel, self.tunnel = self.tunnel, None
+        sandbox, self.sandbox = self.sandbox, None
+        try:
+            if tunnel is not None:
+                tunnel.close()
+        finally:
+            if sandbox is not None:
+                sandbox.close()
+
+    def end_agent_window(self) -> None:
+        """The agent's window is over once its work is packed: its sandbox and relay go before the evaluation."""
+        try:
+            self.close_sandbox()
+        finally:
+            self.close_relay()
+
+    def write_prompt(self, sandbox: Sandbox, *, on_host: bool) -> str:
+        """The prompt (task docs + rules, the prompt hook applied), written to the sandbox's prompt file."""
+        from pytest_programbench.agents.agent import AgentRunner, AgentSpec
+
+        spec = self.session.agent_spec or AgentSpec("command", on_host=on_host)
+        runner = AgentRunner(dataclasses.replace(spec, on_host=on_host), self.task, self.settings,
+                             log_path=self.artifacts.agent_log, config=self.session.config)
+        return runner.write_prompt(sandbox)
+
+    def run_agent(self, agent: Any, sandbox: Sandbox, prompt: str) -> AgentResult:
+        """``agent.run(sandbox, prompt)``; once it returned, the run counts and is never repeated."""
+        from pytest_programbench.agents.agent import AgentResult
+        from pytest_programbench.sandbox.sandbox import SandboxError
+
+        spec = self.session.agent_spec
+        self.meta["agent"] = {"spec": getattr(agent, "label", None) or (spec.label if spec else type(agent).__name__)}
+        try:
+            with self.phase("agent"):
+                started = time.monotonic()
+                returned = agent.run(sandbox, prompt)
+                if not isinstance(returned, AgentResult):  # a Python agent: its result, or nothing
+                    sandbox.kill_agent_processes()
+                    returned = AgentResult(getattr(returned, "exit_code", 0), bool(getattr(returned, "timed_out",
+                                                                                            False)),
+                                           time.monotonic() - started, self.artifacts.agent_log,
+                                           list(getattr(returned, "notes", None) or []))
+            self.meta["agent"].update(returned.meta())
+            # A sandbox that died under the agent (its engine went away) ended the agent: it may run again.
+            # One that outlived it makes the run count: from here on the agent is never run a second time.
+            self.require_alive(sandbox)
+            self.agent_result = returned
+            # Before packing, so that it is kept whatever packing does. Unreadable: a note and a flag, scored.
+            calls = sandbox.save_call_log(self.artifacts.binary_calls)
+        except SandboxError as exc:
+            raise InfrastructureError(f"sandbox: {exc}") from exc
+        self.meta["binary_calls"] = calls.count
+        self.agent_notes += calls.notes()
+        if calls.problem:
+            self.agent_flags.append("call-log-unreadable")
+        return returned
+
+    def require_agent_not_run(self) -> None:
+        """The agent runs once per task: after it ended, a failing later step is retried on its own, and an agent
+        whose work was lost with its sandbox is not run again (its cost is paid; ``--pb-resume`` can)."""
         if self.agent_result is not None:
             raise InfrastructureError(
                 "the agent finished but its sandbox was lost before its work was packed; the agent is not run a "
                 "second time (re-run the task with --pb-resume)", retryable=False)
-        spec = self.session.agent_spec
-        assert spec is not None
-        self.meta["agent"] = {"spec": spec.label}
-        relay = self._start_relay(on_host=spec.on_host)
-        tunnel: RelayTunnel | None = None
-        try:
-            with self.phase("sandbox"):
-                sandbox = Sandbox.for_task(self.task, self.settings, self.labels, image_id=image.id,
-                                           engine=self.engine, remote=self._engine_is_remote())
-                try:
-                    sandbox.start()
-                    if relay is not None and not spec.on_host:
-                        tunnel = self._open_tunnel(sandbox, relay)
-                except (SandboxError, RuntimeError) as exc:
-                    sandbox.close()
-                    raise InfrastructureError(f"sandbox: {exc}") from exc
-                self.meta["sandbox"] = {"container": sandbox.id, "proxy_client": sandbox.proxy_client.label,
-                                        "reference_kind": sandbox.layout.reference_kind}
-            extra_env: dict[str, str] = {}
-            if relay is not None:
-                extra_env = relay.agent_env() if spec.on_host else relay.sandbox_env()
+
+    def pack(self, sandbox: Sandbox) -> Path | None:
+        """``/workspace/src`` as submission.tar.gz; too large or unpackable: the agent's doing, scored 0 (None)."""
+        from pytest_programbench.sandbox.sandbox import SandboxError, SubmissionTooLarge, SubmissionUnpackable
+
+        with self.phase("pack"):
             try:
-                with self.phase("agent"):
-                    runner = AgentRunner(spec, self.task, self.settings, log_path=self.artifacts.agent_log,
-                                         extra_env=extra_env, config=self.session.config)
-                    result = runner.run(sandbox)
-                self.meta["agent"].update(result.meta())
-                # A sandbox that died under the agent (its engine went away) ended the agent: it may run again.
-                # One that outlived it makes the run count: from here on the agent is never run a second time.
-                self._require_alive(sandbox)
-                self.agent_result = result
-                # Before packing, so that it is kept whatever packing does. Unreadable: a note and a flag, scored.
-                calls = sandbox.save_call_log(self.artifacts.binary_calls)
-                self.meta["binary_calls"] = calls.count
-                self.agent_notes += calls.notes()
-                if calls.problem:
-                    self.agent_flags.append("call-log-unreadable")
-                with self.phase("pack"):
-                    try:
-                        size = self._pack(sandbox)
-                    except (SubmissionTooLarge, SubmissionUnpackable) as exc:  # the agent's files: scored 0
-                        self.meta["agent"]["pack_error"] = str(exc)
-                        self.pack_error = str(exc)
-                        if isinstance(exc, SubmissionUnpackable):
-                            self.pack_error_code = "submission_unpackable"
-                        return None
-                    self.meta["submission_bytes"] = size
+                size = self._pack(sandbox)
+            except (SubmissionTooLarge, SubmissionUnpackable) as exc:  # the agent's files: scored 0
+                self.meta.setdefault("agent", {})["pack_error"] = str(exc)
+                self.pack_error = str(exc)
+                if isinstance(exc, SubmissionUnpackable):
+                    self.pack_error_code = "submission_unpackable"
+                return None
             except SandboxError as exc:
                 raise InfrastructureError(f"sandbox: {exc}") from exc
-            finally:
-                if tunnel is not None:
-                    tunnel.close()
-                sandbox.close()
-        finally:
-            # Records are complete once the relay is closed; the sandbox is gone by now, so nothing is in flight.
-            if relay is not None:
-                relay.close()
-                self.relay_stats = relay.stats().as_dict()
-                self.meta["relay"] = self.relay_stats
+            self.meta["submission_bytes"] = size
         self.submission = self.artifacts.submission
         return self.submission
 
@@ -317,11 +383,23 @@ class TaskPipeline:
                     raise InfrastructureError(
                         "packing the agent's work failed after the agent finished (the agent is not run a second "
                         "time): " + "; ".join(failures), retryable=False) from exc
-                self._require_alive(sandbox)
+                self.require_alive(sandbox)
                 continue
             if failures:
                 self.meta.setdefault("notes", []).append(f"packing retried after: {'; '.join(failures)}")
             return size
+
+    def given_submission(self) -> Path | None:
+        """Evaluate-only (--pb-submissions): the given archive, copied into the run directory first."""
+        submissions = self.session.submissions
+        assert submissions is not None
+        if not submissions.has(self.task.instance_id):
+            return None
+        self.artifacts.dir.mkdir(parents=True, exist_ok=True)
+        atomic_copy(submissions.archive(self.task.instance_id), self.artifacts.submission)
+        self.meta["submission_source"] = str(submissions.archive(self.task.instance_id))
+        self.submission = self.artifacts.submission
+        return self.submission
 
     def _engine_is_remote(self) -> bool:
         """Not on this machine: nothing of the host's filesystem may be bind-mounted into its containers."""
@@ -340,20 +418,7 @@ class TaskPipeline:
         return RelayTunnel(sandbox.engine.api, sandbox.id, lambda: connect_unix(socket_path)).open(
             SANDBOX_BRIDGE_PORT, script=BRIDGE_SCRIPT.read_bytes())
 
-    def _start_relay(self, *, on_host: bool) -> ModelRelay | None:
-        """--pb-model-endpoint: the agent's only way out, recorded per task."""
-        if not self.settings.model_endpoint:
-            return None
-        from pytest_programbench.relay.relay import ModelRelay, RelayConfigError
-
-        relay = ModelRelay(self.settings.model_endpoint, records_path=self.artifacts.dir / "model-requests.jsonl",
-                           api_key_env=self.settings.model_key_env, unix=not on_host, tcp=on_host)
-        try:
-            return relay.start()
-        except (RelayConfigError, OSError) as exc:
-            raise InfrastructureError(f"model relay: {exc}") from exc
-
-    def _require_alive(self, sandbox: Sandbox) -> None:
+    def require_alive(self, sandbox: Sandbox) -> None:
         """The agent cannot stop its own container (it is an unprivileged user): a dead one is infrastructure."""
         from docker.errors import NotFound
 
@@ -378,9 +443,38 @@ class TaskPipeline:
             raise InfrastructureError(f"sandbox container {sandbox.id[:12]} cannot run a command at the end of the "
                                       f"agent run (exit {probe.exit_code}: {probe.text.strip()[-300:]})")
 
-    def _no_submission(self, instance: dict[str, Any]) -> TaskOutcome:
+    # -- evaluation and outcome -------------------------------------------------------------------------------
+
+    def evaluate(self, submission: Path, image: ResolvedImage, blobs: BlobSet) -> EvaluationOutcome:
+        """The official evaluation; the official result goes to <id>.eval.json."""
+        from pytest_programbench.engine import disk, docker_engine
+        from pytest_programbench.evaluation import evaluation
+
+        with self.phase("evaluation"):
+            result = evaluation.evaluate(
+                self.task, submission, blobs=blobs, image=image.id, labels=self.labels,
+                settings=evaluation.EvalSettings.from_settings(self.settings), workdir=self.artifacts.dir,
+                engine=self.engine,
+            )
+        self.meta["evaluation"] = result.meta()
+        if self.settings.prune_images and image.source in ("built", "pulled"):
+            engine = self.engine or docker_engine.client()
+            self.meta["pruned"] = dataclasses.asdict(disk.prune_images([image.id], engine=engine))
+        if result.infra_error:
+            raise InfrastructureError(result.infra_error)
+        if result.result is not None and self.record:
+            self.artifacts.write_eval_json(result.result)
+        return result
+
+    def outcome(self, result: EvaluationOutcome) -> TaskOutcome:
+        outcome = self._with_agent(task_outcome(result, self.instance()))
+        self.log.info("verdict: score %.4f (%d/%d)", outcome.score, outcome.n_passed, outcome.n_tests)
+        return outcome
+
+    def no_submission(self) -> TaskOutcome:
         from programbench.utils.load_data import get_active_branches, get_ignored_tests
 
+        instance = self.instance()
         ignored = get_ignored_tests(instance)
         n_tests = sum(
             1 for branch in get_active_branches(instance) for name in instance["branches"][branch].get("tests", [])
@@ -435,8 +529,3 @@ def task_outcome(result: EvaluationOutcome, instance: dict[str, Any]) -> TaskOut
         executable_hash=result.executable_hash, compile_seconds=result.compile_seconds,
         test_seconds=result.test_seconds, reruns=result.reruns, notes=notes, tests=scored_tests(result, instance),
     )
-
-
-def item_pipeline(item: ProgramBenchItem) -> TaskPipeline:
-    """One pipeline per item, kept across infrastructure retries so finished steps are not repeated."""
-    return TaskPipeline(item.pb_session, item.task)

@@ -8,6 +8,7 @@ from pytest_programbench import options
 from pytest_programbench.stash import SESSION, WORKSTEAL_DEFAULTED
 
 SESSION_PLUGIN = "programbench-session"  # the session object is also a plugin: its hooks run only when opted in
+FIXTURES_PLUGIN = "programbench-fixtures"  # fixtures.py: one fixture per pipeline step
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,9 +42,12 @@ def pytest_cmdline_main(config: pytest.Config) -> object:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    from pytest_programbench import markers
+    from pytest_programbench import fixtures, markers
 
     markers.register_static(config)
+    # Always: ``pytest --fixtures`` lists the steps; without opt-in they fail with a message saying how to opt in.
+    if not config.pluginmanager.is_registered(fixtures):
+        config.pluginmanager.register(fixtures, FIXTURES_PLUGIN)
     if not _opted_in(config):
         return
     from pytest_programbench.session import ProgramBenchSession

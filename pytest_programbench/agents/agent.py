@@ -188,7 +188,8 @@ class AgentRunner:
         sandbox.put_file(prompt.encode(), PROMPT_PATH, mode=0o644, owner="root")
         return prompt
 
-    def run(self, sandbox: Sandbox) -> AgentResult:
+    def run(self, sandbox: Sandbox, prompt: str | None = None) -> AgentResult:
+        """``prompt``: already written to the sandbox (the ``pb_agent_run`` fixture does), else written here."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         notes: list[str] = []
@@ -196,7 +197,8 @@ class AgentRunner:
             setup = sandbox.exec(self.settings.agent_setup, user="root", workdir="/", timeout=self.settings.
                                  agent_timeout, output=self.log_path)
             notes.append(f"agent set-up exited {setup.exit_code}")
-        prompt = self.write_prompt(sandbox)
+        if prompt is None:
+            prompt = self.write_prompt(sandbox)
         # Whole seconds: the in-sandbox `timeout` takes an integer, and the clock's verdict compares against it.
         timeout = float(max(1, int(self.settings.agent_timeout - (time.monotonic() - started))))
         if self.spec.kind in ("reference", "replay"):
