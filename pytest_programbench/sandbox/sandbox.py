@@ -544,6 +544,11 @@ class Sandbox:
         except APIError as exc:  # the container or its exec vanished under a running command: not the agent's doing
             raise SandboxError(f"the engine lost the sandbox's command {shell_join(argv)[:200]}: {exc}") from exc
 
+    def binary(self, args: Sequence[str] = (), *, stdin: bytes | None = None, timeout: float = 60,
+               user: str = "agent", workdir: str = SRC_DIR) -> ExecResult:
+        """Call the reference through the proxy (``/workspace/binary``), as the agent would (the call is logged)."""
+        return self.exec([BINARY_PATH, *args], stdin=stdin, timeout=timeout, user=user, workdir=workdir)
+
     def _exec(self, argv: list[str], *, timeout: float, user: str, workdir: str, environment: dict[str, str],
               output: Path | None, stdin: bytes | None, max_output: int, use_timeout: bool) -> ExecResult:
         api = self.engine.api
