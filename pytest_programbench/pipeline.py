@@ -314,8 +314,8 @@ class TaskRun:
         from pytest_programbench.agents.agent import AgentResult
         from pytest_programbench.sandbox.sandbox import SandboxError
 
-        spec = self.session.agent_spec
-        self.meta["agent"] = {"spec": getattr(agent, "label", None) or (spec.label if spec else type(agent).__name__)}
+        # The configured agent's --pb-agent label, else (a conftest.py's own agent) its class.
+        self.meta["agent"] = {"spec": getattr(agent, "label", None) or type(agent).__name__}
         try:
             with self.phase("agent"):
                 started = time.monotonic()

@@ -30,11 +30,11 @@ def pytest_cmdline_main(config: pytest.Config) -> object:
     ``pytest_configure``, so ``--pb-preflight``'s collect-only mode keeps xdist from starting workers)."""
     option = config.option
     # --pb-preflight lists the selection like --co, then checks it: nothing runs (and xdist starts no workers).
-    if options.to_bool(options.raw_value(config, options.BY_DEST["pb_preflight"])) and _opted_in(config):
+    if options.to_bool(options.raw_value(config, options.BY_DEST["pb_preflight"])) and opted_in(config):
         option.collectonly = True
     if (getattr(option, "numprocesses", None) and getattr(option, "dist", None) == "no"
             and not getattr(option, "distload", False) and not hasattr(config, "workerinput")
-            and _opted_in(config)):
+            and opted_in(config)):
         option.dist = "worksteal"
         config.stash[WORKSTEAL_DEFAULTED] = True
     return (yield)
@@ -48,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Always: ``pytest --fixtures`` lists the steps; without opt-in they fail with a message saying how to opt in.
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, FIXTURES_PLUGIN)
-    if not _opted_in(config):
+    if not opted_in(config):
         return
     from pytest_programbench.session import ProgramBenchSession
 
@@ -57,7 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(session, SESSION_PLUGIN)
 
 
-def _opted_in(config: pytest.Config) -> bool:
+def opted_in(config: pytest.Config) -> bool:
     """Any ``--pb-*`` flag opts in; so does ini ``pb_enable`` when pytest runs from the rootdir with no path."""
     if options.given_on_command_line(config):
         return True
