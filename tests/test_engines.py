@@ -63,8 +63,13 @@ def _tasks(run_dir: Path) -> dict[str, Any]:
     return data
 
 
-def _leftovers(client: Any) -> list[str]:
-    return [c.id for c in client.containers.list(all=True, filters={"label": RUN_LABEL})]
+def _leftovers(client: Any, run_dir: Path | None = None) -> list[str]:
+    """Containers of the run whose directory is ``run_dir`` (of any run without one: private engines only; the shared
+    engine runs the parallel suite's sessions meanwhile)."""
+    label = RUN_LABEL
+    if run_dir is not None:
+        label += "=" + json.loads((run_dir / "pb-run.json").read_text())["run_id"]
+    return [c.id for c in client.containers.list(all=True, filters={"label": label})]
 
 
 def test_tasks_spread_over_three_engines_score_as_on_one(pytester: pytest.Pytester, testbed: Testbed,
@@ -72,7 +77,7 @@ def test_tasks_spread_over_three_engines_score_as_on_one(pytester: pytest.Pytest
                                                          engines: tuple[PrivateEngine, PrivateEngine]) -> None:
     first, second = engines
     common = ["--pb-filter", "pbfix__", "--pb-submissions", str(mixed_submissions)]
-    single = _session(pytester, testbed, pytester.path / "single", *common)
+    single = _session(pytester, testbed, pytester.path / "single", *common, "-n", "3")  # one engine, same workers
     single.assert_outcomes(passed=2, failed=1)
     spread_dir = pytester.path / "spread"
     spread = _session(pytester, testbed, spread_dir, *common, "-n", "3", "--pb-docker-host", "default=1",
@@ -86,11 +91,29 @@ def test_tasks_spread_over_three_engines_score_as_on_one(pytester: pytest.Pytest
     used = {many["tasks"][iid]["engine"] for iid in (RPN, CATLIKE, TUIISH)}
     assert len(used) == 3, f"three tasks at once on three one-slot engines, got {used}"
     assert set(many["by_engine"]) == used
-    for client in (docker_client, first.client(), second.client()):
-        assert _leftovers(client) == [], "nothing of the run may outlive it on any engine"
+    for client, run in ((docker_client, spread_dir), (docker_client, pytester.path / "single"),
+                        (first.client(), None), (second.client(), None)):
+        assert _leftovers(client, run) == [], "nothing of the run may outlive it on any engine"
 
 
-SLOW_AGENT = f"sleep 30; cp -r /pb-testbed/solutions/{CATLIKE}/. ."
+# Sleeps (a process the test can see) until the flag file exists: the first attempt is caught asleep, the retry on the
+# other engine (after the flag is set) copies the solution at once.
+SLOW_AGENT = f"test -e /pb-flag/go || sleep 31; cp -r /pb-testbed/solutions/{CATLIKE}/. ."
+
+
+def _runs_process(engine: PrivateEngine, command: str) -> bool:
+    """A container of a run on ``engine`` runs a process whose command line is ``command`` (the agent's shell, whose
+    command line merely contains it, does not count)."""
+    client = engine.client(timeout=10)
+    try:
+        for container in client.api.containers(filters={"label": RUN_LABEL}):
+            with contextlib.suppress(Exception):  # gone meanwhile
+                processes = client.api.top(container["Id"]).get("Processes") or []
+                if any(proc and proc[-1] == command for proc in processes):
+                    return True
+        return False
+    finally:
+        client.close()
 
 
 def test_an_engine_lost_mid_run_is_absorbed_by_another(pytester: pytest.Pytester, testbed: Testbed,
@@ -99,6 +122,7 @@ def test_an_engine_lost_mid_run_is_absorbed_by_another(pytester: pytest.Pytester
     first, second = engines
     monkeypatch.setenv("PB_DOCKER_RETRY_SECONDS", "3")  # the lost engine is given up quickly
     run_dir = pytester.path / "run"
+    flag = pytester.mkdir("flag")
     by_url = {first.url: first, second.url: second}
     lost: list[PrivateEngine] = []
 
@@ -106,23 +130,21 @@ def test_an_engine_lost_mid_run_is_absorbed_by_another(pytester: pytest.Pytester
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not lost:
             for engine in by_url.values():
-                client = engine.client(timeout=10)
-                try:
-                    if client.containers.list(filters={"label": RUN_LABEL}):
-                        # The sandbox is up and the agent sleeps in it: take its engine away.
-                        time.sleep(5)
+                with contextlib.suppress(Exception):
+                    if _runs_process(engine, "sleep 31"):
+                        # The agent sleeps in its sandbox: take its engine away; the retry elsewhere need not sleep.
+                        (flag / "go").touch()
                         engine.stop(timeout=10)
                         lost.append(engine)
                         return
-                finally:
-                    client.close()
-            time.sleep(0.5)
+            time.sleep(0.2)
 
     killer = threading.Thread(target=kill_the_engine_running_the_agent, daemon=True)
     killer.start()
     try:
         result = _session(pytester, testbed, run_dir, "--pb-filter", CATLIKE, "--pb-agent", SLOW_AGENT,
-                          "--pb-agent-mount", f"{TESTBED}:/pb-testbed", "--pb-infra-retries", "1",
+                          "--pb-agent-mount", f"{TESTBED}:/pb-testbed", "--pb-agent-mount", f"{flag}:/pb-flag",
+                          "--pb-infra-retries", "1",
                           "--pb-docker-host", f"{first.url}=1", "--pb-docker-host", f"{second.url}=1")
     finally:
         killer.join(60)

@@ -73,21 +73,6 @@ def test_good_submissions_pass_with_artifacts(pytester: pytest.Pytester, testbed
     assert leaked(docker_client, run_dir) == []
 
 
-def test_wrong_submission_fails_with_score_and_branches(pytester: pytest.Pytester, testbed: Testbed) -> None:
-    result = run(pytester, testbed, testbed.submissions.parent / "wrong", "--pb-filter", CATLIKE)
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([f"*_ {CATLIKE} _*", "score 0.* tests passed), below --pb-min-score 1*",
-                                 "*branch * failing: eval.tests.*"])
-    props = properties(junit_cases(pytester)[CATLIKE])
-    assert 0.0 < float(props["score"]) < 1.0
-    assert props["failed_branches"]
-
-
-def test_min_score_lets_a_partial_submission_pass(pytester: pytest.Pytester, testbed: Testbed) -> None:
-    run(pytester, testbed, testbed.submissions.parent / "wrong", "--pb-filter", CATLIKE,
-        "--pb-min-score", "0.01").assert_outcomes(passed=1)
-
-
 def test_compile_error_is_a_failure_not_an_error(pytester: pytest.Pytester, testbed: Testbed) -> None:
     result = run(pytester, testbed, testbed.submissions.parent / "compile_error", "--pb-filter", RPN)
     result.assert_outcomes(failed=1)
@@ -138,11 +123,11 @@ def test_missing_blob_is_an_error(pytester: pytest.Pytester, testbed: Testbed) -
     result.stdout.fnmatch_lines(["*no hidden tests found*"])
 
 
-def test_min_mean_fails_the_session_and_junit_lists_hidden_tests(pytester: pytest.Pytester,
-                                                                 testbed: Testbed) -> None:
+def test_min_score_lets_a_partial_submission_pass_min_mean_fails_the_session_and_junit_lists_hidden_tests(
+        pytester: pytest.Pytester, testbed: Testbed) -> None:
     result = run(pytester, testbed, testbed.submissions.parent / "wrong", "--pb-filter", CATLIKE,
                  "--pb-min-score", "0.01", "--pb-min-mean", "0.99", "--pb-junit-tests")
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=1)  # the partial submission passes under --pb-min-score 0.01
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*programbench: mean over the selection 0.* is below --pb-min-mean 0.99*"])
     props = properties(junit_cases(pytester)[CATLIKE])
@@ -152,13 +137,23 @@ def test_min_mean_fails_the_session_and_junit_lists_hidden_tests(pytester: pytes
     assert any(v != "passed" for v in hidden.values())
 
 
-def test_last_failed_reruns_only_failed_tasks(pytester: pytest.Pytester, testbed: Testbed) -> None:
+def test_wrong_submission_fails_with_score_and_branches_and_last_failed_reruns_only_it(
+        pytester: pytest.Pytester, testbed: Testbed) -> None:
+    """A partly wrong submission fails with its score and failing branches; ``--lf`` then re-runs only that task.
+    (One first session for both: an evaluation is the costly part.)"""
     mixed = pytester.mkdir("mixed")
     shutil.copytree(testbed.submissions / RPN, mixed / RPN)
     shutil.copytree(testbed.submissions.parent / "wrong" / CATLIKE, mixed / CATLIKE)
     common = ["--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
               "--pb-submissions", str(mixed), "--pb-filter", "pbfix__(rpn|catlike)", "--pb-cpus", "2"]
-    pytester.runpytest(*common, "--pb-output", str(pytester.path / "run1")).assert_outcomes(passed=1, failed=1)
+    first = pytester.runpytest(*common, "--pb-output", str(pytester.path / "run1"),
+                               "--junitxml", str(pytester.path / "junit.xml"))
+    first.assert_outcomes(passed=1, failed=1)
+    first.stdout.fnmatch_lines([f"*_ {CATLIKE} _*", "score 0.* tests passed), below --pb-min-score 1*",
+                                "*branch * failing: eval.tests.*"])
+    props = properties(junit_cases(pytester)[CATLIKE])
+    assert 0.0 < float(props["score"]) < 1.0
+    assert props["failed_branches"]
     again = pytester.runpytest(*common, "--pb-output", str(pytester.path / "run2"), "--lf")
     again.assert_outcomes(failed=1, deselected=1)
     assert not (pytester.path / "run2" / RPN).exists()
