@@ -6,6 +6,7 @@ Built from test reports only (a crashed worker sends nothing else) plus each tas
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -67,6 +68,15 @@ class TaskRecord:
             "tokens": meta.get("relay"), "cost_usd": self.cost_usd, "duration": round(self.duration, 3),
             "engine": meta.get("engine"), "engines_tried": meta.get("engines_tried"),
         }
+
+
+@functools.cache
+def benchmark_ids() -> frozenset[str]:
+    """The 200 benchmark task ids, read once: loading them reads every task's files (half a second), and the summary
+    is rewritten after every task and every progress tick."""
+    from programbench.submission import benchmark_instances
+
+    return frozenset(benchmark_instances())
 
 
 def _mean(values: list[float], denominator: int) -> float | None:
@@ -189,9 +199,9 @@ class RunSummary:
 
     def official_headline(self) -> dict[str, Any] | None:
         """programbench's own ``aggregate`` when the selection is the whole benchmark (no overridden task)."""
-        from programbench.submission import aggregate, benchmark_instances
+        from programbench.submission import aggregate
 
-        benchmark = set(benchmark_instances())
+        benchmark = benchmark_ids()
         chosen = {iid for iid, r in self.records.items() if not r.overridden}
         if not benchmark <= chosen:
             return None
