@@ -466,3 +466,25 @@ def test_no_official_aggregate_without_the_whole_benchmark(tmp_path: Path) -> No
     overridden = [*records[1:], TaskRecord(records[0].instance_id, "c", "easy", overridden=True, outcome=PASSED,
                                            score=1.0)]
     assert RunSummary(tmp_path / "c.json", {}, overridden).official_headline() is None
+
+
+def test_the_strip_list_is_exactly_the_documented_one() -> None:
+    """docs/security.md's "Environment variables removed" section, both ways: every name it lists is stripped by the
+    daemon's filter, and the filter strips nothing it does not list (exact names, prefixes, the forced variable)."""
+    import re
+
+    daemon = _load_daemon()
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "security.md").read_text()
+    section = docs.split("## Environment variables removed before the reference runs", 1)[1].split("\n## ", 1)[0]
+    quoted = " ".join(re.findall(r"`([^`]+)`", section.split("Each call's log record", 1)[0])).split()
+    prefixes = {word.removesuffix("*") for word in quoted if word.endswith("*")}
+    forced = dict(word.split("=", 1) for word in quoted if "=" in word)
+    exact = {word for word in quoted if re.fullmatch(r"[A-Z_][A-Z0-9_]*", word) and not word.startswith("_5")}
+    assert set(daemon.STRIP_ENV_EXACT) == exact
+    assert set(daemon.STRIP_ENV_PREFIXES) == prefixes == {"LD_", "LUA_INIT", "LUA_PATH", "LUA_CPATH"}
+    assert daemon.FORCED_ENV == forced == {"PYTHONNOUSERSITE": "1"}
+    # And the filter itself: README's LD_PRELOAD, LD_AUDIT, LD_LIBRARY_PATH, every listed name, the prefixes' kin.
+    names = ["LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", *sorted(exact), *(p + "_5_4" for p in sorted(prefixes))]
+    env, removed = daemon.clean_env([f"{name}=x" for name in names] + ["KEEP=1", "LDX=1", "PYTHONIOENCODING=x"])
+    assert sorted(removed) == sorted(names)
+    assert env == {"KEEP": "1", "LDX": "1", "PYTHONIOENCODING": "x"}

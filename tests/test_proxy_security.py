@@ -48,13 +48,31 @@ def _py(box: Sandbox, source: str, *, user: str = "agent", timeout: float = 120)
     return json.loads(text.strip().splitlines()[-1])
 
 
+# The positive control of the ptrace and /proc tests: a dumpable process of the agent user that is not the probe's
+# descendant (an orphaned `sleep`, like the reference is no child of the agent's), so Yama's ptrace_scope=1 would
+# refuse it too. The same attacks must succeed against it, or a refusal of the reference proves nothing on this host.
+CONTROL = """
+import os, subprocess
+def control_pid():
+    shell = subprocess.run(["sh", "-c", "sleep 30 </dev/null >/dev/null 2>&1 & echo $!"], capture_output=True,
+                           text=True)
+    return int(shell.stdout.strip())
+def first_mapping(pid):
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return int(maps.readline().split("-")[0], 16)
+    except OSError:
+        return 0x400000
+"""
+
+
 # Starts a long-running proxied call (the probe sleeps), then tries every way to read the running child and the
 # daemon processes. Prints {path: outcome} where outcome is "ok:<n bytes>" or the error name.
-PROC_PROBE = """
+PROC_PROBE = CONTROL + """
 import json, os, subprocess, time
 child = subprocess.Popen(["/workspace/binary", "sleep", "30"], stdout=subprocess.PIPE)
 line = child.stdout.readline().decode()
-targets = {"child": int(line.split("=")[1])}
+targets = {"child": int(line.split("=")[1]), "control": control_pid()}
 for entry in os.listdir("/proc"):
     if not entry.isdigit() or int(entry) == os.getpid():
         continue
@@ -74,6 +92,11 @@ for name, target in targets.items():
         try:
             if leaf in ("fd", "map_files") or leaf.endswith("/"):
                 out[f"{name}:{leaf}"] = "ok:" + str(len(os.listdir(path)))
+            elif leaf == "mem":  # opening it is the breach (it needs ptrace access); then read mapped code
+                with open(path, "rb") as handle:
+                    out[f"{name}:{leaf}"] = "ok:opened"
+                    handle.seek(first_mapping(target))
+                    out[f"{name}:{leaf}"] = "ok:" + str(len(handle.read(64)))
             else:
                 with open(path, "rb") as handle:
                     out[f"{name}:{leaf}"] = "ok:" + str(len(handle.read(4096)))
@@ -85,6 +108,7 @@ for name, target in targets.items():
         out[f"{name}:readlink-exe"] = type(exc).__name__
 out["_targets"] = sorted(targets)
 child.kill(); child.wait()
+os.kill(targets["control"], 9)
 print(json.dumps(out))
 """
 
@@ -125,36 +149,102 @@ def test_reference_file_is_unreadable_by_any_path(probe_box: Sandbox) -> None:
 def test_proc_of_running_child_and_daemon_is_closed(probe_box: Sandbox) -> None:
     result = _py(probe_box, PROC_PROBE)
     kinds = {name.rsplit("-", 1)[0] for name in result.pop("_targets")}
-    assert kinds == {"child", "daemon-root", "daemon-worker"}, kinds  # the master and its agent-uid workers
-    leaked = {key: value for key, value in result.items() if value.startswith("ok")}
+    assert kinds == {"child", "control", "daemon-root", "daemon-worker"}, kinds  # master and agent-uid workers
+    # The control (a dumpable process of the agent's, not its descendant) is wide open: the probe works here.
+    control = {key.split(":", 1)[1]: value for key, value in result.items() if key.startswith("control:")}
+    opened = {leaf: control[leaf] for leaf in ("exe", "mem", "maps", "environ", "auxv", "readlink-exe")}
+    assert opened["mem"] == "ok:64", control  # 64 bytes of its code, read through /proc/<pid>/mem
+    assert all(value.startswith("ok") for value in opened.values()), control
+    leaked = {key: value for key, value in result.items() if value.startswith("ok") and not key.startswith("control:")}
     assert leaked == {}
 
 
-def test_ptrace_and_process_vm_readv_are_denied(probe_box: Sandbox) -> None:
-    result = _py(probe_box, """
-        import ctypes, ctypes.util, json, os, subprocess
-        libc = ctypes.CDLL(None, use_errno=True)
-        child = subprocess.Popen(["/workspace/binary", "sleep", "30"], stdout=subprocess.PIPE)
-        pid = int(child.stdout.readline().decode().split("=")[1])
-        out = {}
-        for name, request in (("attach", 16), ("seize", 0x4206)):
-            rc = libc.ptrace(request, pid, None, None)
-            out[name] = "ok" if rc == 0 else os.strerror(ctypes.get_errno())
-            if rc == 0:
-                libc.ptrace(17, pid, None, None)
-        class iovec(ctypes.Structure):
-            _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-        buf = ctypes.create_string_buffer(64)
-        local = iovec(ctypes.cast(buf, ctypes.c_void_p), 64)
-        remote = iovec(0x400000, 64)
-        libc.process_vm_readv.restype = ctypes.c_ssize_t
-        rc = libc.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-        out["process_vm_readv"] = "ok" if rc >= 0 else os.strerror(ctypes.get_errno())
-        child.kill(); child.wait()
-        print(json.dumps(out))
-    """)
-    assert result == {"attach": "Operation not permitted", "seize": "Operation not permitted",
-                      "process_vm_readv": "Operation not permitted"}
+PTRACE_PROBE = CONTROL + """
+import ctypes, ctypes.util, json, os, subprocess, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+libc.waitpid.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+libc.process_vm_readv.restype = ctypes.c_ssize_t
+def attack(pid):
+    out = {}
+    for name, request in (("attach", 16), ("seize", 0x4206)):
+        rc = libc.ptrace(request, pid, None, None)
+        out[name] = "ok" if rc == 0 else os.strerror(ctypes.get_errno())
+        if rc == 0:
+            if name == "attach":  # detaching needs the tracee stopped: wait for the attach's SIGSTOP
+                libc.waitpid(pid, None, 0x40000000)  # __WALL
+            else:
+                libc.ptrace(0x4207, pid, None, None)  # PTRACE_INTERRUPT, then wait for the stop
+                libc.waitpid(pid, None, 0x40000000)
+            libc.ptrace(17, pid, None, None)
+    buf = ctypes.create_string_buffer(64)
+    local = iovec(ctypes.cast(buf, ctypes.c_void_p), 64)
+    remote = iovec(first_mapping(pid), 64)
+    rc = libc.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    out["process_vm_readv"] = "ok" if rc == 64 else os.strerror(ctypes.get_errno())
+    return out
+child = subprocess.Popen(["/workspace/binary", "sleep", "30"], stdout=subprocess.PIPE)
+pid = int(child.stdout.readline().decode().split("=")[1])
+control = control_pid()
+result = {"reference": attack(pid), "control": attack(control)}
+child.kill(); child.wait()
+os.kill(control, 9)
+print(json.dumps(result))
+"""
+
+
+class _SeccompOff:
+    """The real engine, whose containers are created with Docker's seccomp filter off (nothing else changed).
+
+    Docker's default profile (20.10) refuses ``process_vm_readv`` to a container without ``CAP_SYS_PTRACE`` whatever
+    the target: in a default sandbox that refusal says nothing about the reference. Without the filter, only the
+    reference's non-dumpability stands between the agent and its memory."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    @property
+    def containers(self) -> Any:
+        collection = self._client.containers
+
+        class Creating:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(collection, name)
+
+            def create(self, *args: Any, **kwargs: Any) -> Any:
+                kwargs["security_opt"] = [*kwargs.get("security_opt", []), "seccomp=unconfined"]
+                return collection.create(*args, **kwargs)
+
+        return Creating()
+
+
+@pytest.fixture(scope="module")
+def unfiltered_probe_box(engine: Any, run_labels: Labels, probe_image: str) -> Iterator[Sandbox]:
+    box = open_sandbox(probe_image, run_labels, engine=_SeccompOff(engine))
+    try:
+        yield box
+    finally:
+        box.close()
+
+
+DENIED = {"attach": "Operation not permitted", "seize": "Operation not permitted",
+          "process_vm_readv": "Operation not permitted"}
+
+
+def test_ptrace_and_process_vm_readv_are_denied(probe_box: Sandbox, unfiltered_probe_box: Sandbox) -> None:
+    """Against the running reference, refused; against the control (a dumpable process of the agent's), the same
+    code succeeds: with the engine's seccomp filter off, every attack; in the sandbox as configured, ptrace."""
+    unfiltered = _py(unfiltered_probe_box, PTRACE_PROBE)
+    assert unfiltered["control"] == {"attach": "ok", "seize": "ok", "process_vm_readv": "ok"}, unfiltered
+    assert unfiltered["reference"] == DENIED, unfiltered  # non-dumpability alone
+    configured = _py(probe_box, PTRACE_PROBE)
+    assert {k: configured["control"][k] for k in ("attach", "seize")} == {"attach": "ok", "seize": "ok"}, configured
+    assert configured["reference"] == DENIED, configured
 
 
 def test_no_core_dump_of_the_reference(probe_box: Sandbox) -> None:
