@@ -193,10 +193,11 @@ def _settings(pytester: pytest.Pytester, ini: dict[str, str], cli: dict[str, str
 
 def _fields_of(name: str) -> list[str]:
     """The Settings fields one option sets (progress sets two)."""
-    from pytest_programbench.options import _FIELD_TO_DEST, Settings
+    from pytest_programbench.options import BY_DEST, Settings
 
-    dest = "pb_" + name.replace("-", "_")
-    return [f for f in Settings.__dataclass_fields__ if _FIELD_TO_DEST.get(f, "pb_" + f) == dest]
+    fields = list(BY_DEST["pb_" + name.replace("-", "_")].settings_fields)
+    assert set(fields) <= set(Settings.__dataclass_fields__), fields
+    return fields
 
 
 def test_every_option_has_an_ini_twin(pytester: pytest.Pytester) -> None:

@@ -199,7 +199,7 @@ def test_help_groups_the_options_from_an_unrelated_directory(tmp_path: Path) -> 
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     headers = [line for line in done.stdout.splitlines() if line.startswith("ProgramBench ")]
-    assert headers == [f"ProgramBench {name} (pytest-programbench):" for name, _ in SECTIONS]
+    assert headers == [f"ProgramBench {name} (pytest-programbench):" for name in SECTIONS]
     section = done.stdout.split("ProgramBench model (pytest-programbench):")[1].split("\n\n")[0]
     assert "--pb-model-endpoint" in section
     assert "--pb-agent " not in section
