@@ -3,10 +3,10 @@
     python bench/bench_engines.py [--requests N] [--tasks-per-engine K] [--engines 1,2,3]
 
 1. Tunnel: inside a fixture sandbox, a client makes N small request/response exchanges (1 KiB each way, a new
-   connection per exchange, as an SDK without keep-alive does) to 127.0.0.1:47801. Behind it, once the relay tunnel
-   (``relay_bridge --stdio`` over an exec stream, what the plugin uses) and once the older bridge to a bind-mounted
-   Unix socket (``relay_bridge --unix``): the same host-side echo server. Median and p90 per exchange, and the
-   difference.
+   connection per exchange, as an SDK without keep-alive does) to 127.0.0.1:47801. Behind it, the relay tunnel
+   (``relay_bridge --stdio`` over an exec stream, what the plugin uses) to a host-side echo server. Median and p90
+   per exchange. (The bind-mounted socket it was once compared with is gone; its numbers stay in the results of
+   2026-11-22 and before.)
 2. Throughput: the fixture tasks' known-good submissions evaluated K per engine with 1, 2 and 3 engines (the default
    one plus private ``dockerd``s on this machine), ``-n`` = the engines' slots, one slot each: tasks per minute and
    wall time per task. On one machine the engines share its cores, so this measures the pool's overhead, not the
@@ -18,14 +18,12 @@ Prints a table and writes JSON to bench/results/.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import uuid
@@ -36,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pytest_programbench.engine.docker_engine import Labels, client, sweep  # noqa: E402
-from pytest_programbench.relay.relay import BRIDGE_SCRIPT, SANDBOX_BRIDGE_PATH  # noqa: E402
+from pytest_programbench.relay.relay import BRIDGE_SCRIPT  # noqa: E402
 from pytest_programbench.relay.relay_bridge import connect_unix  # noqa: E402
 from pytest_programbench.relay.relay_tunnel import RelayTunnel  # noqa: E402
 from pytest_programbench.sandbox.sandbox import Sandbox  # noqa: E402
@@ -100,29 +98,10 @@ def bench_tunnel(requests: int) -> dict[str, Any]:
                 results["tunnel"] = _stats(_exchanges(box, requests))
             finally:
                 tunnel.close()
-        # Bind-mounted socket: the same bridge script in its --unix mode.
-        with Sandbox(IMAGE, labels=labels, cpus=1, memory=512 << 20, lifetime=1200,
-                     mounts=[(str(directory), "/run/pb-bench")]) as box:
-            box.put_file(CLIENT.encode(), "/tmp/bench_client.py", mode=0o644, owner="root")
-            archive = io.BytesIO()
-            with tarfile.open(fileobj=archive, mode="w") as tar:
-                data = BRIDGE_SCRIPT.read_bytes()
-                info = tarfile.TarInfo(SANDBOX_BRIDGE_PATH.lstrip("/"))
-                info.size, info.mode = len(data), 0o644
-                tar.addfile(info, io.BytesIO(data))
-            box.engine.api.put_archive(box.id, "/", archive.getvalue())
-            started = box.exec(["python3", "-I", "-S", SANDBOX_BRIDGE_PATH, "--listen", f"127.0.0.1:{PORT}",
-                                "--unix", "/run/pb-bench/relay.sock", "--daemon"], user="root", workdir="/",
-                               timeout=60)
-            if started.exit_code != 0:
-                raise RuntimeError(started.text)
-            _exchanges(box, 10)
-            results["mounted_socket"] = _stats(_exchanges(box, requests))
     finally:
         echo.close()
         sweep(labels.run_id)
         shutil.rmtree(directory, ignore_errors=True)
-    results["added_median_ms"] = round(results["tunnel"]["median_ms"] - results["mounted_socket"]["median_ms"], 3)
     results["requests"] = requests
     return results
 
@@ -176,9 +155,7 @@ def main() -> int:
     args = parser.parse_args()
     tunnel = bench_tunnel(args.requests)
     print(f"relay path, {tunnel['requests']} exchanges of 1 KiB (new connection each):")
-    for name in ("tunnel", "mounted_socket"):
-        print(f"  {name:<15} median {tunnel[name]['median_ms']:.3f} ms   p90 {tunnel[name]['p90_ms']:.3f} ms")
-    print(f"  tunnel adds {tunnel['added_median_ms']:.3f} ms per exchange (median)")
+    print(f"  tunnel median {tunnel['tunnel']['median_ms']:.3f} ms   p90 {tunnel['tunnel']['p90_ms']:.3f} ms")
     rows = [] if args.skip_throughput else bench_throughput([int(n) for n in args.engines.split(",")],
                                                             args.tasks_per_engine)
     for row in rows:

@@ -1,7 +1,7 @@
-"""The model relay, host side, and its in-sandbox bridge run as a host process.
+"""The model relay, host side (its in-sandbox bridge: tests/test_relay_bridge.py and tests/test_relay_tunnel.py).
 
 Everything here is real: a scripted upstream HTTP server on 127.0.0.1 replays fixed bodies, the relay listens on a
-Unix socket and on loopback TCP, clients are ``http.client`` and raw sockets, the bridge is a subprocess.
+Unix socket and on loopback TCP, clients are ``http.client`` and raw sockets.
 """
 
 from __future__ import annotations
@@ -9,11 +9,9 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
-import os
 import socket
 import ssl
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -25,7 +23,6 @@ from typing import Any
 import pytest
 
 from pytest_programbench.relay.relay import (
-    BRIDGE_SCRIPT,
     PLACEHOLDER_KEY,
     ModelRelay,
     RelayConfigError,
@@ -33,7 +30,6 @@ from pytest_programbench.relay.relay import (
     RelayStats,
     SSEDecoder,
     Upstream,
-    bridge_command,
     relay_env,
     usage_from_mapping,
 )
@@ -705,7 +701,7 @@ def test_socket_path_and_mode(tmp_path: Path, upstream: ScriptedUpstream) -> Non
         ModelRelay(upstream.url, socket_path=path).start()
     path.unlink()
     with ModelRelay(upstream.url, socket_path=path, socket_mode=0o660) as relay:
-        assert relay.socket_dir == path.parent
+        assert relay.socket_path == path
         assert path.stat().st_mode & 0o777 == 0o660
     assert not path.exists()
     assert path.parent.exists()  # the caller's directory stays
@@ -790,14 +786,11 @@ def test_relay_env(prefix: str, openai: str, anthropic: str, monkeypatch: pytest
     assert "OPENAI_API_KEY" not in env
 
 
-def test_sandbox_env_and_bridge_command(upstream: ScriptedUpstream) -> None:
+def test_sandbox_env(upstream: ScriptedUpstream) -> None:
     relay = ModelRelay(f"{upstream.url}/v1")
     assert relay.sandbox_env()["OPENAI_BASE_URL"] == "http://127.0.0.1:47801/v1"
     with pytest.raises(RelayConfigError):
         relay.agent_env()  # no TCP listener: the caller must say where the agent reaches the relay
-    assert bridge_command(5000, "/run/x.sock") == [
-        "python3", "-I", "-S", "/usr/local/lib/pb-relay/relay_bridge.py", "--listen", "127.0.0.1:5000",
-        "--unix", "/run/x.sock", "--daemon"]
 
 
 def test_openai_sdk_paths_meet_the_prefix(upstream: ScriptedUpstream) -> None:
@@ -852,173 +845,3 @@ def test_sse_decoder_multiline_data_and_oversized_events() -> None:
     decoder = SSEDecoder(max_event_bytes=10)
     events = list(decoder.feed(b"data: a\ndata: b\n: comment\nid: 1\n\ndata: " + b"x" * 50 + b"\n\ndata: ok\n\n"))
     assert events == ["a\nb", "ok"]
-
-
-# -- the bridge, run on the host ------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def interpreters() -> list[str]:
-    found = [sys.executable]
-    oldest = Path.home() / ".pyenv" / "versions"
-    found += sorted(str(path) for path in oldest.glob("3.7*/bin/python3.7"))  # the oldest the bridge supports
-    return found
-
-
-@pytest.fixture
-def bridge_proc() -> Iterator[Any]:
-    started: list[subprocess.Popen[str]] = []
-
-    def start(unix_path: Path, port: int, python: str = sys.executable) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([python, "-I", "-S", str(BRIDGE_SCRIPT), "--listen", f"127.0.0.1:{port}",
-                                 "--unix", str(unix_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        started.append(proc)
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == "listening\n", proc.stderr.read() if proc.stderr else ""
-        return proc
-
-    yield start
-    for proc in started:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-BURST = 150  # more than any accept backlog: the bridge must wait for room, not drop connections
-
-
-@pytest.mark.parametrize("python", interpreters(), ids=lambda path: Path(path).name)
-def test_bridge_to_the_relay(upstream: ScriptedUpstream, bridge_proc: Any, python: str) -> None:
-    upstream.route("POST", "/v1/chat/completions", Reply(CHAT_STREAM, content_type="text/event-stream", chunked=True))
-    upstream.route("POST", "/v1/messages", Reply([ANTHROPIC_BODY]))
-    with ModelRelay(upstream.url) as relay:
-        assert relay.socket_path is not None
-        port = free_port()
-        bridge_proc(relay.socket_path, port, python)
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        for _ in range(2):  # keep-alive through the bridge
-            status, body, _ = post_json(conn, "/v1/chat/completions", {"model": "a", "stream": True})
-            assert (status, body) == (200, b"".join(CHAT_STREAM))
-        # several clients at once
-        results: list[bytes] = []
-
-        def one() -> None:
-            results.append(post_json(http.client.HTTPConnection("127.0.0.1", port, timeout=30), "/v1/messages",
-                                     {"model": "b"})[1])
-
-        threads = [threading.Thread(target=one) for _ in range(BURST)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert results == [ANTHROPIC_BODY] * BURST
-        # a client that half-closes after its request still gets the whole answer
-        raw = raw_request(("127.0.0.1", port), b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
-        assert raw.startswith(b"HTTP/1.1 200 ")
-        assert raw.endswith(ANTHROPIC_BODY)
-        stats = settled_stats(relay, BURST + 3)
-    assert stats.requests == BURST + 3
-    assert stats.errors == 0
-    assert {record.listener for record in relay.records()} == {"unix"}
-    assert stats.total_tokens == 2 * 15 + (BURST + 1) * 2598
-
-
-@pytest.mark.parametrize("python", interpreters(), ids=lambda path: Path(path).name)
-def test_bridge_full_duplex_and_half_close(tmp_path: Path, bridge_proc: Any, python: str) -> None:
-    """Against a Unix echo server that answers only after EOF: the half-close must pass through the bridge."""
-    path = tmp_path / "echo.sock"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(8)
-
-    def echo_after_eof() -> None:
-        conn, _ = server.accept()
-        with conn:
-            data = b""
-            while chunk := conn.recv(65536):
-                data += chunk
-            conn.sendall(data[::-1])
-
-    thread = threading.Thread(target=echo_after_eof, daemon=True)
-    thread.start()
-    port = free_port()
-    bridge_proc(path, port, python)
-    payload = os.urandom(300_000)  # larger than any socket buffer: both directions must flow
-    assert raw_request(("127.0.0.1", port), payload) == payload[::-1]
-    thread.join(5)
-    server.close()
-
-
-def test_bridge_without_relay_closes_the_client(tmp_path: Path, bridge_proc: Any) -> None:
-    path = tmp_path / "gone.sock"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    port = free_port()
-    bridge_proc(path, port)  # a socket file nobody listens on: every connect is refused
-    try:
-        answer = raw_request(("127.0.0.1", port), b"GET / HTTP/1.1\r\n\r\n")
-    except OSError:  # closed with the request unread: a reset, a broken pipe, or "not connected" on shutdown
-        answer = b""
-    assert answer == b""
-    listener.close()
-
-
-def test_bridge_refuses_bad_setups(tmp_path: Path) -> None:
-    script = str(BRIDGE_SCRIPT)
-    sock = tmp_path / "s.sock"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(sock))
-    try:
-        for args, message in (
-            (["--listen", "0.0.0.0:4000", "--unix", str(sock)], "non-loopback"),
-            (["--listen", "10.1.2.3:4000", "--unix", str(sock)], "non-loopback"),
-            (["--listen", "127.0.0.1:4000", "--unix", str(tmp_path / "missing.sock")], "cannot reach"),
-            (["--listen", "127.0.0.1:4000", "--unix", str(tmp_path)], "not a socket"),
-            (["--listen", "127.0.0.1", "--unix", str(sock)], "HOST:PORT"),
-        ):
-            result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=30)
-            assert result.returncode == 2, (args, result.stderr)
-            assert message in result.stderr
-    finally:
-        listener.close()
-
-
-def test_bridge_daemon_mode(upstream: ScriptedUpstream, tmp_path: Path) -> None:
-    upstream.route("POST", "/v1/responses", Reply([RESPONSES_BODY]))
-    pidfile = tmp_path / "bridge.pid"
-    with ModelRelay(upstream.url) as relay:
-        assert relay.socket_path is not None
-        port = free_port()
-        result = subprocess.run([sys.executable, str(BRIDGE_SCRIPT), "--listen", f"127.0.0.1:{port}",
-                                 "--unix", str(relay.socket_path), "--daemon", "--pidfile", str(pidfile)],
-                                capture_output=True, text=True, timeout=30)
-        assert result.returncode == 0, result.stderr
-        pid = int(pidfile.read_text())
-        try:
-            assert post_json(http.client.HTTPConnection("127.0.0.1", port, timeout=30), "/v1/responses",
-                             {"model": "m"})[1] == RESPONSES_BODY
-        finally:
-            os.kill(pid, 15)
-        deadline = time.monotonic() + 10
-        while alive(pid):
-            if time.monotonic() > deadline:
-                pytest.fail("the daemonized bridge ignored SIGTERM")
-            time.sleep(0.05)
-        assert settled_stats(relay, 1).output_tokens == 87
-
-
-def alive(pid: int) -> bool:
-    """Running, not a zombie (the daemon's parent is init, which may be slow to reap, or not reap, here)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"

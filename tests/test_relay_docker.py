@@ -1,8 +1,8 @@
 """The model relay from inside a real network-less sandbox: only the relay answers.
 
-A container of the test bed's base image with ``network_mode="none"`` and every capability dropped gets the relay's
-socket directory bind-mounted read-only and the bridge started as root; an unprivileged user inside then reaches
-the scripted upstream on the host's loopback through it, and nothing else.
+A container of the test bed's base image with ``network_mode="none"`` and every capability dropped gets the relay
+tunnel (the bridge started as root, one exec stream to the relay's socket on the host, nothing mounted); an
+unprivileged user inside then reaches the scripted upstream on the host's loopback through it, and nothing else.
 """
 
 from __future__ import annotations
@@ -16,14 +16,9 @@ from typing import Any
 import pytest
 
 from pytest_programbench import RUN_LABEL
-from pytest_programbench.relay.relay import (
-    PLACEHOLDER_KEY,
-    SANDBOX_BRIDGE_PORT,
-    SANDBOX_SOCKET_DIR,
-    SOCKET_NAME,
-    ModelRelay,
-    start_bridge,
-)
+from pytest_programbench.relay.relay import BRIDGE_SCRIPT, PLACEHOLDER_KEY, SANDBOX_BRIDGE_PORT, ModelRelay
+from pytest_programbench.relay.relay_bridge import connect_unix
+from pytest_programbench.relay.relay_tunnel import RelayTunnel
 from tests.conftest import Testbed
 from tests.test_relay import (
     ANTHROPIC_STREAM,
@@ -66,7 +61,6 @@ out["anthropic_stream"] = post(os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages"
                                {"model": "claude", "stream": True},
                                {"x-api-key": os.environ["ANTHROPIC_API_KEY"], "anthropic-version": "2023-06-01"})
 out["probes"] = {str(port): connect(socket.AF_INET, ("127.0.0.1", port)) for port in PORTS}
-out["unix"] = connect(socket.AF_UNIX, SOCKET)
 out["secret_in_env"] = any(SECRET in value for value in os.environ.values())
 bridges = [pid for pid in os.listdir("/proc") if pid.isdigit() and int(pid) != os.getpid()
            and b"relay_bridge.py" in open("/proc/%s/cmdline" % pid, "rb").read()]
@@ -84,11 +78,10 @@ print(json.dumps(out))
 def sandbox(docker_client: Any, testbed: Testbed) -> Iterator[Any]:
     made: list[str] = []
 
-    def create(socket_dir: Path) -> Any:
+    def create() -> Any:
         container = docker_client.containers.create(
             testbed.base_image, ["sleep", "600"], network_mode="none", cap_drop=["ALL"],
-            security_opt=["no-new-privileges"], labels={RUN_LABEL: f"relay-test-{uuid.uuid4().hex[:12]}"},
-            volumes={str(socket_dir): {"bind": SANDBOX_SOCKET_DIR, "mode": "ro"}})
+            security_opt=["no-new-privileges"], labels={RUN_LABEL: f"relay-test-{uuid.uuid4().hex[:12]}"})
         made.append(container.id)
         container.start()
         return container
@@ -110,16 +103,22 @@ def test_only_the_relay_answers_inside_the_sandbox(sandbox: Any, monkeypatch: py
     try:
         with ModelRelay(f"{upstream.url}/v1", api_key_env="PB_TEST_MODEL_KEY", records_path=records,
                         tcp=True) as relay:
-            assert relay.socket_dir is not None
-            assert relay.tcp_address is not None
-            container = sandbox(relay.socket_dir)
-            start_bridge(container)
-            probe = (f"PORTS = {[upstream.port, relay.tcp_address[1], 80, 443, SANDBOX_BRIDGE_PORT + 1]!r}\n"
-                     f"SOCKET = {SANDBOX_SOCKET_DIR + '/' + SOCKET_NAME!r}\nSECRET = {secret!r}\n" + PROBE)
-            result = container.exec_run(["python3", "-c", probe], user="65534:65534",
-                                        environment=relay.sandbox_env())
+            socket_path, tcp_address = relay.socket_path, relay.tcp_address
+            assert socket_path is not None
+            assert tcp_address is not None
+            container = sandbox()
+            tunnel = RelayTunnel(container.client.api, container.id, lambda: connect_unix(str(socket_path))).open(
+                SANDBOX_BRIDGE_PORT, script=BRIDGE_SCRIPT.read_bytes())
+            try:
+                probe = (f"PORTS = {[upstream.port, tcp_address[1], 80, 443, SANDBOX_BRIDGE_PORT + 1]!r}\n"
+                         f"SECRET = {secret!r}\n" + PROBE)
+                result = container.exec_run(["python3", "-c", probe], user="65534:65534",
+                                            environment=relay.sandbox_env())
+            finally:
+                tunnel.close()
             output = result.output.decode()
             assert result.exit_code == 0, output
+            assert container.client.api.inspect_container(container.id)["Mounts"] == []
             [first, streamed, anthropic] = settled(relay, 3)
     finally:
         upstream.close()
@@ -131,8 +130,7 @@ def test_only_the_relay_answers_inside_the_sandbox(sandbox: Any, monkeypatch: py
     assert out["anthropic_stream"] == [200, b"".join(ANTHROPIC_STREAM).decode()]
     # the host's loopback (the upstream, the relay's TCP listener) is not the sandbox's: nothing answers there
     assert out["probes"] == {str(port): "ECONNREFUSED" for port in
-                             (upstream.port, relay.tcp_address[1], 80, 443, SANDBOX_BRIDGE_PORT + 1)}
-    assert out["unix"] == "EACCES"  # the agent user cannot use the mounted socket directly, only the bridge
+                             (upstream.port, tcp_address[1], 80, 443, SANDBOX_BRIDGE_PORT + 1)}
     assert out["secret_in_env"] is False
     assert out["bridges"] == 1
     assert out["kill_bridge"] == "EPERM"  # a root daemon: the agent user cannot stop or ptrace it

@@ -1,14 +1,15 @@
 """The model relay: the agent's only way out of its sandbox, and the meter of what it spent.
 
 The sandbox has no network. A tiny bridge (``relay_bridge.py``, run as root inside the container) listens on the
-container's loopback and hands every connection to a Unix socket that is bind-mounted from the host, where a
-:class:`ModelRelay` accepts it. The relay speaks HTTP/1.1 and forwards requests to exactly one place, the configured
-``--pb-model-endpoint`` URL (its path prefix included), optionally adding the API key from the host's environment so
-the key never enters the sandbox. Anything else (``CONNECT``, absolute URIs naming another host, paths outside the
-endpoint's prefix, dot segments) is refused with a 4xx before any connection is made. Host-loop agents get the same
-relay on ``127.0.0.1:<ephemeral port>``. The agent-facing side is a small HTTP/1.1 server of our own (it must decide,
-byte by byte, what it accepts); the upstream side is httpx (keep-alive pool, TLS, streaming, timeouts), with no
-proxy taken from the environment and no redirects followed.
+container's loopback and carries every connection over one ``docker exec`` stream to the host (``relay_tunnel.py``),
+which connects it to the Unix socket where a :class:`ModelRelay` accepts it. The relay speaks HTTP/1.1 and forwards
+requests to exactly one place, the configured ``--pb-model-endpoint`` URL (its path prefix included), optionally
+adding the API key from the host's environment so the key never enters the sandbox. Anything else (``CONNECT``,
+absolute URIs naming another host, paths outside the endpoint's prefix, dot segments) is refused with a 4xx before
+any connection is made. Host-loop agents get the same relay on ``127.0.0.1:<ephemeral port>``. The agent-facing
+side is a small HTTP/1.1 server of our own (it must decide, byte by byte, what it accepts); the upstream side is
+httpx (keep-alive pool, TLS, streaming, timeouts), with no proxy taken from the environment and no redirects
+followed.
 
 Responses are streamed through as they arrive (server-sent events included); a tap parses them on the fly for token
 usage in every API shape the agents use:
@@ -58,8 +59,6 @@ KeyStyle = Literal["auto", "bearer", "x-api-key"]
 
 #: The bridge script, to be copied into the sandbox (stdlib only, Python 3.7+).
 BRIDGE_SCRIPT = Path(__file__).with_name("relay_bridge.py")
-#: Where the sandbox sees the host directory holding the relay's socket (mount it read-only).
-SANDBOX_SOCKET_DIR = "/run/pb-relay"
 #: The name of the relay's socket inside its directory.
 SOCKET_NAME = "relay.sock"
 #: Where the bridge script lives inside the sandbox (root-owned, not writable by the agent).
@@ -547,45 +546,6 @@ def relay_env(base_url: str, prefix: str = "", *, injects_key: bool = False) -> 
     return env
 
 
-def bridge_command(port: int = SANDBOX_BRIDGE_PORT, socket_path: str = f"{SANDBOX_SOCKET_DIR}/{SOCKET_NAME}",
-                   script: str = SANDBOX_BRIDGE_PATH, *, daemon: bool = True) -> list[str]:
-    """The command that starts the bridge inside the sandbox (as root). With ``daemon`` it returns once the bridge
-    listens (exit status 0) and leaves it running in the background; a non-zero status means it could not start."""
-    command = ["python3", "-I", "-S", script, "--listen", f"127.0.0.1:{port}", "--unix", socket_path]
-    return [*command, "--daemon"] if daemon else command
-
-
-def start_bridge(container: Any, *, port: int = SANDBOX_BRIDGE_PORT,
-                 socket_path: str = f"{SANDBOX_SOCKET_DIR}/{SOCKET_NAME}", user: str = "root") -> None:
-    """Copy the bridge into a running container (docker-py ``Container``) and start it, in the background, as
-    ``user`` (root by default, so the agent user can neither stop nor trace it).
-
-    The relay's socket directory must already be mounted at ``socket_path``'s directory, and ``user`` must be able
-    to reach the socket: the relay's private directory is 0700 and its socket 0600, owned by the host user running
-    pytest, which container root passes unless the sandbox drops CAP_DAC_OVERRIDE while pytest runs as non-root
-    (then pass ``user`` = that host uid, or widen ``socket_mode``). Raises ``RuntimeError`` when the bridge does not
-    come up.
-    """
-    import tarfile
-
-    data = BRIDGE_SCRIPT.read_bytes()
-    directory = SANDBOX_BRIDGE_PATH.rsplit("/", 1)[0].lstrip("/")
-    archive = io.BytesIO()
-    with tarfile.open(fileobj=archive, mode="w") as tar:  # the engine creates missing parents, root-owned
-        info = tarfile.TarInfo(directory)
-        info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, 0, 0
-        tar.addfile(info)
-        info = tarfile.TarInfo(SANDBOX_BRIDGE_PATH.lstrip("/"))
-        info.size, info.mode, info.uid, info.gid = len(data), 0o644, 0, 0
-        tar.addfile(info, io.BytesIO(data))
-    if not container.put_archive("/", archive.getvalue()):
-        raise RuntimeError("could not copy the relay bridge into the sandbox")
-    result = container.exec_run(bridge_command(port, socket_path), user=user)
-    if result.exit_code != 0:
-        output = result.output.decode("utf-8", "replace") if isinstance(result.output, bytes) else result.output
-        raise RuntimeError(f"the relay bridge did not start (exit {result.exit_code}): {output}")
-
-
 # -- the relay ------------------------------------------------------------------------------------------------
 
 
@@ -858,11 +818,6 @@ class ModelRelay:
     def socket_path(self) -> Path | None:
         """The Unix socket (after start)."""
         return self._socket_path if self._want_unix else None
-
-    @property
-    def socket_dir(self) -> Path | None:
-        """The directory to bind-mount into the sandbox at :data:`SANDBOX_SOCKET_DIR` (read-only is fine)."""
-        return None if self.socket_path is None else self.socket_path.parent
 
     @property
     def tcp_address(self) -> tuple[str, int] | None:

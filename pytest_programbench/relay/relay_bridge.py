@@ -1,24 +1,15 @@
 #!/usr/bin/env python3
-"""Bridge TCP connections on a loopback address to a Unix socket: the model relay's door into a sandbox.
+"""The model relay's door into a sandbox: loopback TCP connections carried as channels over stdin/stdout.
 
 Runs inside the network-less sandbox as root, with the container's own python3, so it is one stdlib-only file
-that works on Python 3.7 and later. Every connection accepted on ``--listen`` gets its own connection to the Unix
-socket ``--unix`` (the host's model relay, bind-mounted into the container); bytes flow both ways unchanged, a
-half-close on one side is passed on to the other (``shutdown(SHUT_WR)``), and a reset tears down both.
-
-    python3 -I -S relay_bridge.py --listen 127.0.0.1:47801 --unix /run/pb-relay/relay.sock [--daemon]
-
-With ``--stdio`` instead of ``--unix`` there is no socket to reach: every accepted connection becomes a numbered
-channel multiplexed over the bridge's own stdin and stdout, which the host holds as one ``docker exec`` stream
-(``relay_tunnel.py``). That needs no bind mount, so it works on any engine, local or remote. A frame is
-``>IBI`` (channel, kind, payload length) then the payload; kinds: OPEN, DATA, EOF (half-close), CLOSE (reset),
-READY (the bridge listens). The bridge exits when its stdin ends (the host went away).
+that works on Python 3.7 and later (tests/test_relay_bridge.py checks it). Every connection accepted on
+``--listen`` becomes a numbered channel multiplexed over the bridge's own stdin and stdout, which the host holds as
+one ``docker exec`` stream (``relay_tunnel.py``, which connects each channel to the relay). That needs no bind
+mount, so it works on any engine, local or remote. A frame is ``>IBI`` (channel, kind, payload length) then the
+payload; kinds: OPEN, DATA, EOF (half-close), CLOSE (reset), READY (the bridge listens). The bridge exits when its
+stdin ends (the host went away).
 
     python3 -I -S relay_bridge.py --listen 127.0.0.1:47801 --stdio
-
-With ``--daemon`` the command returns (exit 0) only once the bridge listens, and keeps it running in the
-background, detached from the caller's terminal and output (so ``docker exec`` returns); any startup error is
-reported on stderr with a non-zero exit status instead.
 
 Annotations are never evaluated (``from __future__ import annotations``), so their modern syntax is fine on 3.7;
 the code itself avoids anything newer than 3.7 (walrus, ``removeprefix``, ``socket.create_server``...).
@@ -32,10 +23,8 @@ import os
 import selectors
 import signal
 import socket
-import stat
 import struct
 import sys
-import threading
 import time
 from collections.abc import Sequence
 
@@ -82,29 +71,10 @@ def listen(text: str) -> socket.socket:
     return server
 
 
-def _shutdown(sock: socket.socket, how: int) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(how)
-
-
-def _pump(source: socket.socket, sink: socket.socket, broken: threading.Event) -> None:
-    """Copy until EOF, then pass the half-close on; on an error cut both connections."""
-    try:
-        while True:
-            data = source.recv(BUFFER)
-            if not data:
-                break
-            sink.sendall(data)
-    except OSError:
-        broken.set()
-        _shutdown(source, socket.SHUT_RDWR)
-        _shutdown(sink, socket.SHUT_RDWR)
-        return
-    _shutdown(sink, socket.SHUT_WR)
-
-
 def connect_unix(path: str) -> socket.socket:
-    """Connect, waiting while the relay's accept backlog is full (EAGAIN on a Unix socket), up to a limit."""
+    """Connect, waiting while the relay's accept backlog is full (EAGAIN on a Unix socket), up to a limit.
+
+    Used on the host (the tunnel's connection to the relay's socket); here because it needs only the stdlib."""
     deadline = time.monotonic() + CONNECT_TIMEOUT
     delay = 0.001
     while True:
@@ -124,54 +94,6 @@ def connect_unix(path: str) -> socket.socket:
             raise
         sock.settimeout(None)
         return sock
-
-
-class Bridge:
-    def __init__(self, listeners: Sequence[socket.socket], unix_path: str) -> None:
-        self.listeners = list(listeners)
-        self.unix_path = unix_path
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self.stopping = threading.Event()
-
-    def serve(self) -> None:
-        selector = selectors.DefaultSelector()
-        for listener in self.listeners:
-            selector.register(listener, selectors.EVENT_READ, listener)
-        while not self.stopping.is_set():
-            for key, _ in selector.select(timeout=0.5):
-                server: socket.socket = key.data
-                try:
-                    client, _address = server.accept()
-                except OSError:  # e.g. the client already reset; EMFILE: retry on the next round
-                    continue
-                if not self.slots.acquire(blocking=False):
-                    client.close()
-                    continue
-                thread = threading.Thread(target=self._connection, args=(client,))
-                thread.daemon = True
-                thread.start()
-        selector.close()
-
-    def _connection(self, client: socket.socket) -> None:
-        upstream: socket.socket | None = None
-        try:
-            client.setblocking(True)
-            if client.family in (socket.AF_INET, socket.AF_INET6):
-                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            upstream = connect_unix(self.unix_path)
-            broken = threading.Event()
-            inbound = threading.Thread(target=_pump, args=(client, upstream, broken))
-            inbound.daemon = True
-            inbound.start()
-            _pump(upstream, client, broken)
-            inbound.join()
-        except OSError as exc:
-            log(f"connection failed: {exc!r}")
-        finally:
-            for sock in (client, upstream):
-                if sock is not None:
-                    sock.close()
-            self.slots.release()
 
 
 class FrameReader:
@@ -355,87 +277,20 @@ def log(message: str) -> None:
         pass
 
 
-def daemonize(log_path: str | None, pidfile: str | None) -> None:
-    """Detach. The calling process exits 0 once the serving grandchild has written its pidfile (the sockets
-    already listen, so connections queue from now on); the grandchild returns from here and serves."""
-    ready_read, ready_write = os.pipe()
-    if os.fork() > 0:
-        os.close(ready_write)
-        with os.fdopen(ready_read, "rb") as ready:
-            os._exit(0 if ready.read() == b"ok" else 1)
-    os.close(ready_read)
-    os.setsid()
-    if os.fork() > 0:
-        os._exit(0)
-    os.chdir("/")
-    os.umask(0o022)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if log_path else devnull
-    os.dup2(devnull, 0)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    for fd in {devnull, out}:
-        if fd > 2:
-            os.close(fd)
-    write_pidfile(pidfile)
-    os.write(ready_write, b"ok")
-    os.close(ready_write)
-
-
-def write_pidfile(pidfile: str | None) -> None:
-    if pidfile:
-        with open(pidfile, "w") as handle:
-            handle.write(f"{os.getpid()}\n")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Bridge loopback TCP connections to a Unix socket.")
+    parser = argparse.ArgumentParser(description="Carry loopback TCP connections over stdin/stdout.")
     parser.add_argument("--listen", action="append", required=True, metavar="HOST:PORT",
                         help="loopback address to listen on (repeatable; [::1]:PORT for IPv6)")
-    target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--unix", metavar="PATH", help="the Unix socket to connect each client to")
-    target.add_argument("--stdio", action="store_true", help="carry every connection over stdin/stdout (a tunnel)")
-    parser.add_argument("--daemon", action="store_true", help="return once listening; keep serving in background")
-    parser.add_argument("--log", metavar="FILE", help="with --daemon: append diagnostics here")
-    parser.add_argument("--pidfile", metavar="FILE", help="write the serving process's pid here once listening")
+    parser.add_argument("--stdio", action="store_true", required=True,
+                        help="carry every connection over stdin/stdout (a tunnel)")
     args = parser.parse_args(argv)
-    if args.stdio:
-        try:
-            listeners = [listen(text) for text in args.listen]
-        except (OSError, ValueError) as exc:
-            log(f"cannot listen: {exc}")
-            return 2
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # the host went away: end quietly
-        StdioBridge(listeners).serve()
-        return 0
-    try:
-        mode = os.stat(args.unix).st_mode
-    except OSError as exc:
-        log(f"cannot reach the relay socket {args.unix}: {exc}")
-        return 2
-    if not stat.S_ISSOCK(mode):
-        log(f"{args.unix} is not a socket")
-        return 2
     try:
         listeners = [listen(text) for text in args.listen]
     except (OSError, ValueError) as exc:
         log(f"cannot listen: {exc}")
         return 2
-    if args.daemon:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        daemonize(args.log, args.pidfile)
-    else:
-        write_pidfile(args.pidfile)
-        sys.stdout.write("listening\n")
-        sys.stdout.flush()
-    bridge = Bridge(listeners, args.unix)
-
-    def stop(signum: int, frame: object) -> None:
-        bridge.stopping.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    bridge.serve()
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # the host went away: end quietly
+    StdioBridge(listeners).serve()
     return 0
 
 
