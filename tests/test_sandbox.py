@@ -5,6 +5,7 @@ Needs Docker and the test bed (fails, never skips, without them).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import tarfile
 import time
@@ -17,6 +18,8 @@ import pytest
 from pytest_programbench import RUN_LABEL, TASK_LABEL, WORKER_LABEL
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.options import Settings
+from pytest_programbench.sandbox import layout
+from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE
 from pytest_programbench.sandbox.sandbox import (
     CAP_DROP,
     LIFETIME_MARGIN,
@@ -86,6 +89,18 @@ def test_layout(box: Sandbox) -> None:
     for expected in ("docs-read-only", "readme-read-only", "workspace-closed", "src-writable", "Permission denied",
                      "no-tests"):
         assert expected in text, (expected, text)
+
+
+def test_the_proxy_daemon_shares_the_layout() -> None:
+    """The daemon runs inside the container with its own copy of the layout (a single stdlib file): kept equal."""
+    spec = importlib.util.spec_from_file_location("pb_proxy_daemon_layout", DAEMON_SOURCE)
+    assert spec is not None
+    assert spec.loader is not None
+    daemon = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(daemon)
+    names = ("AGENT_NAME", "AGENT_UID", "WORKSPACE", "SRC_DIR", "DOCS_DIR", "PROXY_DIR")
+    assert [getattr(daemon, name) for name in names] == [getattr(layout, name) for name in names]
+    assert daemon.CLIENT_PATH == layout.BINARY_PATH
 
 
 def test_exec_as_agent_and_root(box: Sandbox) -> None:

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_programbench.agents.agent_log import CappedLog, pump
-from pytest_programbench.agents.prompt import BINARY, DOCS, SRC, PromptContext, render_prompt
+from pytest_programbench.agents.prompt import PromptContext, render_prompt
+from pytest_programbench.sandbox.layout import BINARY_PATH, DOCS_DIR, PROMPT_PATH, SRC_DIR
 
 if TYPE_CHECKING:
     from pytest_programbench.agents.agent_presets import Installed, Invocation
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from pytest_programbench.sandbox.sandbox import Sandbox
     from pytest_programbench.tasks.catalogue import Task
 
-PROMPT_PATH = "/workspace/prompt.md"
 PRESETS = ("reference", "replay:DIR", "mini-swe-agent", "codex[@VERSION]", "claude-code[@VERSION]",
            "opencode[@VERSION]")
 SOLUTION_DIRS = ("solution",)  # inside a task dir: the known-good solution the ``reference`` preset replays
@@ -156,7 +156,7 @@ class AgentRunner:
     def environment(self, sandbox: Sandbox) -> dict[str, str]:
         env = {
             "PB_PROMPT_FILE": PROMPT_PATH, "PB_TASK_ID": self.task.instance_id, "PB_LANGUAGE": self.task.language,
-            "PB_BINARY": BINARY, "PB_DOCS": DOCS, "PB_SRC": SRC, "PAGER": "cat", "MANPAGER": "cat",
+            "PB_BINARY": BINARY_PATH, "PB_DOCS": DOCS_DIR, "PB_SRC": SRC_DIR, "PAGER": "cat", "MANPAGER": "cat",
         }
         env.update(self.extra_env)
         env.update(agent_env(self.settings.agent_env))
@@ -172,7 +172,7 @@ class AgentRunner:
         for name in sandbox.layout.docs:
             if Path(name).name.lower().startswith("readme"):
                 try:
-                    readme = sandbox.read_file(f"{DOCS}/{name}", max_bytes=1 << 20).decode("utf-8", "replace")
+                    readme = sandbox.read_file(f"{DOCS_DIR}/{name}", max_bytes=1 << 20).decode("utf-8", "replace")
                 except (OSError, SandboxError):  # an unreadable README only shortens the prompt
                     readme = ""
                 break
@@ -245,11 +245,11 @@ class AgentRunner:
                 notes.append(f"replay: {source} does not exist; the submission stays empty")
                 self._log(notes[-1])
                 return 1, False
-        put_tree(sandbox, source, SRC)
+        put_tree(sandbox, source, SRC_DIR)
         # Like an agent would: build once in the sandbox and touch the reference through the proxy, so the
         # preset exercises the same path end to end (the built executable is not part of the submission).
         script = (
-            f"{shlex.quote(BINARY)} </dev/null >/dev/null 2>&1; echo \"reference exited $?\"; "
+            f"{shlex.quote(BINARY_PATH)} </dev/null >/dev/null 2>&1; echo \"reference exited $?\"; "
             "sh ./compile.sh && test -x ./executable && echo 'compile.sh built ./executable'; rc=$?; "
             "rm -f ./executable; exit $rc"
         )
@@ -266,7 +266,7 @@ class AgentRunner:
         relay = dict(self.extra_env)
         try:
             invocation, line = prepare(sandbox, self.spec.cli, model=self.settings.model, relay_env=relay,
-                                       prompt_file=PROMPT_PATH, workdir=SRC)
+                                       prompt_file=PROMPT_PATH, workdir=SRC_DIR)
         except PresetError as exc:  # before the agent started: the harness's doing, and a retry cannot help
             raise InfrastructureError(f"agent preset: {exc}", retryable=False) from exc
         self._invocation = invocation
@@ -282,7 +282,7 @@ class AgentRunner:
     def _on_host(self, sandbox: Sandbox, timeout: float) -> tuple[int | None, bool]:
         """A host-loop agent: it gets the container id and a ready prefix for running commands as the agent."""
         layout = sandbox.layout
-        prefix = (f"docker exec -i --user {layout.agent_uid}:{layout.agent_gid} --workdir {SRC} "
+        prefix = (f"docker exec -i --user {layout.agent_uid}:{layout.agent_gid} --workdir {SRC_DIR} "
                   + " ".join(f"-e {shlex.quote(k)}" for k in self.environment(sandbox))
                   + f" {sandbox.id} sh -c")
         env = {**os.environ, **self.environment(sandbox), "PB_CONTAINER_ID": sandbox.id, "PB_SANDBOX_EXEC": prefix,

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 from pytest_programbench.agents.agent_log import CappedLog
-from pytest_programbench.agents.prompt import BINARY, DOCS, SRC
+from pytest_programbench.sandbox.layout import BINARY_PATH, DOCS_DIR, SRC_DIR
 
 if TYPE_CHECKING:
     from pytest_programbench.options import Settings
@@ -121,8 +121,8 @@ def official_config() -> dict[str, Any]:
 
 def adapt_system_template(official: str) -> str:
     """The official system prompt (the rules whole) with the reference where our sandbox has it."""
-    text = official.replace("(`cp ./executable ./executable`)", f"(`cp {BINARY} ./executable`)")
-    text = text.replace("`./executable`", f"`{BINARY}`")
+    text = official.replace("(`cp ./executable ./executable`)", f"(`cp {BINARY_PATH} ./executable`)")
+    text = text.replace("`./executable`", f"`{BINARY_PATH}`")
     if "<RULES>" not in text or "</RULES>" not in text:
         raise MiniSweAgentError("the installed mini-swe-agent's programbench.yaml has no <RULES> block in its "
                                 "system template: this preset is written for mini-swe-agent 2.4.6")
@@ -149,7 +149,7 @@ def build_config(settings: Settings, env: Mapping[str, str], timeout: float) -> 
             "system_template": adapt_system_template(str(agent.get("system_template", ""))),
             "instance_template": adapt_instance_template(str(agent.get("instance_template", ""))),
         },
-        "environment": {"cwd": SRC},
+        "environment": {"cwd": SRC_DIR},
         "model": {"cost_tracking": "ignore_errors"},
     }
     layers: list[dict[str, Any]] = [official, adapted]
@@ -187,7 +187,7 @@ def build_config(settings: Settings, env: Mapping[str, str], timeout: float) -> 
 
 @dataclass(frozen=True)
 class SandboxEnvironmentConfig:
-    cwd: str = SRC
+    cwd: str = SRC_DIR
     timeout: int = COMMAND_TIMEOUT
     env: dict[str, str] = field(default_factory=dict)
     interpreter: tuple[str, ...] = ("bash", "-lc")
@@ -220,7 +220,7 @@ class SandboxEnvironment:
 
     @classmethod
     def for_sandbox(cls, sandbox: Sandbox, *, env: Mapping[str, str], timeout: int = COMMAND_TIMEOUT,
-                    cwd: str = SRC, deadline: float | None = None,
+                    cwd: str = SRC_DIR, deadline: float | None = None,
                     stop: threading.Event | None = None) -> SandboxEnvironment:
         """Probe the sandbox once (its kernel for the template, whether it has bash) and build the environment."""
         probe = sandbox.exec("uname -s; uname -r; uname -v; uname -m; uname -n; command -v bash || echo no-bash",
@@ -502,7 +502,7 @@ def run_mini_swe_agent(sandbox: Sandbox, *, task: Task, settings: Settings, prom
         command_env.setdefault("MANPAGER", "cat")
         environment = SandboxEnvironment.for_sandbox(
             sandbox, env=command_env, timeout=int(env_config.get("timeout") or COMMAND_TIMEOUT),
-            cwd=str(env_config.get("cwd") or SRC), deadline=deadline, stop=stop)
+            cwd=str(env_config.get("cwd") or SRC_DIR), deadline=deadline, stop=stop)
         model = get_model(config=dict(config.get("model") or {}))
         _guard_model(model, deadline, stop, environment.time_exceeded)
         agent_config = dict(config.get("agent") or {})
@@ -510,7 +510,7 @@ def run_mini_swe_agent(sandbox: Sandbox, *, task: Task, settings: Settings, prom
         agent = _make_agent(model, environment, stream, task.instance_id, agent_config)
         agent.extra_template_vars = {"instance": {
             "instance_id": task.instance_id, "language": task.language, "difficulty": task.difficulty,
-            "image_name": task.image_name, "binary": BINARY, "docs": DOCS, "src": SRC}}
+            "image_name": task.image_name, "binary": BINARY_PATH, "docs": DOCS_DIR, "src": SRC_DIR}}
     except MiniSweAgentError:
         detach()
         raise

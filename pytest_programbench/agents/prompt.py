@@ -8,14 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_programbench.sandbox.layout import BINARY_PATH, DOCS_DIR, SRC_DIR
 from pytest_programbench.tasks.catalogue import Task
 
 DEFAULT_TEMPLATE = Path(__file__).with_name("templates") / "prompt.md.j2"
 README_CAP = 40_000
-
-BINARY = "/workspace/binary"
-DOCS = "/workspace/docs"
-SRC = "/workspace/src"
 
 
 @dataclass(frozen=True)
@@ -48,7 +45,7 @@ def render_prompt(context: PromptContext, template: Path | None = None) -> str:
                                  autoescape=False)  # noqa: S701
         return env.from_string(source).render(
             task=context.task, language=context.task.language, doc_files=context.doc_files, readme=readme,
-            binary=BINARY, docs=DOCS, src=SRC, model_relay=context.model_relay, **context.extra,
+            binary=BINARY_PATH, docs=DOCS_DIR, src=SRC_DIR, model_relay=context.model_relay, **context.extra,
         )
     except jinja2.TemplateError as exc:
         raise PromptTemplateError(f"prompt template {path}: {exc}") from exc

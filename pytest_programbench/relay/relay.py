@@ -53,6 +53,8 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
+from pytest_programbench.sandbox.layout import RELAY_PORT
+
 log = logging.getLogger(__name__)
 
 KeyStyle = Literal["auto", "bearer", "x-api-key"]
@@ -61,10 +63,8 @@ KeyStyle = Literal["auto", "bearer", "x-api-key"]
 BRIDGE_SCRIPT = Path(__file__).with_name("relay_bridge.py")
 #: The name of the relay's socket inside its directory.
 SOCKET_NAME = "relay.sock"
-#: Where the bridge script lives inside the sandbox (root-owned, not writable by the agent).
-SANDBOX_BRIDGE_PATH = "/usr/local/lib/pb-relay/relay_bridge.py"
-#: The container-loopback port the bridge listens on.
-SANDBOX_BRIDGE_PORT = 47801
+#: The container-loopback port the bridge listens on (the sandbox layout's).
+SANDBOX_BRIDGE_PORT = RELAY_PORT
 #: What SDKs get as their API key when the relay adds the real one (they refuse to start without one).
 PLACEHOLDER_KEY = "pb-relay-adds-the-key"
 

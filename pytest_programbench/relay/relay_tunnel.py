@@ -20,10 +20,10 @@ from typing import Any
 
 from pytest_programbench.engine.exec_stream import STDERR, STDOUT, ExecStream
 from pytest_programbench.relay.relay_bridge import CLOSE, DATA, EOF, OPEN, READY, FrameReader, frame
+from pytest_programbench.sandbox.layout import RELAY_BRIDGE_PATH
 
 log = logging.getLogger(__name__)
 
-BRIDGE_IN_SANDBOX = "/usr/local/lib/pb-relay/relay_bridge.py"
 READY_TIMEOUT = 60.0
 BUFFER = 65536
 MAX_QUEUED = 64 << 20
@@ -69,7 +69,7 @@ class RelayTunnel:
     def open(self, port: int, *, script: bytes) -> RelayTunnel:
         """Copy the bridge in, start it, and return once it listens on the sandbox's ``127.0.0.1:port``."""
         self._install(script)
-        argv = ["python3", "-I", "-S", BRIDGE_IN_SANDBOX, "--listen", f"127.0.0.1:{port}", "--stdio"]
+        argv = ["python3", "-I", "-S", RELAY_BRIDGE_PATH, "--listen", f"127.0.0.1:{port}", "--stdio"]
         exec_id = self.api.exec_create(self.container_id, argv, stdin=True, stdout=True, stderr=True,
                                        user="0:0", workdir="/")["Id"]
         self._stream = ExecStream(self.api.exec_start(exec_id, socket=True))
@@ -82,13 +82,13 @@ class RelayTunnel:
         return self
 
     def _install(self, script: bytes) -> None:
-        directory = BRIDGE_IN_SANDBOX.rsplit("/", 1)[0].lstrip("/")
+        directory = RELAY_BRIDGE_PATH.rsplit("/", 1)[0].lstrip("/")
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w") as tar:  # root-owned, readable: nothing secret in it
             info = tarfile.TarInfo(directory)
             info.type, info.mode = tarfile.DIRTYPE, 0o755
             tar.addfile(info)
-            info = tarfile.TarInfo(BRIDGE_IN_SANDBOX.lstrip("/"))
+            info = tarfile.TarInfo(RELAY_BRIDGE_PATH.lstrip("/"))
             info.size, info.mode = len(script), 0o644
             tar.addfile(info, io.BytesIO(script))
         if not self.api.put_archive(self.container_id, "/", archive.getvalue()):

@@ -36,6 +36,7 @@ from pytest_programbench.engine import disk
 from pytest_programbench.engine.docker_engine import Labels, client
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.exec_stream import ExecStream
+from pytest_programbench.sandbox.layout import AGENT_NAME, AGENT_UID, BINARY_PATH, PROXY_DIR, SRC_DIR, WORKSPACE
 from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE, ProxyClient, build_client
 from pytest_programbench.sizes import human, parse_size
 
@@ -45,13 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-AGENT_NAME = "pbagent"
-AGENT_UID = 1777
-WORKSPACE = "/workspace"
-SRC_DIR = "/workspace/src"
-DOCS_DIR = "/workspace/docs"
-BINARY_PATH = "/workspace/binary"
-PROXY_DIR = "/var/lib/pb-proxy"
 CALL_LOG = PROXY_DIR + "/calls.jsonl"
 DROPPED_LOG = PROXY_DIR + "/calls.dropped"
 # The daemon's bounds (proxy/daemon.py: LOG_MAX_BYTES, RECORD_MAX, --max-workers; a test pins them equal): the log
