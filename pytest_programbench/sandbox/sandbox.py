@@ -536,7 +536,8 @@ class Sandbox:
             return self._exec(argv, timeout=timeout, user=user, workdir=workdir, environment=environment,
                               output=output, stdin=stdin, max_output=max_output, use_timeout=use_timeout)
         except APIError as exc:  # the container or its exec vanished under a running command: not the agent's doing
-            raise SandboxError(f"the engine lost the sandbox's command {shell_join(argv)[:200]}: {exc}") from exc
+            raise SandboxError(f"the engine lost the command of sandbox container {self.id[:12]} "
+                               f"({shell_join(argv)[:200]}): {exc}") from exc
 
     def binary(self, args: Sequence[str] = (), *, stdin: bytes | None = None, timeout: float = 60,
                user: str = "agent", workdir: str = SRC_DIR) -> ExecResult:
