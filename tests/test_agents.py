@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TESTBED, Testbed
+from tests.secret_scan import assert_secret_nowhere
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -118,10 +119,8 @@ def test_agent_env_and_secrets(pytester: pytest.Pytester, testbed: Testbed, monk
              'cp -r /pb-testbed/solutions/$PB_TASK_ID/. .')
     result = run_agent(pytester, testbed, agent, "--pb-agent-env", "PB_TEST_SECRET", "--pb-agent-env", "PLAIN=yes")
     result.assert_outcomes(passed=1)
-    run_dir = pytester.path / "run"
-    for path in run_dir.rglob("*"):
-        if path.is_file() and path.suffix != ".gz":
-            assert "s3cr3t-value" not in path.read_text(errors="replace"), path
+    assert_secret_nowhere("s3cr3t-value", run_dir=pytester.path / "run", junit=pytester.path / "junit.xml",
+                          result=result)
 
 
 def test_host_loop_agent_drives_the_sandbox(pytester: pytest.Pytester, testbed: Testbed) -> None:

@@ -18,6 +18,7 @@ import pytest
 from pytest_programbench.agents import agent_presets
 from tests.conftest import TESTBED, Testbed
 from tests.scripted_models import ScriptedModels, Step
+from tests.secret_scan import assert_secret_nowhere
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -55,11 +56,12 @@ def _run(pytester: pytest.Pytester, testbed: Testbed, preset: str, server: Scrip
         "--pb-agent", preset, "--pb-model", "scripted-model", "--pb-model-endpoint", server.base_url,
         "--pb-model-key-env", "PB_TEST_MODEL_KEY",
         "--pb-agent-mount", f"{TESTBED}:/pb-testbed", "--pb-agent-timeout", "600",
-        timeout=900)
+        "--junitxml", str(pytester.path / "junit.xml"), timeout=900)
     log = (run_dir / RPN / "agent.log").read_text(errors="replace") if (run_dir / RPN / "agent.log").exists() \
         else "(no agent.log)"
     assert result.ret == 0, "\n".join(result.outlines[-40:]) + "\n--- agent.log:\n" + log[-6000:]
     result.assert_outcomes(passed=1)
+    assert_secret_nowhere(KEY, run_dir=run_dir, junit=pytester.path / "junit.xml", result=result)
     return run_dir
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import TESTBED, Testbed
 from tests.scripted_llm import ScriptedLLM, Turn
+from tests.secret_scan import assert_secret_nowhere
 
 RPN = "pbfix__rpn.0b5e55e"
 SENTINEL = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -167,9 +168,7 @@ def test_mini_swe_agent_through_the_relay_solves_a_fixture_task(pytester: pytest
 
     # The host's key reached the endpoint (through the relay) and no file of the run.
     assert llm.authorizations == [f"Bearer {host_env}"] * len(turns)
-    for path in run_dir.rglob("*"):
-        if path.is_file() and path.suffix != ".gz":
-            assert host_env not in path.read_text(errors="replace"), path
+    assert_secret_nowhere(host_env, run_dir=run_dir, junit=junit, result=result)
     assert traj["info"]["config"]["model"]["model_kwargs"]["api_key"] == "<redacted>"
 
 
