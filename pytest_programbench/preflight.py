@@ -86,7 +86,7 @@ def run_preflight(settings: Settings, tasks: Sequence[Task], agent_spec: AgentSp
     check_inputs(report, settings, env)
     check_blobs(report, tasks, settings.blob_dir, env)
     check_model(report, settings, env)
-    from pytest_programbench.engine import docker_engine
+    from pytest_programbench.engine import backpressure, docker_engine
 
     try:
         engine = docker_engine.client()
@@ -94,10 +94,15 @@ def run_preflight(settings: Settings, tasks: Sequence[Task], agent_spec: AgentSp
         report.add("engine", "Docker engine", False, str(exc))
         return report
     report.add("engine", "Docker engine", True)
-    present, to_fetch = check_images(report, engine, tasks, settings)
-    check_disk(report, engine, identity.path, images_to_fetch=to_fetch, agent=agent_spec is not None)
-    if agent_spec is not None:
-        check_agent(report, agent_spec, settings, tasks=tasks, present=present, identity=identity, env=env)
+    # Owner labels on the sample sandbox: if this process dies with it running, the reaper knows it is garbage.
+    docker_engine.configure_run(identity, concurrency=settings.docker_concurrency)
+    try:
+        present, to_fetch = check_images(report, engine, tasks, settings)
+        check_disk(report, engine, identity.path, images_to_fetch=to_fetch, agent=agent_spec is not None)
+        if agent_spec is not None:
+            check_agent(report, agent_spec, settings, tasks=tasks, present=present, identity=identity, env=env)
+    finally:
+        backpressure.release_run(identity.run_id)
     return report
 
 
