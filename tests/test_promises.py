@@ -142,6 +142,9 @@ def test_an_in_sandbox_agent_gets_what_the_options_promise(pytester: pytest.Pyte
     assert obs["key_seen"] != secret
     assert secret not in json.dumps(obs)  # nor anywhere in its environment
     assert server.keys == [secret], server.keys
+    # The relay: the SDK variables point at the in-sandbox bridge, and it recorded the one request.
+    assert obs["environ"]["OPENAI_BASE_URL"] == obs["env"]["PB_MODEL_RELAY_URL"] == "http://127.0.0.1:47801/v1"
+    assert len((run_dir / RPN / "model-requests.jsonl").read_text().splitlines()) == 1
 
     # A flagged submission fails the item although its score is 1.0 (no --pb-allow-flags).
     result.assert_outcomes(failed=1)
