@@ -115,8 +115,9 @@ def agent_env(specs: tuple[str, ...], environ: Mapping[str, str] | None = None) 
 
 def put_tree(sandbox: Sandbox, source: Path, dest: str) -> None:
     """Copy a host directory's contents into the sandbox, owned by the agent (symlinks kept as links)."""
-    import io
     import tarfile
+
+    from pytest_programbench.engine.tar_in import TarIn
 
     layout = sandbox.layout
 
@@ -124,11 +125,10 @@ def put_tree(sandbox: Sandbox, source: Path, dest: str) -> None:
         info.uid, info.gid, info.uname, info.gname = layout.agent_uid, layout.agent_gid, "", ""
         return info
 
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for path in sorted(source.iterdir()):
-            tar.add(path, arcname=path.name, filter=as_agent)
-    if not sandbox.engine.api.put_archive(sandbox.id, dest, buffer.getvalue()):
+    archive = TarIn()
+    for path in sorted(source.iterdir()):
+        archive.tree(path, path.name, as_agent)
+    if not archive.put(sandbox.engine.api, sandbox.id, dest):
         raise OSError(f"could not copy {source} into the sandbox at {dest}")
 
 

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_programbench.engine.tar_in import TarIn
+
 if TYPE_CHECKING:
     from pytest_programbench.sandbox.sandbox import Sandbox
 
@@ -382,24 +384,18 @@ def prepare(sandbox: Sandbox, installed: Installed, *, model: str | None, relay_
 
 def _put_home_files(sandbox: Sandbox, files: Mapping[str, bytes]) -> None:
     """Config files under the agent's home, owned by the agent (the CLIs write their state next to them)."""
-    import io
-
     layout = sandbox.layout
+    owner = {"uid": layout.agent_uid, "gid": layout.agent_gid}
     home = PurePosixPath(layout.agent_home)
-    buffer = io.BytesIO()
     dirs: set[PurePosixPath] = {PurePosixPath(STATE_DIR)}
     for rel in files:
         dirs.update(p for p in PurePosixPath(rel).parents if str(p) != ".")
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for directory in sorted(dirs, key=lambda p: len(p.parts)):
-            info = tarfile.TarInfo(str(directory))
-            info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o700, layout.agent_uid, layout.agent_gid
-            tar.addfile(info)
-        for rel, data in files.items():
-            info = tarfile.TarInfo(rel)
-            info.size, info.mode, info.uid, info.gid = len(data), 0o600, layout.agent_uid, layout.agent_gid
-            tar.addfile(info, io.BytesIO(data))
-    if not sandbox.engine.api.put_archive(sandbox.id, str(home), buffer.getvalue()):
+    archive = TarIn()
+    for directory in sorted(dirs, key=lambda p: len(p.parts)):
+        archive.directory(str(directory), 0o700, **owner)
+    for rel, data in files.items():
+        archive.file(rel, data, 0o600, **owner)
+    if not archive.put(sandbox.engine.api, sandbox.id, str(home)):
         raise PresetError(f"could not write the agent's config under {home}")
 
 

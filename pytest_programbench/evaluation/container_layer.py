@@ -55,6 +55,7 @@ from programbench.exceptions import EvalStepError
 
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.exec_stream import ExecStream
+from pytest_programbench.engine.tar_in import TarIn
 
 if TYPE_CHECKING:
     import docker
@@ -571,18 +572,11 @@ class SdkContainerEnvironment:
             directory, name = container_path.rstrip("/") or "/", local_path.name
         else:
             directory, name = os.path.dirname(container_path) or "/", os.path.basename(container_path)
-        buf = io.BytesIO()
         st = local_path.stat()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            info = tarfile.TarInfo(name)
-            info.size = st.st_size
-            info.mode = st.st_mode & 0o7777
-            info.mtime = int(st.st_mtime)
-            info.uid = info.gid = 0
-            with local_path.open("rb") as f:
-                tar.addfile(info, f)
+        with local_path.open("rb") as f:
+            one_file = TarIn().file(name, f, st.st_mode & 0o7777, size=st.st_size, mtime=int(st.st_mtime))
         try:
-            ok = self._api.put_archive(self.container_id, directory, buf.getvalue())
+            ok = one_file.put(self._api, self.container_id, directory)
         except APIError as exc:
             raise RuntimeError(f"docker cp failed: {_api_error_text(exc)}") from exc
         except Exception as exc:
@@ -655,20 +649,13 @@ class SdkContainerEnvironment:
         """Harness files (not submission data) into an existing directory (optionally a new subdir), root-owned."""
         from docker.errors import APIError
 
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            if subdir:
-                info = tarfile.TarInfo(subdir)
-                info.type = tarfile.DIRTYPE
-                info.mode = 0o755
-                tar.addfile(info)
-            for base, data in files.items():
-                info = tarfile.TarInfo(f"{subdir}/{base}" if subdir else base)
-                info.size = len(data)
-                info.mode = mode
-                tar.addfile(info, io.BytesIO(data))
+        archive = TarIn()
+        if subdir:
+            archive.directory(subdir, 0o755)
+        for base, data in files.items():
+            archive.file(f"{subdir}/{base}" if subdir else base, data, mode)
         try:
-            self._api.put_archive(self.container_id, directory, buf.getvalue())
+            archive.put(self._api, self.container_id, directory)
         except APIError as exc:
             raise RuntimeError(f"put_archive into {directory} failed: {_api_error_text(exc)}") from exc
 

@@ -9,16 +9,15 @@ readable by the engine whatever happens to the relay, and a remote engine (``ssh
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import queue
 import socket
-import tarfile
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from pytest_programbench.engine.exec_stream import STDERR, STDOUT, ExecStream
+from pytest_programbench.engine.tar_in import TarIn
 from pytest_programbench.relay.relay_bridge import CLOSE, DATA, EOF, OPEN, READY, FrameReader, frame
 from pytest_programbench.sandbox.layout import RELAY_BRIDGE_PATH
 
@@ -82,16 +81,10 @@ class RelayTunnel:
         return self
 
     def _install(self, script: bytes) -> None:
-        directory = RELAY_BRIDGE_PATH.rsplit("/", 1)[0].lstrip("/")
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:  # root-owned, readable: nothing secret in it
-            info = tarfile.TarInfo(directory)
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(info)
-            info = tarfile.TarInfo(RELAY_BRIDGE_PATH.lstrip("/"))
-            info.size, info.mode = len(script), 0o644
-            tar.addfile(info, io.BytesIO(script))
-        if not self.api.put_archive(self.container_id, "/", archive.getvalue()):
+        directory = RELAY_BRIDGE_PATH.rsplit("/", 1)[0]
+        # root-owned, readable: nothing secret in it
+        archive = TarIn().directory(directory, 0o755).file(RELAY_BRIDGE_PATH, script, 0o644)
+        if not archive.put(self.api, self.container_id, "/"):
             raise TunnelError("could not copy the relay bridge into the sandbox")
 
     # -- the sandbox's side ------------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_programbench.engine.tar_in import TarIn
+
 if TYPE_CHECKING:
     from pytest_programbench.engine.docker_engine import Labels
 
@@ -165,13 +167,7 @@ def _compile_in_container(output: Path, engine: Any, image: str, labels: Labels 
             labels=label_dict, name=name, detach=True, working_dir="/")
         container.start()
         source = CLIENT_SOURCE.read_bytes()
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:
-            info = tarfile.TarInfo("pb-proxy-build/client.c")
-            info.size = len(source)
-            info.mode = 0o644
-            tar.addfile(info, io.BytesIO(source))
-        container.put_archive("/tmp", archive.getvalue())
+        TarIn().file("pb-proxy-build/client.c", source, 0o644).put(engine.api, container.id, "/tmp")
         script = ("for cc in gcc cc clang; do command -v $cc >/dev/null 2>&1 && exec $cc "
                   + " ".join(CFLAGS) + " /tmp/pb-proxy-build/pb-client /tmp/pb-proxy-build/client.c; done; "
                   "echo 'no C compiler in the builder image' >&2; exit 127")

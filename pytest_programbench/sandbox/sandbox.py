@@ -36,6 +36,7 @@ from pytest_programbench.engine import disk
 from pytest_programbench.engine.docker_engine import Labels, client
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.exec_stream import ExecStream
+from pytest_programbench.engine.tar_in import TarIn
 from pytest_programbench.sandbox.layout import AGENT_NAME, AGENT_UID, BINARY_PATH, PROXY_DIR, SRC_DIR, WORKSPACE
 from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE, ProxyClient, build_client
 from pytest_programbench.sizes import human, parse_size
@@ -434,12 +435,10 @@ class Sandbox:
 
     def _install(self) -> None:
         proxy = self.proxy_client
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:
-            _add_dir(tar, PROXY_DIR.lstrip("/"), 0o700)
-            _add_bytes(tar, PROXY_DIR.lstrip("/") + "/daemon.py", DAEMON_SOURCE.read_bytes(), 0o600)
-            _add_bytes(tar, PROXY_DIR.lstrip("/") + "/client", proxy.read_bytes(), 0o755)
-        if not self._container_obj().put_archive("/", archive.getvalue()):
+        archive = (TarIn().directory(PROXY_DIR, 0o700)
+                   .file(PROXY_DIR + "/daemon.py", DAEMON_SOURCE.read_bytes(), 0o600)
+                   .file(PROXY_DIR + "/client", proxy.read_bytes(), 0o755))
+        if not self._put(archive, "/"):
             raise SandboxError("could not copy the proxy into the sandbox")
         command = ["python3", f"{PROXY_DIR}/daemon.py", "setup", "--agent-name", AGENT_NAME,
                    "--agent-uid", str(AGENT_UID), "--client-kind", proxy.kind]
@@ -460,11 +459,12 @@ class Sandbox:
             info.mode &= 0o555
             return info
 
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:
-            tar.add(source, arcname=dest.lstrip("/") or ".", filter=read_only)
-        if not self._container_obj().put_archive("/", archive.getvalue()):
+        if not self._put(TarIn().tree(source, dest.lstrip("/") or ".", read_only), "/"):
             raise SandboxError(f"could not copy {source} into the sandbox at {dest}")
+
+    def _put(self, archive: TarIn, dest: str) -> bool:
+        self._container_obj()  # running
+        return archive.put(self.engine.api, self.id, dest)
 
     def close(self) -> None:
         """Remove the container (by id); safe to call twice and on every path."""
@@ -643,10 +643,7 @@ class Sandbox:
         uid = gid = 0
         if owner == "agent":
             uid, gid = self.layout.agent_uid, self.layout.agent_gid
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:
-            _add_bytes(tar, target.name, payload, mode, uid=uid, gid=gid)
-        if not self._container_obj().put_archive(str(target.parent), archive.getvalue()):
+        if not self._put(TarIn().file(target.name, payload, mode, uid=uid, gid=gid), str(target.parent)):
             raise SandboxError(f"could not write {dest}")
 
     def pack_src(self, dest: Path, *, max_bytes: int = DEFAULT_SUBMISSION_LIMIT,
@@ -839,23 +836,6 @@ def merge_call_records(data: bytes) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _add_dir(tar: tarfile.TarFile, name: str, mode: int) -> None:
-    info = tarfile.TarInfo(name)
-    info.type = tarfile.DIRTYPE
-    info.mode = mode
-    info.mtime = int(time.time())
-    tar.addfile(info)
-
-
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int, *, uid: int = 0, gid: int = 0) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mode = mode
-    info.uid, info.gid = uid, gid
-    info.mtime = int(time.time())
-    tar.addfile(info, io.BytesIO(data))
-
-
 def _engine_trouble(exc: BaseException) -> bool:
     """Whether the engine connection failed somewhere in ``exc``'s causes (never the agent's doing)."""
     import requests.exceptions
