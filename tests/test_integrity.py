@@ -3,6 +3,7 @@ tests/test_evaluation_integrity.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 from pathlib import Path
@@ -88,6 +89,7 @@ def test_archive_scan_reads_config_contents(tmp_path: Path) -> None:
     })
     check = check_archive(archive)
     assert check.problem is None
+    assert check.sha256 == hashlib.sha256(archive.read_bytes()).hexdigest()  # of the archive file, as written
     assert sorted((f.kind, f.path) for f in check.flags) == [
         (integrity.PYTEST_CONFIG, "conftest.py"),
         (integrity.PYTEST_CONFIG, "pyproject.toml"),

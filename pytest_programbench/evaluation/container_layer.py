@@ -124,7 +124,8 @@ def audit_official_sources() -> list[str]:
     for rel, (digest, recheck) in AUDITED_SOURCES.items():
         path = root / rel
         try:
-            actual = hashlib.sha256(path.read_bytes()).hexdigest()
+            with path.open("rb") as f:
+                actual = hashlib.file_digest(f, "sha256").hexdigest()
         except OSError as exc:
             problems.append(f"{path}: unreadable ({exc}); re-check {recheck}")
             continue

@@ -240,7 +240,6 @@ def check_archive(path: Path) -> ArchiveCheck:
         return ArchiveCheck(f"no submission archive at {path}", NO_SUBMISSION)
     if not path.is_file():
         return ArchiveCheck(f"{path} is not a file", INVALID_ARCHIVE)
-    digest = hashlib.sha256()
     contents: dict[str, bytes] = {}
     members: list[tarfile.TarInfo] = []
     try:
@@ -249,8 +248,7 @@ def check_archive(path: Path) -> ArchiveCheck:
                 return ArchiveCheck(f"{path} is not gzip-compressed (the evaluator unpacks it with tar -xzf)",
                                     INVALID_ARCHIVE)
         with path.open("rb") as raw:
-            for chunk in iter(lambda: raw.read(1 << 20), b""):
-                digest.update(chunk)
+            sha256 = hashlib.file_digest(raw, "sha256").hexdigest()
         with gzip.open(path, mode="rb") as gz:
             with tarfile.open(fileobj=gz, mode="r|") as tar:
                 for member in tar:
@@ -265,7 +263,7 @@ def check_archive(path: Path) -> ArchiveCheck:
     except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:
         return ArchiveCheck(f"{path} is not a readable gzip tar: {type(exc).__name__}: {exc}", INVALID_ARCHIVE)
     flags = integrity.scan_members(members, lambda m: contents.get(m.name))
-    return ArchiveCheck(flags=flags, sha256=digest.hexdigest())
+    return ArchiveCheck(flags=flags, sha256=sha256)
 
 
 # --------------------------------------------------------------------------------------------- harness probes

@@ -94,7 +94,8 @@ def default_cache_dir() -> Path:
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def elf_problem(data: bytes, arch: str) -> str | None:

@@ -71,11 +71,8 @@ def sha256_file(path: Path) -> str:
     with _hash_lock:
         if key in _hash_memo:
             return _hash_memo[key]
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    value = digest.hexdigest()
+        value = hashlib.file_digest(f, "sha256").hexdigest()
     with _hash_lock:
         _hash_memo[key] = value
     return value
