@@ -131,11 +131,24 @@ def check_resumable(identity: RunIdentity, settings: options.Settings) -> None:
     if recorded is None:
         raise pytest.UsageError(f"--pb-resume: {identity.path / RUN_MARKER} records no configuration to compare")
     current = fingerprint(settings)
-    changed = [f"{key}: {recorded.get(key)!r} -> {current.get(key)!r}"
+    from pytest_programbench.resume import flag_of
+
+    changed = [f"{key}: {recorded.get(key)!r} -> {current.get(key)!r} ({flag_of(key)})"
                for key in sorted(set(recorded) | set(current)) if recorded.get(key) != current.get(key)]
     if changed:
         raise pytest.UsageError("--pb-resume: refusing to resume " + str(identity.path)
-                                + ", its configuration differs: " + "; ".join(changed))
+                                + ", its configuration differs: " + "; ".join(changed)
+                                + " (--pb-resume DIR alone reuses the recorded settings)")
+
+
+def agent_label(spec: AgentSpec, width: int = 80) -> str:
+    """What the header calls the agent: a preset by name (a CLI preset with its version), a command as typed."""
+    if spec.kind == "cli":
+        return f"{spec.label} (preset)"
+    if spec.kind != "command":
+        return spec.label
+    text = " ".join(spec.command.split())
+    return repr(text if len(text) <= width else text[:width - 3] + "...")
 
 
 def is_worker(config: pytest.Config) -> bool:
@@ -212,7 +225,10 @@ class ProgramBenchSession:
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> ProgramBenchSession:
-        settings = options.parse(config)
+        from pytest_programbench import resume
+
+        # --pb-resume DIR alone: the run's recorded settings, under what the user gave explicitly.
+        settings, _ = resume.for_session(config, options.parse(config))
         try:
             catalogue = Catalogue.load(settings.tasks_dirs, include_fixtures=settings.include_fixtures)
         except CatalogueError as exc:
@@ -384,6 +400,12 @@ class ProgramBenchSession:
         for line in self.summary.terminal_lines():
             terminalreporter.write_line(line)
         terminalreporter.write_line(f"run directory: {self.identity.run_dir}")
+        headline = self.summary.headline()
+        if exitstatus == pytest.ExitCode.INTERRUPTED or headline.get("errors") or headline.get("not_run"):
+            from pytest_programbench.resume import command
+
+            terminalreporter.write_line("to resume (finished tasks are kept): "
+                                        + command(config.invocation_params.args, self.identity.path), bold=True)
         if self.report_path is not None:
             terminalreporter.write_line(f"report: {self.report_path}")
         if self.min_mean_failed:
@@ -454,6 +476,10 @@ class ProgramBenchSession:
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[WORKERINPUT_KEY] = self.identity.as_dict()
+        if self.identity.resumed:
+            from pytest_programbench.resume import WORKERINPUT_KEY as RESUMED_KEY
+
+            node.workerinput[RESUMED_KEY] = public_settings(self.settings)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
@@ -512,6 +538,8 @@ class ProgramBenchSession:
             f"programbench run {self.identity.run_id}: {self.identity.run_dir}",
         ]
 
+        if self.identity.resumed:
+            lines.append("programbench: resuming with the run's recorded settings (options given now replace them)")
         if config.stash.get(WORKSTEAL_DEFAULTED, False):
             lines.append("programbench: -n without --dist: using --dist worksteal (tasks take hours; pass --dist to "
                          "choose another mode)")
@@ -519,8 +547,8 @@ class ProgramBenchSession:
         if overridden:
             lines.append(f"programbench overridden by --pb-tasks-dir: {', '.join(overridden)}")
         if self.agent_spec is not None:
-            lines.append(f"programbench agent: {self.agent_spec.kind}" + (" (on the host)" if self.agent_spec.on_host
-                                                                          else " (in the sandbox)"))
+            lines.append(f"programbench agent: {agent_label(self.agent_spec)}"
+                         + (" (on the host)" if self.agent_spec.on_host else " (in the sandbox)"))
             if not self.collect_only:
                 lines.append(f"programbench binary proxy client: {self._proxy_client_label()}")
                 lines.append(f"programbench sandbox storage: {self._storage_label()}")
@@ -589,6 +617,7 @@ class ProgramBenchSession:
             "plugin_version": version("pytest-programbench"),
             "programbench_version": version("programbench"),
             "fingerprint": fingerprint(self.settings),
+            "settings": public_settings(self.settings),  # what --pb-resume DIR alone reuses
             "selected": [t.instance_id for t in self.selection.tasks],
         })
 

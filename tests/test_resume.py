@@ -1,0 +1,92 @@
+"""Resume without retyping: ``--pb-resume DIR`` alone reuses the run's recorded settings, an explicit option that
+changes a result's meaning is refused, and the command a session prints when it did not finish is the one that
+resumes it. Real sessions under ``-n 2`` on the test bed.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import TESTBED, Testbed
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+RPN = "pbfix__rpn.0b5e55e"
+COPY = "pbresume__rpn2.0b5e55e"  # rpn without Dockerfile or image: errors until the image is tagged
+TAG = "task_cleanroom_v6"
+RESUME_LINE = "to resume (finished tasks are kept): "
+# On the host: counts its runs per task, then puts rpn's solution into the sandbox (both tasks pass with it).
+COUNTING_AGENT = (
+    'n=$(cat "$COUNTS/$PB_TASK_ID" 2>/dev/null || echo 0); echo $((n + 1)) > "$COUNTS/$PB_TASK_ID"; '
+    f'tar -C {TESTBED}/solutions/{RPN} -c . | $PB_SANDBOX_EXEC "tar -x -C /workspace/src"'
+)
+
+
+@pytest.fixture
+def copy_image(docker_client: Any) -> Iterator[str]:
+    """The copy's image reference; whatever the test tagged there is untagged at the end."""
+    from programbench.constants import image_name_from_instance_id
+
+    ref = f"{image_name_from_instance_id(COPY)}:{TAG}"
+    yield ref
+    if docker_client.images.list(name=ref):
+        docker_client.api.remove_image(ref)  # the tag only: rpn's image keeps its own
+
+
+def _count(counts: Path, task: str) -> int:
+    path = counts / task
+    return int(path.read_text()) if path.exists() else 0
+
+
+def _resume_args(out: str) -> list[str]:
+    lines = [line for line in out.splitlines() if line.startswith(RESUME_LINE)]
+    assert len(lines) == 1, out[-3000:]
+    words = shlex.split(lines[0].removeprefix(RESUME_LINE))
+    assert words[0] == "pytest"
+    return words[1:]
+
+
+def test_resume_alone_reuses_the_recorded_settings(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any,
+                                                   copy_image: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tasks = pytester.mkdir("tasks")
+    shutil.copytree(testbed.tasks_dir / RPN, tasks / COPY, ignore=shutil.ignore_patterns("Dockerfile"))
+    counts = pytester.mkdir("counts")
+    monkeypatch.setenv("COUNTS", str(counts))
+    run_dir = pytester.path / "run"
+    first = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-tasks-dir", str(tasks),
+        "--pb-blob-dir", str(testbed.blob_dir), "--pb-filter", "pbfix__rpn|pbresume__", "--pb-pull", "never",
+        "--pb-agent", COUNTING_AGENT, "--pb-agent-on-host", "--pb-agent-timeout", "300", "--pb-cpus", "2",
+        "--pb-infra-retries", "0", "--pb-output", str(run_dir), timeout=600)
+    first.assert_outcomes(passed=1, errors=1)
+    assert (_count(counts, RPN), _count(counts, COPY)) == (1, 0)
+    resume_args = _resume_args(first.stdout.str())
+    assert resume_args[:2] == ["--pb-resume", str(run_dir)]
+    assert [a for a in resume_args if a.startswith("--pb-")] == ["--pb-resume"], "the record has the --pb-* options"
+    assert resume_args[resume_args.index("-n"):][:2] == ["-n", "2"], "what the record lacks is kept"
+    recorded = json.loads((run_dir / "summary.json").read_text())["settings"]
+
+    # An option given now that changes what a result means is refused, naming the option.
+    changed = pytester.runpytest_subprocess(*resume_args, "--pb-agent-timeout", "99", timeout=300)
+    assert changed.ret == pytest.ExitCode.USAGE_ERROR
+    changed.stderr.fnmatch_lines(["*--pb-resume: refusing to resume*agent_timeout: 300 -> 99 (--pb-agent-timeout)*"])
+
+    docker_client.images.get(f"programbench/pbfix_1776_rpn.0b5e55e:{TAG}").tag(copy_image)
+    second = pytester.runpytest_subprocess(*resume_args, timeout=600)
+    second.assert_outcomes(passed=2)
+    second.stdout.fnmatch_lines(["programbench: resuming with the run's recorded settings*",
+                                 "*2 workers*"])
+    assert RESUME_LINE not in second.stdout.str(), "a finished run prints no resume command"
+    assert (_count(counts, RPN), _count(counts, COPY)) == (1, 1), "only the errored task ran again"
+    data = json.loads((run_dir / "summary.json").read_text())
+    where = ("output", "resume")  # the run directory, given once with --pb-output, then with --pb-resume
+    assert {k: v for k, v in data["settings"].items() if k not in where} == {
+        k: v for k, v in recorded.items() if k not in where}, "the same settings: selection, agent, clocks, retries"
+    assert {iid: task["outcome"] for iid, task in data["tasks"].items()} == {RPN: "passed", COPY: "passed"}
