@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_programbench.engine.ownership import Owner, boot_id, process_alive, process_start_time
@@ -55,23 +55,11 @@ class _Config:
     directory: Path | None  # None: slots local to this process
 
 
-@dataclass
-class SlotStats:
-    """What this process saw: for reports and tests."""
-
-    acquired: int = 0
-    waited: int = 0  # acquisitions that had to wait
-    wait_seconds: float = 0.0
-    max_wait_seconds: float = 0.0
-    by_operation: dict[str, int] = field(default_factory=dict)
-
-
 _lock = threading.Lock()
 _config: _Config | None = None
 _local_sem: threading.BoundedSemaphore | None = None
 _local_sem_limit = 0
 _depth: dict[int, int] = {}  # thread ident -> real slots it holds (a holder's nested calls take none)
-_stats = SlotStats()
 
 
 def slots_root() -> Path:
@@ -160,10 +148,6 @@ def _parent_owner() -> dict[str, object]:
             "started": (process_start_time(parent) or time.time()) + 1.0, "boot_id": boot_id()}
 
 
-def stats() -> SlotStats:
-    return _stats
-
-
 def _write_owner(path: Path, owner: dict[str, object]) -> None:
     tmp = path / f".{OWNER_FILE}.{os.getpid()}"
     tmp.write_text(json.dumps(owner))
@@ -222,7 +206,6 @@ def acquire(operation: str) -> Slot:
             return Slot(None, None, real=False)
     limit, directory = current()
     started = time.monotonic()
-    waited = False
     fd: int | None = None
     sem: threading.BoundedSemaphore | None = None
     if limit == 0:
@@ -230,21 +213,13 @@ def acquire(operation: str) -> Slot:
     elif directory is None:
         sem = _process_semaphore(limit)
         if not sem.acquire(blocking=False):
-            waited = True
             while not sem.acquire(timeout=WAIT_LOG_SECONDS):
                 log.warning("docker %s: waited %.0f s for one of %d engine slots", operation,
                             time.monotonic() - started, limit)
     else:
-        fd, waited = _acquire_file_slot(directory, limit, operation, started)
-    waited_for = time.monotonic() - started
+        fd = _acquire_file_slot(directory, limit, operation, started)
     with _lock:
         _depth[me] = _depth.get(me, 0) + 1
-        _stats.acquired += 1
-        _stats.by_operation[operation] = _stats.by_operation.get(operation, 0) + 1
-        if waited:
-            _stats.waited += 1
-            _stats.wait_seconds += waited_for
-            _stats.max_wait_seconds = max(_stats.max_wait_seconds, waited_for)
     return Slot(fd, sem)
 
 
@@ -267,12 +242,11 @@ def _process_semaphore(limit: int) -> threading.BoundedSemaphore:
         return _local_sem
 
 
-def _acquire_file_slot(directory: Path, limit: int, operation: str, started: float) -> tuple[int, bool]:
+def _acquire_file_slot(directory: Path, limit: int, operation: str, started: float) -> int:
     """Lock one of ``slot-0..slot-<limit-1>`` in ``directory``; polls with a jittered backoff."""
     delay = _POLL_MIN
     next_log = started + WAIT_LOG_SECONDS
     first = random.randrange(limit)  # noqa: S311 - spreading load, not security
-    attempts = 0
     while True:
         for k in range(limit):
             index = (first + k) % limit
@@ -289,8 +263,7 @@ def _acquire_file_slot(directory: Path, limit: int, operation: str, started: flo
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise
                 continue
-            return fd, attempts > 0
-        attempts += 1
+            return fd
         now = time.monotonic()
         if now >= next_log:
             log.warning("docker %s: waited %.0f s for one of %d engine slots in %s", operation, now - started,

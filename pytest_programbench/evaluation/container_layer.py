@@ -1107,7 +1107,3 @@ class SdkEvaluator(Evaluator):
             self._retire()
             self.reaper.close()
 
-
-def iter_steps(result: EvaluationResult) -> Iterator[str]:
-    for entry in result.log:
-        yield str(entry.get("step", ""))

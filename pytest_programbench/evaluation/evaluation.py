@@ -106,11 +106,6 @@ class EvalSettings:
         values.update(overrides)
         return cls(**values)
 
-    @property
-    def outer_timeout(self) -> int:
-        """A wall clock above everything the evaluation may legitimately take (for pytest-timeout)."""
-        return self.compile_timeout + 2 * (self.branch_retries + 1) * self.test_timeout + 1800
-
 
 @dataclass
 class EvaluationOutcome:

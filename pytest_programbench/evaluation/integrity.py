@@ -29,7 +29,7 @@ import tarfile
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 WORKSPACE = "/workspace"
@@ -163,20 +163,6 @@ def scan_members(members: Iterable[tarfile.TarInfo], read: Callable[[tarfile.Tar
         if flag is not None:
             flags.setdefault(rel, flag)
     return list(flags.values())
-
-
-def scan_archive(path: Path) -> list[IntegrityFlag]:
-    """Flags for a submission archive on disk (callers have checked it is a readable gzip tar)."""
-    with tarfile.open(path, mode="r:*") as tar:
-        members = tar.getmembers()
-
-        def read(member: tarfile.TarInfo) -> bytes | None:
-            if not member.isfile() or member.size > 1 << 20:
-                return None
-            f = tar.extractfile(member)
-            return f.read() if f is not None else None
-
-        return scan_members(members, read)
 
 
 # --------------------------------------------------------------------------------------------- container diff

@@ -16,7 +16,6 @@ from typing import Any
 from pytest_programbench.results.artifacts import atomic_write_text
 
 REPORT_NAME = "report.html"
-MAX_TESTS_PER_BRANCH = 200  # a panel stays readable; the eval.json link has them all
 
 
 @dataclass(frozen=True)
