@@ -216,6 +216,13 @@ def test_every_option_has_an_ini_twin(pytester: pytest.Pytester) -> None:
     assert from_ini == from_cli
 
 
+def test_every_settings_field_is_set_by_exactly_one_option() -> None:
+    from pytest_programbench.options import OPTIONS, Settings
+
+    fields = [name for opt in OPTIONS for name in opt.settings_fields]
+    assert sorted(fields) == sorted(Settings.__dataclass_fields__)
+
+
 def test_command_line_beats_ini(pytester: pytest.Pytester) -> None:
     """For every option the ini says one value, the command line another: the command line's is the result."""
     from pytest_programbench.options import OPTIONS
