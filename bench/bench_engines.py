@@ -37,10 +37,11 @@ from pytest_programbench.engine.docker_engine import Labels, client, sweep  # no
 from pytest_programbench.relay.relay import BRIDGE_SCRIPT  # noqa: E402
 from pytest_programbench.relay.relay_bridge import connect_unix  # noqa: E402
 from pytest_programbench.relay.relay_tunnel import RelayTunnel  # noqa: E402
+from pytest_programbench.sandbox.layout import RELAY_PORT  # noqa: E402
 from pytest_programbench.sandbox.sandbox import Sandbox  # noqa: E402
 
 IMAGE = "programbench/pbfix_1776_rpn.0b5e55e:task_cleanroom_v6"
-PORT = 47801
+PORT = RELAY_PORT
 
 CLIENT = r"""
 import json, socket, sys, time

@@ -20,13 +20,14 @@ from pytest_programbench.engine.docker_engine import Labels, sweep
 from pytest_programbench.relay.relay import BRIDGE_SCRIPT
 from pytest_programbench.relay.relay_bridge import connect_unix
 from pytest_programbench.relay.relay_tunnel import RelayTunnel, TunnelError
+from pytest_programbench.sandbox.layout import RELAY_PORT
 from pytest_programbench.sandbox.sandbox import Sandbox
 from tests.conftest import Testbed
 
 pytestmark = pytest.mark.docker
 
 IMAGE = "programbench/pbfix_1776_rpn.0b5e55e:task_cleanroom_v6"
-PORT = 47801
+PORT = RELAY_PORT
 
 # Run as the agent user inside the sandbox: N clients at once, each sends SIZE bytes of its own pattern,
 # half-closes, and must read back exactly what it sent (the echo server upper-cases nothing: bytes are bytes).
