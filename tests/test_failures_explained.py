@@ -47,7 +47,11 @@ def _properties(case: ET.Element) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------- the message
 
 
-def test_failure_is_headed_by_the_task_and_explains_itself(pytester: pytest.Pytester, testbed: Testbed) -> None:
+def test_failure_is_headed_by_the_task_and_explains_itself(pytester: pytest.Pytester, testbed: Testbed,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # pytest cuts the short summary's reason at the terminal's width (80 columns in a pipe), after a node id
+    # whose length depends on where the test runs: wide enough that the whole first line of the reason fits.
+    monkeypatch.setenv("COLUMNS", "400")
     run_dir = pytester.path / "run"
     result = pytester.runpytest_subprocess(
         *_args(testbed.tasks_dir, testbed.blob_dir, run_dir, "--pb-filter", RPN, "--pb-agent", CHATTY_AGENT),
@@ -66,6 +70,12 @@ def test_failure_is_headed_by_the_task_and_explains_itself(pytester: pytest.Pyte
         "  agent-line-30",
     ])
     assert "agent-line-10\n" not in out, "only the last 20 lines"
+    # pytest's short summary: the reason's first line, whole, once (not the id again, not the agent.log tail).
+    summary = [line for line in out.splitlines() if line.startswith("FAILED ")]
+    assert len(summary) == 1, out[-3000:]
+    _, sep, reason = summary[0].partition(f"programbench::{RPN} - ")
+    assert sep, summary
+    assert reason == "score 0.0000 (0/15 tests passed), below --pb-min-score 1", summary
 
     case = _cases(run_dir.parent / "junit.xml")[RPN]
     props = _properties(case)
