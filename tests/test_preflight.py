@@ -77,6 +77,7 @@ def test_all_in_place_exits_zero_under_xdist(pytester: pytest.Pytester, testbed:
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK, out[-3000:]
     result.stdout.fnmatch_lines([
+        "programbench agent: \"FOO=1 sh -c 'exit 0'\" (in the sandbox)",
         f"*<ProgramBenchItem {RPN}>*",
         "*= programbench preflight =*",
         "checked: model 2/2 ok, blobs 1/1 ok, engine 1/1 ok, image 1/1 ok, disk 2/2 ok, agent 1/1 ok",

@@ -66,6 +66,8 @@ def test_resume_alone_reuses_the_recorded_settings(pytester: pytest.Pytester, te
         "--pb-agent", COUNTING_AGENT, "--pb-agent-on-host", "--pb-agent-timeout", "300", "--pb-cpus", "2",
         "--pb-infra-retries", "0", "--pb-output", str(run_dir), timeout=600)
     first.assert_outcomes(passed=1, errors=1)
+    # The header names the agent by what was typed (cut), not by its kind.
+    first.stdout.fnmatch_lines(["programbench agent: 'n=$(cat \"$COUNTS/$PB_TASK_ID\" 2>/dev/null*...' (on the host)"])
     assert (_count(counts, RPN), _count(counts, COPY)) == (1, 0)
     resume_args = _resume_args(first.stdout.str())
     assert resume_args[:2] == ["--pb-resume", str(run_dir)]
