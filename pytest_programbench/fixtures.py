@@ -1,6 +1,6 @@
 """The pipeline as pytest fixtures: one fixture per step, in pipeline order, each overridable in a ``conftest.py``.
 
-    pb_session ─ pb_task ─ pb_run ─ pb_engine ─ pb_blobs ─ pb_image ─ pb_relay ─ pb_sandbox ─ pb_agent
+    pb_session ─ pb_task ─ pb_run ─ pb_engine ─ pb_blobs ─ pb_image ─ pb_agent ─ pb_relay ─ pb_sandbox
       ─ pb_agent_run ─ pb_submission ─ pb_evaluation ─ pb_outcome
 
 A benchmark item (``programbench::<id>``) requests ``pb_outcome`` in its setup and asserts on it in its call, so an

@@ -522,6 +522,7 @@ def task_outcome(result: EvaluationOutcome, instance: dict[str, Any]) -> TaskOut
                                                                  if result.reruns_reason else ""))
     if result.error_details and result.error_code:
         notes.append(f"{result.error_code}: {result.error_details.strip().splitlines()[-1][:300]}")
+    notes.extend(result.notes)  # a cause of a 0, the network used under --pb-strict
     return TaskOutcome(
         result.instance_id, score=result.score, n_passed=result.n_passed, n_tests=result.n_tests,
         error_code=result.error_code, failing_branches=result.failing_branches, branch_errors=result.branch_errors,

@@ -36,6 +36,7 @@ from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOu
 from pytest_programbench.tasks.blobs import resolve_blobs
 from pytest_programbench.tasks.catalogue import Task, load_tasks_dir
 from tests.conftest import Testbed
+from tests.outcome_support import item_message
 from tests.test_evaluation_parity import RPN, RUN_LABEL, pack, statuses
 
 pytestmark = pytest.mark.docker
@@ -149,7 +150,7 @@ def test_exception_in_the_official_pipeline_is_scored_zero_not_an_error(
     outcome = run_ours(task, archive, testbed.blob_dir, tmp_path)
     assert_same_verdict(summary, outcome)
     assert any("IndexError" in note and "scored 0" in note for note in outcome.notes), outcome.notes
-    assert "note: scored 0" in outcome.message()
+    assert "scored 0 as `programbench eval` scores it (error IndexError)" in item_message(outcome, task)
 
 
 # --------------------------------------------------------------------------------------------- item 2
@@ -344,11 +345,11 @@ def test_silent_compile_and_silent_hidden_tests_outlast_the_client_timeout(testb
     finally:
         engine.close()
     assert outcome.infra_error is None, outcome.infra_error
-    assert outcome.error_code is None, outcome.message()
+    assert outcome.error_code is None, item_message(outcome, task)
     assert outcome.timeouts == []
     assert outcome.compile_seconds is not None
     assert outcome.compile_seconds >= 10
-    assert outcome.score == 1.0, outcome.message()
+    assert outcome.score == 1.0, item_message(outcome, task)
 
 
 # --------------------------------------------------------------------------------------------- item 3

@@ -17,6 +17,7 @@ import pytest
 
 from pytest_programbench.evaluation import integrity
 from tests.conftest import Testbed
+from tests.outcome_support import item_message
 from tests.test_evaluation_parity import (
     CATLIKE,
     RPN,
@@ -68,7 +69,8 @@ def test_conftest_exploit_official_passes_it_we_flag_it(testbed: Testbed, tmp_pa
     # ... and raises the flag, so the item can never pass silently.
     kinds = {(f.kind, f.path) for f in outcome.integrity_flags}
     assert (integrity.PYTEST_CONFIG, "conftest.py") in kinds
-    assert "integrity flag pytest_config: conftest.py configures the hidden pytest run" in outcome.message()
+    assert ("integrity flags: pytest_config: conftest.py configures the hidden pytest run"
+            in item_message(outcome, tasks(testbed)[CATLIKE]))
 
 
 def test_conftest_exploit_under_strict_scores_what_the_program_deserves(testbed: Testbed, tmp_path: Path,
@@ -85,7 +87,7 @@ def test_conftest_exploit_under_strict_scores_what_the_program_deserves(testbed:
     assert statuses(strict.result) == statuses(deserved)
     assert strict.score == official_score(deserved, instance)
     assert strict.score < 1.0
-    assert "--pb-strict neutralised before the hidden tests: conftest.py" in strict.message()
+    assert "--pb-strict neutralised before the hidden tests: conftest.py" in item_message(strict, task)
 
 
 def test_conftest_written_by_compile_sh_is_flagged_and_neutralised(testbed: Testbed, tmp_path: Path) -> None:

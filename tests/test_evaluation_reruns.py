@@ -17,6 +17,7 @@ from pytest_programbench.evaluation.rerunfailures import (
     validate_wheel_dir,
 )
 from tests.conftest import Testbed
+from tests.outcome_support import item_message
 from tests.test_evaluation_parity import RPN, run_ours, submission, tasks
 
 
@@ -121,7 +122,7 @@ def test_reruns_on_in_a_real_evaluation(testbed: Testbed, tmp_path: Path) -> Non
     runs = [e for e in result.log if e["step"] == "run_tests"]
     assert all("--reruns=2 --reruns-delay=1" in e["command"] for e in runs)
     assert any(" rerun" in e["output"] for e in runs)  # the failing test was rerun
-    assert "reruns: on" in outcome.message()
+    assert "reruns: on" in item_message(outcome, tasks(testbed)[RPN])
 
 
 @pytest.mark.docker
@@ -130,6 +131,6 @@ def test_reruns_off_is_said(testbed: Testbed, tmp_path: Path, monkeypatch: pytes
     outcome = run_ours(tasks(testbed)[RPN], submission(testbed, "good", RPN), testbed, tmp_path, reruns=True)
     assert not outcome.reruns
     assert "no pytest-rerunfailures wheels on this host" in outcome.reruns_reason
-    assert "reruns: off (no pytest-rerunfailures wheels" in outcome.message()
+    assert "reruns: off (no pytest-rerunfailures wheels" in item_message(outcome, tasks(testbed)[RPN])
     assert outcome.meta()["reruns"] == "off"
     assert outcome.score == 1.0

@@ -148,47 +148,6 @@ class EvaluationOutcome:
     def flagged(self) -> bool:
         return bool(self.integrity_flags)
 
-    def message(self) -> str:
-        """The failure message: score, passed/total, failing branches with first failing tests, error, clocks."""
-        if self.infra_error:
-            return f"{self.instance_id}: infrastructure error: {self.infra_error}"
-        lines = [f"{self.instance_id}: score {self.score:.4f} ({self.n_passed}/{self.n_tests} tests passed)"]
-        if self.error_code:
-            details = [d.strip() for d in (self.error_details or "").strip().splitlines() if len(d.strip()) > 3]
-            tail = " | ".join(details[-3:])[-400:]
-            lines.append(f"error: {self.error_code}" + (f" — {tail}" if tail else ""))
-        for branch, tests in self.failing_branches.items():
-            errs = self.branch_errors.get(branch)
-            suffix = f" [branch errors: {', '.join(errs)}]" if errs else ""
-            lines.append(f"branch {branch}: {', '.join(tests) or '(no test results)'}{suffix}")
-        if self.timeouts:
-            lines.append(f"clock fired: {', '.join(self.timeouts)}")
-        for flag in self.integrity_flags:
-            lines.append(f"integrity flag {flag}")
-        if self.strict and self.neutralised:
-            lines.append(f"--pb-strict neutralised before the hidden tests: {', '.join(self.neutralised)}")
-        lines.append(f"reruns: {'on' if self.reruns else 'off'}" + (f" ({self.reruns_reason})"
-                                                                     if self.reruns_reason else ""))
-        lines.extend(f"note: {note}" for note in self.notes)
-        return "\n".join(lines)
-
-    def properties(self) -> dict[str, str | int | float | bool | None]:
-        """JUnit properties: plain builtins only."""
-        return {
-            "score": self.score,
-            "n_passed": self.n_passed,
-            "n_tests": self.n_tests,
-            "error_code": self.error_code or "",
-            "executable_hash": self.executable_hash or "",
-            "failed_branches": ",".join(self.failing_branches),
-            "compile_seconds": round(self.compile_seconds, 3) if self.compile_seconds is not None else -1.0,
-            "test_seconds": round(self.test_seconds, 3),
-            "clock_fired": self.clock_fired or "",
-            "integrity_flags": "; ".join(str(f) for f in self.integrity_flags),
-            "reruns": self.reruns,
-            "infra_error": self.infra_error or "",
-        }
-
     def meta(self) -> dict[str, Any]:
         """The evaluation's part of ``pb-meta.json`` (JSON-serialisable)."""
         return {
