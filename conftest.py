@@ -3,8 +3,8 @@
 In an opted-in session (any ``--pb-*`` option, e.g. ``pytest --pb-agent reference`` here at the root) it fills in what
 the test bed provides, unless given: ``--pb-tasks-dir testbed/tasks``, ``--pb-blob-dir`` (``testbed/setup.sh``'s
 blobs, from ``testbed/.state/env.sh``), and a selection of the test bed's tasks (``--pb-filter pbfix__``) when no
-selection option is given. The plugin never depends on this file; a session that did not opt in (the project's own
-suite, ``pytest tests``) is left exactly as it is.
+selection option is given (nothing when resuming: the run's record has them). The plugin never depends on this
+file; a session that did not opt in (the project's own suite, ``pytest tests``) is left exactly as it is.
 
 Every step of an item is a fixture (``pytest --fixtures`` lists them: ``pb_task`` ... ``pb_outcome``) and a
 ``conftest.py`` overrides one by defining a fixture with the same name. The example below is off unless
@@ -43,9 +43,9 @@ def testbed_env() -> dict[str, str]:
 def pytest_configure(config: pytest.Config) -> None:
     from pytest_programbench.plugin import opted_in
 
-    if not opted_in(config):
-        return
     option = config.option
+    if not opted_in(config) or option.pb_resume:  # a resumed run's record has its tasks, blobs and selection
+        return
     if not option.pb_tasks_dir and not config.getini("pb_tasks_dir") and TESTBED_TASKS.is_dir():
         option.pb_tasks_dir = [str(TESTBED_TASKS)]
     if option.pb_blob_dir is None and not config.getini("pb_blob_dir") and "PROGRAMBENCH_BLOB_DIR" not in os.environ:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -175,6 +176,13 @@ def wait_for_process(engine: PrivateEngine, pattern: str, session: Session, time
     raise AssertionError(f"no container ran {pattern!r} within {timeout} s:\n{session.output()[-4000:]}")
 
 
+def resume_command(output: str) -> list[str]:
+    """The resume command a session printed (the one line saying it)."""
+    lines = [line for line in output.splitlines() if line.startswith("to resume (finished tasks are kept): ")]
+    assert len(lines) == 1, output[-3000:]
+    return shlex.split(lines[0].partition(": ")[2])
+
+
 def run_id_of(run_dir: Path) -> str:
     return str(json.loads((run_dir / "pb-run.json").read_text())["run_id"])
 
@@ -251,8 +259,13 @@ def test_ctrl_c_during_agent_run(engine: PrivateEngine, testbed: Testbed, tmp_pa
     assert meta is not None, f"no pb-meta.json recorded the interruption: {files}"
     assert meta["state"] == "interrupted", meta
 
+    # The command the interrupted session printed resumes it: the --pb-* options come from the run's record.
+    printed = resume_command(session.output())
+    assert printed[:3] == ["pytest", "--pb-resume", str(session.run_dir)], printed
+    assert [a for a in printed[3:] if a.startswith("--pb-")] == [], printed
+    assert ("-n" in printed) == bool(xdist), printed
     (tmp_path / "flag" / "go").touch()  # the resumed agent need not be slow
-    resumed = start_session(engine, tmp_path, testbed, *args, "--pb-resume", str(session.run_dir))
+    resumed = start_session(engine, tmp_path, testbed, *printed[1:])
     assert resumed.wait(300) == pytest.ExitCode.OK, resumed.output()[-4000:]
     outcome, props = resumed.outcomes()[CATLIKE]
     assert (outcome, float(props["score"])) == ("passed", 1.0)
