@@ -331,6 +331,7 @@ class TaskRun:
             # One that outlived it makes the run count: from here on the agent is never run a second time.
             self.require_alive(sandbox)
             self.agent_result = returned
+            self.agent_notes += returned.notes  # a failed --pb-agent-setup, processes left unkillable, ...
             # Before packing, so that it is kept whatever packing does. Unreadable: a note and a flag, scored.
             calls = sandbox.save_call_log(self.artifacts.binary_calls)
         except SandboxError as exc:

@@ -155,6 +155,7 @@ def test_an_in_sandbox_agent_gets_what_the_options_promise(pytester: pytest.Pyte
     assert "pytest_config" in failure, failure
     meta = json.loads((run_dir / RPN / "pb-meta.json").read_text())
     assert "agent set-up exited 3" in meta["agent"]["notes"], meta["agent"]
+    assert "agent set-up exited 3" in failure, failure  # the agent's notes reach the item's message too
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["tasks"][RPN]["outcome"] == "failed"
     assert "pytest_config" in json.dumps(summary["tasks"][RPN]["integrity_flags"])
