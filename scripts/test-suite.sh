@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The project's test suite on a fresh machine: install, start Docker + build the test bed, run pytest.
-# Two phases: the tests with engines of their own (chaos, load, several engines, a registry) run alone first, then
-# the rest -n 2.
+# Two streams at once: the tests with engines of their own (chaos, load, several engines, a registry: private dockerd
+# instances, one module at a time under their own lock) in the background, and the rest -n 2 on the shared engine.
+# They do not interfere: what the first stream restarts, kills or counts is its own engines' (on the shared engine it
+# only checks its own runs, by run id), and most of either stream's time is spent waiting on containers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q -e '.[dev,mini,ssh]'
@@ -23,16 +25,27 @@ fi
 if ! command -v npm >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null
 fi
-python3 -c 'from pytest_programbench import agent_presets as p
+python3 -c 'from pytest_programbench.agents import agent_presets as p
 for name in p.PRESETS: print(p.describe(p.ensure_installed(*p.parse(name))))'
 # No network during tests: the hidden test archives come from the local blob dir.
 export HF_HUB_OFFLINE=1
 mkdir -p .ci/out
 serial=(tests/test_chaos_engine.py tests/test_chaos.py tests/test_load.py tests/test_engines.py tests/test_registry.py)
 status=0
+started=$SECONDS
 # --durations: where the suite's time goes, kept in every run's output (the CI budget is 25 minutes).
+# The own-engine stream's output goes to a file, shown whole when it ends (never interleaved with the other's).
 python3 -m pytest "${serial[@]}" -p no:cacheprovider --durations=15 --junitxml=.ci/out/junit-serial.xml "$@" \
-    || status=$?
+    > .ci/out/own-engines.log 2>&1 &
+own_engines=$!
+trap 'kill "$own_engines" 2>/dev/null || true' EXIT  # by its pid, should this script end first
 python3 -m pytest tests -n 2 -p no:cacheprovider --durations=30 "${serial[@]/#/--ignore=}" \
     --junitxml=.ci/out/junit.xml "$@" || status=$?
+echo "test suite: shared-engine tests done at $((SECONDS - started)) s"
+own_status=0
+wait "$own_engines" || own_status=$?
+echo "== tests with engines of their own (${serial[*]}): exit status $own_status"
+cat .ci/out/own-engines.log
+echo "test suite: done at $((SECONDS - started)) s"
+[ "$own_status" = 0 ] || status=$own_status
 exit "$status"

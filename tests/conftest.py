@@ -26,6 +26,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 GUARD_PLUGIN = "tests.network_guard"
 
+# The machine's cache, as this process found it: pytester points HOME at each test's directory, which would make every
+# session it starts download the rerunfailures wheels again (five `pip download`s), rebuild the proxy client and
+# reinstall a CLI agent preset from npm (hundreds of MB), where a user's sessions find them in their cache.
+MACHINE_CACHE = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+
 
 @pytest.fixture(autouse=True)
 def _guard_the_sessions_a_test_starts(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,6 +42,9 @@ def _guard_the_sessions_a_test_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
     plugins = [p for p in os.environ.get("PYTEST_PLUGINS", "").split(",") if p and p != GUARD_PLUGIN]
     monkeypatch.setenv("PYTEST_PLUGINS", ",".join([*plugins, GUARD_PLUGIN]))
+    # Sessions share the machine's plugin cache as a user's do (a test wanting a fresh one sets PB_AGENT_CACHE,
+    # PB_PROXY_CACHE or PYTEST_PROGRAMBENCH_CACHE, which win).
+    monkeypatch.setenv("XDG_CACHE_HOME", MACHINE_CACHE)
 
 
 install_network_guard()

@@ -6,9 +6,10 @@ data root, exec root (so its own managed containerd), pidfile and config file (`
 started and stopped by pid. Images move in from the shared engine with ``docker save | docker load`` and are checked
 by id.
 
-These modules form the serial phase: run them in their own pytest invocation before the parallel suite
-(``pytest tests/test_chaos*.py tests/test_load.py`` then ``pytest tests -n 2 --ignore=...``). A module-level file lock
-(:func:`serial_phase`) keeps two of them from overlapping even when someone runs everything under xdist.
+These modules form the serial phase: run them in their own pytest invocation, alongside the parallel suite
+(scripts/test-suite.sh starts ``pytest tests/test_chaos*.py tests/test_load.py ...`` in the background while
+``pytest tests -n 2 --ignore=...`` runs: nothing they restart, kill or count is the shared engine's). A module-level
+file lock (:func:`serial_phase`) keeps two of them from overlapping even when someone runs everything under xdist.
 """
 
 from __future__ import annotations

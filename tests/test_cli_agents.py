@@ -241,7 +241,7 @@ def test_concurrent_installs_run_npm_once(fake_npm: Path, tmp_path: Path) -> Non
     import subprocess
     import sys
 
-    script = ("from pytest_programbench import agent_presets as p; "
+    script = ("from pytest_programbench.agents import agent_presets as p; "
               "i = p.ensure_installed(*p.parse('codex@1.2.3')); print(sorted(i.variants))")
     env = {**os.environ, "PB_FAKE_NPM_HOLD": "1"}
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)

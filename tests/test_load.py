@@ -1,4 +1,4 @@
-"""Load: 12 fixture items with ``-n 4`` on a private engine (serial phase): every result right, nothing leaked.
+"""Load: 9 fixture items with ``-n 3`` on a private engine (serial phase): every result right, nothing leaked.
 
 The full 24-item ``-n 8`` run is a benchmark (``python bench/bench_load.py --private-engine``): the suite keeps the
 property (many workers, many items, one engine, nothing left) at the size a 25-minute CI can afford. The figures
@@ -40,7 +40,7 @@ def engine(docker_client: Any) -> Iterator[PrivateEngine]:
         yield private
 
 
-COPIES, WORKERS = 4, 4  # 3 fixture tasks x 4 copies
+COPIES, WORKERS = 3, 3  # 3 fixture tasks x 3 copies: each worker runs several items, all at once on one engine
 
 
 def test_many_items_with_many_workers(engine: PrivateEngine, tmp_path: Path, record_property: Any) -> None:
