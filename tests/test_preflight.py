@@ -8,9 +8,11 @@ checks start a sandbox and open connections, which a plain listing must not.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -131,6 +133,78 @@ def test_each_missing_thing_is_a_row_and_the_exit_is_non_zero(
     assert not any(r.startswith(("blobs ", "image ")) and RPN in r for r in rows), "what is there is no row"
     assert _archives(hf_home) == [], "preflight downloads nothing"
     _assert_nothing_ran(docker_client, out, run_dir)
+
+
+class LoopbackHub:
+    """A Hugging Face endpoint on loopback answering the dataset's tree listing with ``files``; it records every
+    request path, so a download (``/resolve/``) would show."""
+
+    def __init__(self, files: list[str]) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        hub = self
+        self.requests: list[str] = []
+        body = json.dumps([{"type": "file", "path": f, "size": 1, "oid": "0" * 40} for f in files]).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                hub.requests.append(self.path)
+                listing = "/api/datasets/" in self.path and "/tree/" in self.path
+                self.send_response(200 if listing else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body) if listing else 2))
+                self.end_headers()
+                self.wfile.write(body if listing else b"{}")
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> LoopbackHub:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_archives_listed_in_the_dataset_count_as_downloadable(pytester: pytest.Pytester,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Online: one listing of the dataset decides for the whole selection; nothing is downloaded (no agent: no
+    engine work). The hub lists every archive of one task and all but the last of another's."""
+    from programbench.utils.load_data import get_active_branches
+
+    from pytest_programbench.tasks.catalogue import load_packaged
+
+    complete, partial = load_packaged()[:2]
+    hf_home = _hf_env(pytester, monkeypatch)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    last = list(get_active_branches(partial.load_instance()))[-1]
+    files = [f"{task.instance_id}/tests/{b}.tar.gz" for task in (complete, partial)
+             for b in get_active_branches(task.load_instance())]
+    with LoopbackHub([f for f in files if not f.endswith(f"/{last}.tar.gz")]) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        both = f"{re.escape(complete.instance_id)}|{re.escape(partial.instance_id)}"
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pb-filter", both, "--pb-pull", "never",
+                                               "--pb-preflight", timeout=300)
+    rows = result.stdout.str().split("= programbench preflight =")[1].splitlines()
+    assert rows[1].startswith("checked: blobs 1/2 ok"), rows
+    assert not any(r.startswith("blobs ") and complete.instance_id in r for r in rows), rows
+    assert [r for r in rows if r.startswith("blobs ")] == [
+        r for r in rows if r.startswith("blobs ") and partial.instance_id in r and r.endswith(
+            f"{last}: not in the dataset programbench/ProgramBench-Tests")], rows
+    # One listing for the selection, never a request per archive, never a download (/resolve/).
+    listings = [r for r in hub.requests if r.startswith("/api/datasets/programbench/ProgramBench-Tests/tree/")]
+    assert len(listings) == 1, hub.requests
+    assert not any("/resolve/" in r or complete.instance_id in r for r in hub.requests), hub.requests
+    assert _archives(hf_home) == []
 
 
 def test_unreachable_hub_is_a_row_not_a_hang(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
