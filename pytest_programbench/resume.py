@@ -51,8 +51,9 @@ def reuse(settings: options.Settings, recorded: Mapping[str, Any], given: set[st
     return dataclasses.replace(settings, **values)
 
 
-def for_session(config: pytest.Config, settings: options.Settings) -> tuple[options.Settings, dict[str, Any] | None]:
-    """The session's settings when it resumes, and the record they came from (shipped to xdist workers)."""
+def for_session(config: pytest.Config, settings: options.Settings) -> options.Settings:
+    """The session's settings: when it resumes, the recorded ones under what the user gave (xdist workers get the
+    controller's record through ``workerinput``)."""
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
         recorded = workerinput.get(WORKERINPUT_KEY)
@@ -60,9 +61,7 @@ def for_session(config: pytest.Config, settings: options.Settings) -> tuple[opti
         recorded = recorded_settings(Path(settings.resume))
     else:
         recorded = None
-    if recorded is None:
-        return settings, None
-    return reuse(settings, recorded, given_fields(config)), recorded
+    return settings if recorded is None else reuse(settings, recorded, given_fields(config))
 
 
 def flag_of(field_name: str) -> str:

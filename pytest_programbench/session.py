@@ -228,7 +228,7 @@ class ProgramBenchSession:
         from pytest_programbench import resume
 
         # --pb-resume DIR alone: the run's recorded settings, under what the user gave explicitly.
-        settings, _ = resume.for_session(config, options.parse(config))
+        settings = resume.for_session(config, options.parse(config))
         try:
             catalogue = Catalogue.load(settings.tasks_dirs, include_fixtures=settings.include_fixtures)
         except CatalogueError as exc:
@@ -600,6 +600,7 @@ class ProgramBenchSession:
 
         from pytest_programbench.engine import docker_engine
         from pytest_programbench.engine.reaper import reap_dead_runs
+        from pytest_programbench.resume import RECORDED_KEY
 
         # Leftovers of dead runs (their controller is gone or their lifetime expired), never a live run's.
         for url in self.engine_urls():
@@ -617,7 +618,7 @@ class ProgramBenchSession:
             "plugin_version": version("pytest-programbench"),
             "programbench_version": version("programbench"),
             "fingerprint": fingerprint(self.settings),
-            "settings": public_settings(self.settings),  # what --pb-resume DIR alone reuses
+            RECORDED_KEY: public_settings(self.settings),  # what --pb-resume DIR alone reuses
             "selected": [t.instance_id for t in self.selection.tasks],
         })
 
