@@ -92,7 +92,7 @@ def figures(records: Iterable[TaskRecord]) -> dict[str, Any]:
         "mean_over_scored": _mean(scores, len(scores)),
         "mean_over_selection": _mean(scores, len(rows)),  # errors and unattempted tasks count 0
         "resolved": sum(s >= RESOLVED for s in scores),
-        "near_resolved": sum(s >= NEAR_RESOLVED for s in scores),
+        "near_resolved": sum(s > NEAR_RESOLVED for s in scores),
         "passed": sum(r.outcome == PASSED for r in rows),
         "failed": sum(r.outcome == FAILED for r in rows),
         "errors": sum(r.outcome == ERROR for r in rows),
@@ -197,6 +197,13 @@ class RunSummary:
     def headline(self) -> dict[str, Any]:
         return figures(self.records.values())
 
+    def intervals(self) -> dict[str, Any]:
+        """95% bootstrap CIs of both headline means (results/statistics.py); per task a list of attempts' scores."""
+        from pytest_programbench.results.statistics import headline_statistics
+
+        scored = {iid: [r.score or 0.0] for iid, r in self.records.items() if r.scored}
+        return headline_statistics(scored, list(self.records))
+
     def official_headline(self) -> dict[str, Any] | None:
         """programbench's own ``aggregate`` when the selection is the whole benchmark (no overridden task)."""
         from programbench.submission import aggregate
@@ -234,7 +241,7 @@ class RunSummary:
         return {
             **self.header,
             "updated": time.time(),
-            "headline": self.headline(),
+            "headline": {**self.headline(), **self.intervals()},
             "official_headline": self.official_headline(),
             "by_language": self.breakdown("language"),
             "by_difficulty": self.breakdown("difficulty"),
@@ -273,6 +280,11 @@ class RunSummary:
         lines.append(f"mean over scored tasks: {fmt(head['mean_over_scored'])} ({head['scored']} scored)   "
                      f"mean over the selection (errors and unattempted count 0): {fmt(head['mean_over_selection'])} "
                      f"({head['selected']} selected)")
+        from pytest_programbench.results.statistics import interval_text
+
+        for name, interval in self.intervals().items():
+            if interval is not None:
+                lines.append(f"{name.removesuffix('_ci').replace('_', ' ')}: {interval_text(interval)}")
         lines.append(tokens_line(token_totals(self.records.values())))
         for engine, row in self.by_engine().items():
             lines.append(f"engine {engine}: {row['tasks']} tasks ({row['passed']} passed, {row['failed']} failed, "
