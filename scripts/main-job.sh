@@ -5,7 +5,9 @@
 # Extra arguments go to both pytest runs (e.g. -n 2). Exit status: non-zero when any item did not pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q -e .
+# shellcheck source=scripts/venv.sh
+. scripts/venv.sh
+pb_venv ''
 bash testbed/setup.sh
 # shellcheck source=/dev/null
 . testbed/.state/env.sh
@@ -14,9 +16,9 @@ common=(-p no:cacheprovider --pb-tasks-dir testbed/tasks --pb-filter 'pbfix__' -
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 
 echo "== 1/2: known-good submissions (evaluate-only)"
-python3 -m pytest "${common[@]}" --pb-submissions "$PB_TESTBED_SUBMISSIONS" \
+"$PY" -m pytest "${common[@]}" --pb-submissions "$PB_TESTBED_SUBMISSIONS" \
     --pb-output "pb-runs/main-job-$stamp/submissions" --junitxml "pb-runs/main-job-$stamp/submissions.xml" "$@"
 
 echo "== 2/2: the reference agent, end to end"
-python3 -m pytest "${common[@]}" --pb-agent reference \
+"$PY" -m pytest "${common[@]}" --pb-agent reference \
     --pb-output "pb-runs/main-job-$stamp/reference-agent" --junitxml "pb-runs/main-job-$stamp/reference-agent.xml" "$@"

@@ -6,7 +6,9 @@
 # only checks its own runs, by run id), and most of either stream's time is spent waiting on containers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q -e '.[dev,mini,ssh]'
+# shellcheck source=scripts/venv.sh
+. scripts/venv.sh
+pb_venv '[dev,mini,ssh]'
 bash testbed/setup.sh
 # Debian's Chromium renders report.html for tests/test_report.py (headless, offline); installed only when missing.
 if ! command -v chromium >/dev/null; then
@@ -25,7 +27,7 @@ fi
 if ! command -v npm >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null
 fi
-python3 -c 'from pytest_programbench.agents import agent_presets as p
+"$PY" -c 'from pytest_programbench.agents import agent_presets as p
 for name in p.PRESETS: print(p.describe(p.ensure_installed(*p.parse(name))))'
 # No network during tests: the hidden test archives come from the local blob dir.
 export HF_HUB_OFFLINE=1
@@ -35,11 +37,11 @@ status=0
 started=$SECONDS
 # --durations: where the suite's time goes, kept in every run's output (the CI budget is 25 minutes).
 # The own-engine stream's output goes to a file, shown whole when it ends (never interleaved with the other's).
-python3 -m pytest "${serial[@]}" -p no:cacheprovider --durations=15 --junitxml=.ci/out/junit-serial.xml "$@" \
+"$PY" -m pytest "${serial[@]}" -p no:cacheprovider --durations=15 --junitxml=.ci/out/junit-serial.xml "$@" \
     > .ci/out/own-engines.log 2>&1 &
 own_engines=$!
 trap 'kill "$own_engines" 2>/dev/null || true' EXIT  # by its pid, should this script end first
-python3 -m pytest tests -n 2 -p no:cacheprovider --durations=30 "${serial[@]/#/--ignore=}" \
+"$PY" -m pytest tests -n 2 -p no:cacheprovider --durations=30 "${serial[@]/#/--ignore=}" \
     --junitxml=.ci/out/junit.xml "$@" || status=$?
 echo "test suite: shared-engine tests done at $((SECONDS - started)) s"
 own_status=0
