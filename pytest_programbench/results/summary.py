@@ -92,7 +92,7 @@ def figures(records: Iterable[TaskRecord]) -> dict[str, Any]:
         "mean_over_scored": _mean(scores, len(scores)),
         "mean_over_selection": _mean(scores, len(rows)),  # errors and unattempted tasks count 0
         "resolved": sum(s >= RESOLVED for s in scores),
-        "near_resolved": sum(s > NEAR_RESOLVED for s in scores),
+        "near_resolved": sum(s >= NEAR_RESOLVED for s in scores),
         "passed": sum(r.outcome == PASSED for r in rows),
         "failed": sum(r.outcome == FAILED for r in rows),
         "errors": sum(r.outcome == ERROR for r in rows),
