@@ -1,12 +1,11 @@
 """Every bad input of the earlier issues, one table, with the message each gets.
 
-Four kinds of answer, each the right one for its input:
+Three kinds of answer, each the right one for its input:
 
 * ``usage`` — a configuration mistake: the session refuses to start (exit 4) with one line naming the option, the
-  value and what would be valid. Nothing runs, nothing is created.
-* ``usage-or-error`` — a configuration mistake that is today only found when the item runs (it errors, with the
-  message, and is never scored); it should move to ``usage`` (see the report of issue 7). Either is accepted, the
-  message is required, a score never is.
+  value and what would be valid. Nothing runs, nothing is created. The agent's inputs (``--pb-agent-env``, the
+  prompt template, the model endpoint, mounts) are checked up front too: detectable before anything runs, they are
+  usage errors (README: "what a run refuses at start-up"), never an error per item.
 * ``error`` — the infrastructure cannot run the task (its metadata, hidden tests, image, engine, disk): the item is
   an error, with the message, never a score.
 * ``failure`` — the submission's own fault: scored the official way (0 here), the message says why.
@@ -39,7 +38,7 @@ NOTHING_TO_RUN = "*nothing to run: pass --pb-agent CMD to run an agent, or --pb-
 class Case:
     id: str
     args: tuple[str, ...]
-    kind: str  # usage | usage-or-error | error | failure
+    kind: str  # usage | error | failure
     message: str  # an fnmatch pattern of one output line
     env: dict[str, str] = field(default_factory=dict)
     setup: Callable[[Path, Testbed], None] | None = None
@@ -172,16 +171,16 @@ CASES: list[Case] = [
          collect_only=True),
     Case("replay-missing", ("--pb-agent", "replay:/nonexistent/replay"), "usage",
          "*--pb-agent replay:DIR: /nonexistent/replay is not a directory*", collect_only=True),
-    Case("agent-env-unset", (*AGENT, "--pb-agent-env", "PB_BAD_INPUT_UNSET"), "usage-or-error",
+    Case("agent-env-unset", (*AGENT, "--pb-agent-env", "PB_BAD_INPUT_UNSET"), "usage",
          "*--pb-agent-env: PB_BAD_INPUT_UNSET is not set on the host*"),
-    Case("agent-env-name", (*AGENT, "--pb-agent-env", "1BAD=x"), "usage-or-error",
+    Case("agent-env-name", (*AGENT, "--pb-agent-env", "1BAD=x"), "usage",
          "*--pb-agent-env: '1BAD' is not a variable name*"),
-    Case("prompt-template-missing", (*AGENT, "--pb-prompt-template", "/nonexistent/prompt.j2"), "usage-or-error",
-         "*/nonexistent/prompt.j2*"),
-    Case("model-endpoint-scheme", (*AGENT, "--pb-model-endpoint", "ftp://example.invalid/v1"), "usage-or-error",
-         "*model endpoint 'ftp://example.invalid/v1': the scheme must be http or https*"),
-    Case("agent-mount-missing", (*AGENT, "--pb-agent-mount", "/nonexistent/mount"), "usage-or-error",
-         "*/nonexistent/mount*"),
+    Case("prompt-template-missing", (*AGENT, "--pb-prompt-template", "/nonexistent/prompt.j2"), "usage",
+         "*--pb-prompt-template: /nonexistent/prompt.j2 is not a file*"),
+    Case("model-endpoint-scheme", (*AGENT, "--pb-model-endpoint", "ftp://example.invalid/v1"), "usage",
+         "*--pb-model-endpoint: model endpoint 'ftp://example.invalid/v1': the scheme must be http or https*"),
+    Case("agent-mount-missing", (*AGENT, "--pb-agent-mount", "/nonexistent/mount"), "usage",
+         "*--pb-agent-mount: /nonexistent/mount does not exist*"),
     Case("replay-without-the-task", (*AGENT[:-2], "--pb-agent", "replay:{tmp}/replay"), "failure",
          "*compile_failed: chmod: cannot access './compile.sh': No such file or directory*", setup=_empty_dirs),
     # -- run options (issue 6) ----------------------------------------------------------------------------------
@@ -268,7 +267,7 @@ def test_bad_input(case: Case, pytester: pytest.Pytester, testbed: Testbed, monk
     result = pytester.runpytest_subprocess(*args, timeout=600)
     text = "\n".join(_lines(result))
 
-    if case.kind == "usage" or (case.kind == "usage-or-error" and result.ret == pytest.ExitCode.USAGE_ERROR):
+    if case.kind == "usage":
         assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-3000:]
         result.stderr.fnmatch_lines([case.message])
         assert not (tmp / "run").exists(), "a refused session creates no run directory"
@@ -278,7 +277,7 @@ def test_bad_input(case: Case, pytester: pytest.Pytester, testbed: Testbed, monk
         assert after == before, "a refused session writes nothing"
         return
     outcomes = result.parseoutcomes()
-    if case.kind in ("error", "usage-or-error"):
+    if case.kind == "error":
         assert outcomes.get("errors") == 1, text[-3000:]
         assert "failed" not in outcomes, text[-3000:]
         assert "passed" not in outcomes, text[-3000:]
@@ -301,5 +300,5 @@ def _junit_properties(tmp: Path) -> dict[str, str]:
 
 def test_the_table_covers_every_kind() -> None:
     kinds = {c.kind for c in CASES}
-    assert kinds == {"usage", "usage-or-error", "error", "failure"}
+    assert kinds == {"usage", "error", "failure"}
     assert len({c.id for c in CASES}) == len(CASES)
