@@ -51,11 +51,13 @@ def official_info(run_dir: Path, tasks_dir: Path) -> str:
 
 
 SCRIPTED = (
-    # Probe the reference through the proxy like an agent would, then write a solution from what it learned.
-    'printf "2 3 +\\n" | /workspace/binary > probe.txt && grep -qx 5 probe.txt && '
-    'test "$(id -u)" != 0 && test -z "$(ls /workspace/src)" || test -f probe.txt; '
-    "cp -r /pb-testbed/solutions/$PB_TASK_ID/. . && rm probe.txt && test -f \"$PB_PROMPT_FILE\" && "
-    'grep -q "/workspace/binary" "$PB_PROMPT_FILE"'
+    # Check what the agent is given, probe the reference through the proxy like an agent would, then write a solution
+    # from what it learned. One chain: the solution is written only when every check held, so each one decides the
+    # outcome (a failed check leaves /workspace/src empty: scored 0).
+    'test "$(id -u)" != 0 && test -z "$(ls -A /workspace/src)" && test -f "$PB_PROMPT_FILE" && '
+    'grep -q "/workspace/binary" "$PB_PROMPT_FILE" && '
+    'printf "2 3 +\\n" | /workspace/binary > probe.txt && grep -qx 5 probe.txt && rm probe.txt && '
+    "cp -r /pb-testbed/solutions/$PB_TASK_ID/. ."
 )
 
 
@@ -124,10 +126,13 @@ def test_agent_env_and_secrets(pytester: pytest.Pytester, testbed: Testbed, monk
 
 
 def test_host_loop_agent_drives_the_sandbox(pytester: pytest.Pytester, testbed: Testbed) -> None:
-    agent = (f"tar -C {TESTBED}/solutions/$PB_TASK_ID -c . | $PB_SANDBOX_EXEC 'tar -x -C /workspace/src' && "
-             "$PB_SANDBOX_EXEC 'test $(id -u) = 1777'")
+    # The uid check first: the solution reaches the sandbox only when commands run there as the agent (1777, as
+    # PB_AGENT_UID says), so the check decides the outcome.
+    agent = ("test \"$($PB_SANDBOX_EXEC 'id -u')\" = 1777 && test \"$PB_AGENT_UID\" = 1777 && "
+             f"tar -C {TESTBED}/solutions/$PB_TASK_ID -c . | $PB_SANDBOX_EXEC 'tar -x -C /workspace/src'")
     result = run_agent(pytester, testbed, agent, "--pb-agent-on-host")
     result.assert_outcomes(passed=1)
+    assert properties(pytester, RPN)["agent_exit"] == "0"
 
 
 def test_replay_preset(pytester: pytest.Pytester, testbed: Testbed) -> None:
