@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_programbench import options
+from pytest_programbench import invocation, options
 from pytest_programbench.stash import SESSION, WORKSTEAL_DEFAULTED
 
 SESSION_PLUGIN = "programbench-session"  # the session object is also a plugin: its hooks run only when opted in
@@ -22,6 +22,12 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(newhooks)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """The options are known now: ``--pb-tasks-dir DIR`` must not have moved the rootdir (see invocation.py)."""
+    invocation.settle_rootdir(early_config)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_cmdline_main(config: pytest.Config) -> object:
     """``-n`` without ``--dist``: work stealing (items take hours, xdist's default pre-splits them in chunks).
@@ -29,6 +35,7 @@ def pytest_cmdline_main(config: pytest.Config) -> object:
     A wrapper, so this runs before xdist's own hook turns a bare ``-n`` into ``--dist load`` (and before any
     ``pytest_configure``, so ``--pb-preflight``'s collect-only mode keeps xdist from starting workers)."""
     option = config.option
+    invocation.take_node_ids(config)  # ``pytest programbench::<id>``: a selection, not a file to look for
     # --pb-preflight lists the selection like --co, then checks it: nothing runs (and xdist starts no workers).
     if options.to_bool(options.raw_value(config, options.BY_DEST["pb_preflight"])) and opted_in(config):
         option.collectonly = True
@@ -58,8 +65,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def opted_in(config: pytest.Config) -> bool:
-    """Any ``--pb-*`` flag opts in; so does ini ``pb_enable`` when pytest runs from the rootdir with no path."""
-    if options.given_on_command_line(config):
+    """Any ``--pb-*`` flag or a ``programbench::<id>`` argument opts in; so does ini ``pb_enable`` when pytest runs
+    from the rootdir with no path."""
+    if options.given_on_command_line(config) or invocation.suite_named(config):
         return True
     if not options.to_bool(config.getini("pb_enable")):
         return False

@@ -22,6 +22,7 @@ from _pytest.junitxml import bin_xml_escape
 
 from pytest_programbench import options
 from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.invocation import SUITE_NAME, is_listing, named_tasks
 from pytest_programbench.items import ProgramBenchItem
 from pytest_programbench.markers import register_languages
 from pytest_programbench.run_identity import RunIdentity
@@ -89,6 +90,22 @@ def fingerprint(settings: options.Settings) -> dict[str, Any]:
     values["programbench_version"] = version("programbench")
     plain: dict[str, Any] = json.loads(json.dumps(values, default=str))
     return plain
+
+
+def narrow_to(selection: Selection, catalogue: Catalogue, named: tuple[str, ...]) -> Selection:
+    """The selection cut to the tasks named as node ids (``pytest programbench::<id>``); an id that is no task is a
+    usage error naming it."""
+    known = {t.instance_id for t in catalogue}
+    unknown = [i for i in named if i not in known]
+    if unknown:
+        raise pytest.UsageError(", ".join(f"{SUITE_NAME}::{i}" for i in unknown) + ": no such ProgramBench task"
+                                + " (not in the benchmark nor in a --pb-tasks-dir; bundled fixtures need "
+                                  "--pb-include-fixtures)")
+    chosen = set(named)
+    tasks = tuple(t for t in selection.tasks if t.instance_id in chosen)
+    why = "" if tasks else (f"{', '.join(named)} named as node ids, none of them in the selection of the --pb-* "
+                            f"options ({len(selection.tasks)} tasks)")
+    return Selection(tasks, why)
 
 
 def validate_agent_inputs(settings: options.Settings) -> None:
@@ -176,7 +193,7 @@ class ProgramBenchSession:
         self.catalogue = catalogue
         self.selection = selection
         self.identity = identity
-        self.collect_only = bool(config.option.collectonly)
+        self.collect_only = is_listing(config)  # --co, --fixtures, --markers...: nothing runs, no run directory
         self.explicit_paths = config.args_source == pytest.Config.ArgsSource.ARGS
         self.worker_id: str = getattr(config, "workerinput", {}).get("workerid", "controller")
         if not self.collect_only:
@@ -201,9 +218,9 @@ class ProgramBenchSession:
             from pytest_programbench.agents.agent import AgentSpec
 
             self.agent_spec = AgentSpec.parse(settings.agent, on_host=settings.agent_on_host)
-            if not config.option.collectonly:
+            if not self.collect_only:
                 validate_agent_inputs(settings)
-            if self.agent_spec.kind == "mini-swe-agent" and not config.option.collectonly:
+            if self.agent_spec.kind == "mini-swe-agent" and not self.collect_only:
                 from pytest_programbench.agents.mini_swe_agent import preflight
 
                 preflight(settings)
@@ -241,9 +258,12 @@ class ProgramBenchSession:
             slice_spec=settings.slice,
             shuffle_seed=settings.shuffle,
         )
+        named = named_tasks(config)
+        if named is not None:
+            selection = narrow_to(selection, catalogue, named)
         if not selection.tasks:
             raise pytest.UsageError(f"no ProgramBench task matched: {selection.why_empty}")
-        if not config.option.collectonly and not settings.agent and not settings.submissions:
+        if not is_listing(config) and not settings.agent and not settings.submissions:
             raise pytest.UsageError(NOTHING_TO_RUN)
         if settings.agent and settings.submissions:
             raise pytest.UsageError(AGENT_AND_SUBMISSIONS)
@@ -257,7 +277,9 @@ class ProgramBenchSession:
         if is_worker(config):
             identity = RunIdentity.from_dict(config.workerinput[WORKERINPUT_KEY])  # type: ignore[attr-defined]
         else:
-            identity = RunIdentity.create(config.rootpath, output=settings.output, resume=settings.resume)
+            # pb-runs/ where pytest was invoked, as a relative --pb-output is: not under a rootdir that moves.
+            identity = RunIdentity.create(config.invocation_params.dir, output=settings.output,
+                                          resume=settings.resume)
             if identity.resumed:
                 check_resumable(identity, settings)
         return cls(config, settings, catalogue, selection, identity)
@@ -610,7 +632,8 @@ class ProgramBenchSession:
                 log.warning("engine %s does not answer: %s", url, exc)
                 continue
             reaped = reap_dead_runs(self.identity.run_id, engine=engine,
-                                    run_dirs=[self.config.rootpath / "pb-runs", self.identity.path.parent])
+                                    run_dirs=[self.config.invocation_params.dir / "pb-runs",
+                                              self.identity.path.parent])
             if reaped.containers or reaped.images:
                 log.warning("reaped %d containers and %d images of dead runs on %s", len(reaped.containers),
                             len(reaped.images), url or "the default engine")
