@@ -14,6 +14,10 @@ bash testbed/setup.sh
 if ! command -v chromium >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
+# Debian's tmux: a real terminal for tests/test_progress.py's live view (capture-pane mid-run and at the end).
+if ! command -v tmux >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null
+fi
 # Debian's openssh-server: an engine reached over ssh:// on 127.0.0.1 for tests/test_engines.py.
 if ! [ -x /usr/sbin/sshd ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null

@@ -3,8 +3,10 @@
 Every process that runs items publishes its current task and phase to ``<run dir>/.progress/<worker>.json`` (small
 atomic files: nothing goes through xdist's channel, so a crashed worker leaves a file whose dead pid says so). The
 controller polls those files, adds the agent's tokens so far from the relay's ``model-requests.jsonl``, keeps
-``summary.json``'s ``in_flight`` current and shows a compact view: redrawn in place below pytest's own output on a
-terminal, periodic plain lines otherwise (CI logs), one line under ``-q``; ``--pb-progress off`` turns it all off.
+``summary.json``'s ``in_flight`` current and shows a compact view: drawn in place below pytest's own output on a
+terminal (rich's ``Live``), periodic plain lines otherwise (CI logs), one line under ``-q``; ``--pb-progress off`` turns
+it all off. With or without xdist it is the same path: the process that runs items publishes, a thread of the
+controller reads and shows (without xdist, beside the item's fixtures in the same process).
 
 Phases come from the pipeline (``TaskPipeline.phase``), from the evaluation's progress log records (compile,
 branch k/n) and from the item's call (verdict). Slow engine calls (``docker_engine``) arrive as log records too and
@@ -17,14 +19,19 @@ import contextlib
 import json
 import logging
 import os
+import re
+import shutil
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import pytest
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.text import Text
 
 from pytest_programbench.results.artifacts import atomic_write_text
 
@@ -290,7 +297,7 @@ def status_line(counts: Counts, snapshot: Snapshot, elapsed: float) -> str:
     left = eta(counts, snapshot)
     return (f"programbench {done + counts.errors}/{counts.selected}: {counts.passed} passed, {counts.failed} failed, "
             f"{counts.errors} errors | {running} running, {queued} queued | {clock(elapsed)} elapsed | ETA "
-            + ("-" if left is None else clock(left)))
+            + ("after the first task" if left is None else clock(left)))
 
 
 def task_line(flight: InFlight) -> str:
@@ -307,8 +314,168 @@ def render(counts: Counts, snapshot: Snapshot, elapsed: float, *, quiet: bool) -
     return [head, *map(task_line, snapshot.in_flight)]
 
 
+# -- the screen: where pytest's writes and the view's meet --------------------------------------------------------
+
+_OSC = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")  # pytest's terminal-progress sequences: they move no cursor
+
+
+def _own_stream(file: Any) -> tuple[TextIO, bool]:
+    """A stream of our own on the terminal's descriptor. pytest's output capture points fd 1 at a file while an
+    item runs (the whole agent window without -n): writes through pytest's stream then land in the item's
+    captured output, not on the terminal."""
+    try:
+        fd = os.dup(file.fileno())
+    except (AttributeError, OSError, ValueError):  # no descriptor (an in-process pytester run): pytest's stream
+        return file, False
+    encoding = getattr(file, "encoding", None) or "utf-8"
+    return open(fd, "w", encoding=encoding, errors="backslashreplace", buffering=1), True
+
+
+def _after_rewrites(line: str) -> str:
+    """What carriage-return rewrites (pytest's and xdist's "collecting ..." lines) leave on a line."""
+    parts = [part for part in line.split("\r") if part]
+    return parts[-1] if parts else ""
+
+
+class Screen:
+    """Stands in for the terminal reporter's file while the view runs: pytest's writes and the view's go through
+    one lock to one stream, in order. This one prints the view as plain lines (a log); ``LiveScreen`` draws it in
+    place."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer  # pytest's TerminalWriter
+        self.original = writer._file
+        self.stream, self._owned = _own_stream(self.original)
+        self.lock = threading.RLock()
+        self.closed = False
+        self._line_started = False  # pytest left an unfinished line (its dots, a node id waiting for its outcome)
+
+    def install(self) -> None:
+        with self.lock:
+            self.original.flush()
+            self._line_started = bool(self.writer.width_of_current_line)
+            self.writer._file = self
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._finish()
+            self.stream.flush()
+            self.writer._file = self.original
+            if self._owned:
+                self.stream.close()
+
+    # -- the file interface pytest's TerminalWriter uses
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            self._pytest_text(text)
+        return len(text)
+
+    def flush(self) -> None:
+        with self.lock:
+            self.stream.flush()
+
+    # -- the view's side
+
+    def show(self, lines: list[str]) -> None:
+        """The view's current lines: printed each time, on lines of their own (pytest's line is broken off)."""
+        with self.lock:
+            if self.closed or not lines:
+                return
+            self.stream.write(("\n" if self._line_started else "") + "\n".join(lines) + "\n")
+            self.stream.flush()
+            self._line_started = False
+
+    def say(self, line: str) -> None:
+        self.show([self.writer.markup(line, yellow=True)])
+
+    def _pytest_text(self, text: str) -> None:
+        self.stream.write(text)
+        if text:
+            self._line_started = not text.endswith("\n")
+
+    def _finish(self) -> None:
+        pass
+
+
+class LiveScreen(Screen):
+    """The view drawn in place by rich's ``Live`` in the region below pytest's output. pytest's complete lines
+    are printed above the region; its unfinished line is the region's first line, so pytest never writes into
+    the region and no cursor position is ever guessed; closing erases the region and leaves pytest's unfinished
+    line where pytest expects it."""
+
+    def __init__(self, writer: Any) -> None:
+        super().__init__(writer)
+        self.partial = ""
+        self.lines: list[str] = []
+        self.console = Console(file=self.stream, force_terminal=True, force_interactive=True, highlight=False,
+                               color_system="truecolor" if writer.hasmarkup else None, emoji=False, markup=False)
+        self.live = Live(console=self.console, get_renderable=self._renderable, auto_refresh=False,
+                         transient=True, redirect_stdout=False, redirect_stderr=False)
+
+    def install(self) -> None:
+        with self.lock:
+            super().install()
+            if self._line_started:  # already on the terminal: the region starts at the line's beginning
+                self.partial = self.writer._current_line
+                self.stream.write("\r")
+            self._fit()
+            self.live.start(refresh=True)
+
+    def show(self, lines: list[str]) -> None:
+        with self.lock:
+            if not self.closed:
+                self.lines = lines
+                self._refresh()
+
+    def say(self, line: str) -> None:
+        with self.lock:
+            if not self.closed:
+                self._fit()
+                self.console.print(Text(line, style="yellow"), soft_wrap=True)
+
+    def _pytest_text(self, text: str) -> None:
+        for sequence in _OSC.findall(text):  # the terminal's tab progress: passed on as is
+            self.stream.write(sequence)
+        *done, self.partial = (self.partial + _OSC.sub("", text)).split("\n")
+        self._fit()
+        if done:  # above the region (rich takes it away, prints, draws it again below)
+            self.console.print(Text("\n").join(Text.from_ansi(_after_rewrites(line)) for line in done),
+                               soft_wrap=True)
+        self.live.refresh()
+
+    def _finish(self) -> None:
+        partial, self.partial, self.lines = self.partial, "", []
+        self._fit()
+        self.live.stop()  # drawn one last time empty, then erased: the cursor is where the region began
+        self.stream.write(partial)
+
+    def _refresh(self) -> None:
+        self._fit()
+        self.live.refresh()
+
+    def _fit(self) -> None:
+        """The terminal's size now (rich would ask fds 0-2, which pytest's capture has taken while items run)."""
+        try:
+            size = os.get_terminal_size(self.stream.fileno())
+        except (OSError, ValueError):
+            size = shutil.get_terminal_size()
+        self.console.size = (size.columns, size.lines)
+
+    def _renderable(self) -> RenderableType:
+        parts: list[RenderableType] = []
+        if self.partial:
+            parts.append(Text.from_ansi(_after_rewrites(self.partial)))
+        parts.extend(Text(line, no_wrap=True, overflow="ellipsis") for line in self.lines)
+        return Group(*parts) if parts else Text("")
+
+
 class ProgressView:
-    """The controller's view: a polling thread, and a pytest plugin that keeps pytest's own writes intact."""
+    """The controller's view: a polling thread (it runs beside the item's fixtures without xdist, beside xdist's
+    loop with it) and the screen that pytest's terminal writes go through while the run loop runs."""
 
     def __init__(self, run_dir: Path, *, mode: str, interval: float | None, quiet: bool,
                  terminal: Any, counts: Callable[[], Counts | None],
@@ -316,7 +483,8 @@ class ProgressView:
         self.run_dir = run_dir
         self.terminal = terminal  # the TerminalReporter
         if mode == "auto":
-            mode = "live" if getattr(terminal, "isatty", False) else "lines"
+            capable = getattr(terminal, "isatty", False) and os.environ.get("TERM") not in ("dumb", "unknown")
+            mode = "live" if capable else "lines"
         self.mode = mode
         self.interval = interval if interval is not None else DEFAULT_INTERVAL[mode]
         self.quiet = quiet
@@ -325,17 +493,19 @@ class ProgressView:
         self.meter = TokenMeter(run_dir)
         self.snapshot = Snapshot([], {}, 1)
         self.started = time.monotonic()
+        self.screen: Screen | None = None
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._said: set[str] = set()
-        self._drawn = 0  # lines of the live block below pytest's current line
-        self._column = 0
         self._last_in_flight: dict[str, Any] | None = None
 
     # -- lifecycle
 
     def start(self) -> None:
+        writer = self.terminal._tw
+        self.screen = LiveScreen(writer) if self.mode == "live" else Screen(writer)
+        self.screen.install()
         self._thread = threading.Thread(target=self._run, name="pb-progress", daemon=True)
         self._thread.start()
 
@@ -344,8 +514,9 @@ class ProgressView:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
-        with self._lock:
-            self._clear()
+        if self.screen is not None:
+            self.screen.close()
+            self.screen = None
 
     def _run(self) -> None:
         next_show = time.monotonic() + (self.interval if self.mode == "lines" else 0.0)
@@ -370,8 +541,9 @@ class ProgressView:
             news = [(call, s) for call, s in snapshot.slow_calls.items() if call not in self._said]
             for call, (seconds, worker) in news:
                 self._said.add(call)
-                self._say(f"programbench: slow Docker engine call: {call} took {seconds:.1f} s (on {worker}; "
-                          "said once)")
+                if self.screen is not None:
+                    self.screen.say(f"programbench: slow Docker engine call: {call} took {seconds:.1f} s "
+                                    f"(on {worker}; said once)")
             if in_flight != self._last_in_flight:
                 self._last_in_flight = in_flight
                 self.on_in_flight({f.task: f.as_dict() for f in snapshot.in_flight})
@@ -386,109 +558,30 @@ class ProgressView:
 
     def show(self) -> None:
         with self._lock:
-            if self.mode == "live":
-                self._clear()
-                self._draw()
+            if self.screen is None:
+                return
+            if self.mode == "live" and not self.snapshot.in_flight and self._nothing_settled():
+                self.screen.show([])  # nothing to say yet (the run loop starting, xdist's workers collecting)
             else:
-                for line in self.lines():
-                    self._line(line)
-
-    def _line(self, line: str, **markup: bool) -> None:
-        """A line of its own, even after pytest's dots (under xdist its reporter does not end their line)."""
-        if self.terminal._tw.width_of_current_line:
-            self.terminal.write("\n")
-        self.terminal.write_line(line, **markup)
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Around pytest's own writes: the live block is taken away, then drawn again below them (plain lines
-        only wait: the two threads never write at once)."""
-        with self._lock:
-            self._clear()
-            try:
-                yield
-            finally:
-                if not self._stop.is_set():
-                    self._draw()
-
-    def _say(self, line: str) -> None:
-        with self.paused():
-            self._line(line, yellow=True)
-
-    def _stream(self) -> TextIO:
-        writer = self.terminal._tw  # the reporter's writer: its column and width place the block
-        return writer._file  # type: ignore[no-any-return]
-
-    def _draw(self) -> None:
-        if self.mode != "live" or self._drawn:
-            return
-        lines = self.lines()
-        if not lines or (not self.snapshot.in_flight and self._nothing_settled()):
-            return
-        writer = self.terminal._tw
-        width = max(20, int(writer.fullwidth) - 1)  # a wrapped line would break the count of lines to erase
-        self._column = int(writer.width_of_current_line)
-        stream = self._stream()
-        stream.write("".join("\n" + line[:width] for line in lines))
-        stream.flush()
-        self._drawn = len(lines)
+                self.screen.show(self.lines())
 
     def _nothing_settled(self) -> bool:
         counts = self.counts()
         return counts is None or not counts.durations
 
-    def _clear(self) -> None:
-        if self.mode != "live" or not self._drawn:
-            return
-        stream = self._stream()
-        back = f"\r\x1b[{self._drawn}A" + (f"\x1b[{self._column}C" if self._column else "") + "\x1b[J"
-        stream.write(back)
-        stream.flush()
-        self._drawn = 0
-
 
 class ProgressPlugin:
-    """Registered on the controller: pytest's terminal writes happen with the live block taken away."""
+    """Registered on the controller: the view runs for the run loop, Ctrl-C included."""
 
     def __init__(self, view: ProgressView) -> None:
         self.view = view
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> Generator[None, Any, Any]:
-        with self.view.paused():
-            return (yield)
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> Generator[None, Any, Any]:
-        with self.view.paused():
-            return (yield)
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> Generator[None, Any, Any]:
-        with self.view.paused():
-            return (yield)
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_collectreport(self, report: pytest.CollectReport) -> Generator[None, Any, Any]:
-        with self.view.paused():
-            return (yield)
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True, optionalhook=True)
-    def pytest_testnodedown(self, node: Any, error: Any) -> Generator[None, Any, Any]:
-        with self.view.paused():
-            return (yield)
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True, optionalhook=True)
-    def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> Generator[None, Any, Any]:
-        with self.view.paused():
-            return (yield)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, Any, Any]:
         self.view.start()
         try:
             return (yield)
-        finally:  # before the terminal summary, Ctrl-C included
+        finally:  # before the terminal summary
             self.view.stop()
 
 
