@@ -258,6 +258,8 @@ class TaskRun:
             relay.close()
             self.relay_stats = relay.stats().as_dict()
             self.meta["relay"] = self.relay_stats
+            self.meta["relay_bounds"] = relay.record_bounds()
+            self.agent_notes += relay.notes()  # records dropped past the cap, requests refused for lack of room
 
     def relay_env(self, *, on_host: bool) -> dict[str, str]:
         if self.relay is None:

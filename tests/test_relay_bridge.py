@@ -15,12 +15,26 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from pytest_programbench.relay.relay import BRIDGE_SCRIPT
-from pytest_programbench.relay.relay_bridge import CLOSE, DATA, EOF, OPEN, READY, FrameReader, frame
+from pytest_programbench.relay.relay_bridge import (
+    ACK,
+    ACK_PAYLOAD,
+    BUFFER,
+    CLOSE,
+    DATA,
+    EOF,
+    MAX_CONNECTIONS,
+    OPEN,
+    READY,
+    WINDOW,
+    FrameReader,
+    frame,
+)
 
 BURST = 300  # more than the bridge's accept backlog (128): none may be dropped
 DUPLEX_BYTES = 8 << 20  # far more than both pipes' and sockets' buffers: both directions must flow at once
@@ -36,9 +50,10 @@ class Host:
     """The host's end of the tunnel: echoes every DATA frame back at once and, after a channel's EOF, sends
     ``end:<bytes received>`` and its own EOF. ``refuse``: answer every OPEN with CLOSE (no relay behind)."""
 
-    def __init__(self, *, refuse: bool = False) -> None:
+    def __init__(self, *, refuse: bool = False, ack: bool = True) -> None:
         self.port = free_port()
         self.refuse = refuse
+        self.ack = ack  # acknowledge what arrived (the tunnel does once the relay took it)
         self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(BRIDGE_SCRIPT), "--listen",
                                       f"127.0.0.1:{self.port}", "--stdio"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -72,6 +87,8 @@ class Host:
         elif kind == DATA:
             self.received[channel] += len(payload)
             self.outbox.put(frame(channel, DATA, payload))
+            if self.ack:
+                self.outbox.put(frame(channel, ACK, ACK_PAYLOAD.pack(len(payload))))
         elif kind == EOF:
             self.outbox.put(frame(channel, DATA, b"end:%d" % self.received[channel]) + frame(channel, EOF))
         elif kind == CLOSE:
@@ -218,3 +235,55 @@ def test_the_bridge_runs_on_python_3_7() -> None:
                              "-t=3.7-", "--violations", "--no-tips", str(BRIDGE_SCRIPT)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_channel_holds_at_most_its_window_until_acknowledged() -> None:
+    """Flow control: however fast the client sends, the host gets at most ``WINDOW`` (plus one read) of a channel's
+    bytes it has not acknowledged; the rest waits in the client's socket. Acknowledged, it flows again, whole."""
+    host = Host(ack=False)
+    payload = os.urandom(4 << 20)
+    try:
+        with socket.create_connection(("127.0.0.1", host.port), timeout=60) as sock:
+            sender = threading.Thread(target=sock.sendall, args=(payload,), daemon=True)
+            sender.start()
+            deadline = time.monotonic() + 30
+            while sum(host.received.values()) < WINDOW and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.5)  # more time only lets more through: the bound must still hold
+            [channel] = host.received
+            assert WINDOW <= host.received[channel] <= WINDOW + BUFFER
+            host.ack = True
+            host.outbox.put(frame(channel, ACK, ACK_PAYLOAD.pack(host.received[channel])))
+            echoed = bytearray()
+            while len(echoed) < len(payload):
+                chunk = sock.recv(1 << 16)
+                assert chunk, "the channel closed before everything came back"
+                echoed += chunk
+            sender.join(30)
+        assert bytes(echoed) == payload
+    finally:
+        assert host.close() == 0
+
+
+def test_clients_beyond_the_channel_limit_wait_in_the_backlog(host: Host) -> None:
+    """``MAX_CONNECTIONS`` channels at once: the next client is not accepted (nor dropped) until one ends."""
+    held = [socket.create_connection(("127.0.0.1", host.port), timeout=30) for _ in range(MAX_CONNECTIONS)]
+    try:
+        deadline = time.monotonic() + 30
+        while len(host.opened) < MAX_CONNECTIONS and time.monotonic() < deadline:
+            time.sleep(0.01)
+        waiting = socket.create_connection(("127.0.0.1", host.port), timeout=30)  # in the listen backlog
+        waiting.sendall(b"late")
+        waiting.shutdown(socket.SHUT_WR)
+        time.sleep(0.5)  # time only lets a wrongly accepted channel show
+        assert len(host.opened) == MAX_CONNECTIONS
+        held.pop().close()
+        got = bytearray()
+        while chunk := waiting.recv(65536):
+            got += chunk
+        waiting.close()
+        assert bytes(got) == b"late" + b"end:4"
+        assert len(host.opened) == MAX_CONNECTIONS + 1
+    finally:
+        for sock in held:
+            sock.close()

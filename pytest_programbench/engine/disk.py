@@ -6,7 +6,8 @@
 * :func:`require_for_run` — before a task runs: the data root needs :func:`run_need` (its containers and the
   committed compile image) plus, when an agent runs and the engine enforces it, the sandbox's writable-layer limit
   (``PB_SANDBOX_STORAGE``); the run directory :func:`run_dir_need` (by default the most one task can write there:
-  the submission cap, the ``agent.log`` cap ``PB_AGENT_LOG_MAX``, the proxy's call log, and 64 MiB for the rest).
+  the submission cap, the ``agent.log`` cap ``PB_AGENT_LOG_MAX``, the proxy's call log, the relay's
+  ``model-requests.jsonl`` cap ``PB_MODEL_REQUESTS_MAX``, and 64 MiB for the rest).
 * :func:`prune_images` — ``--pb-prune-images``: remove, by id, images the run built or pulled once their task is
   done (never an image some container still uses).
 

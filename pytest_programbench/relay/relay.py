@@ -24,6 +24,11 @@ usage in every API shape the agents use:
 Usage is ``None`` when the upstream gave none, never 0. Every request becomes one :class:`RelayRecord`: a line of the
 caller's JSON-lines file, and part of the in-memory :class:`RelayStats`. Neither ever contains a header value, so
 no key reaches the records.
+
+What the agent sends is bounded on the way (``records.py``, ``budget.py``): each record's line (4 KiB) and the
+records file (``PB_MODEL_REQUESTS_MAX``, head and tail kept), the records kept in memory (by count), a request's
+headers (64 KiB), its body (``PB_RELAY_REQUEST_MAX``), the bodies held at once (``PB_RELAY_INFLIGHT_MAX``: beyond it a
+request waits, then gets a 503) and the connections served at once (``MAX_CONNECTIONS``: beyond, a 503).
 """
 
 from __future__ import annotations
@@ -48,11 +53,13 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Literal, cast
+from typing import Any, Literal, cast
 from urllib.parse import unquote, urlsplit
 
 import httpx
 
+from pytest_programbench.relay.budget import ByteBudget, budget_wait, inflight_limit, request_limit
+from pytest_programbench.relay.records import BoundedJsonl, HeadTail, clip_text, request_fields
 from pytest_programbench.sandbox.layout import RELAY_PORT
 
 log = logging.getLogger(__name__)
@@ -79,6 +86,13 @@ _KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
 _RESPONSE_DROP = _HOP_BY_HOP | {"content-length"}
 _MAX_POOLED = 8
 _POOL_IDLE_S = 60.0
+#: Connections one relay serves at once; more get a 503. (The bridge in a sandbox opens at most half as many
+#: channels, relay_bridge.MAX_CONNECTIONS: this bound is for host-loop agents, and slack for closes under way.)
+MAX_CONNECTIONS = 256
+#: Bytes of a request's header fields (the request line has its own 64 KiB); more get a 431.
+HEADER_MAX = 64 << 10
+#: Records kept in memory (:meth:`ModelRelay.records`): the first and the last half of this many.
+RECORDS_IN_MEMORY = 2000
 
 
 class RelayConfigError(ValueError):
@@ -574,15 +588,36 @@ class _Exchange:
         self.usage: Usage | None = None
         self.error: str | None = None
         self.tool_calls: int | None = None
+        self.held = 0  # bytes of the relay's budget this request holds (its body), given back when it ends
 
     def mark_first_byte(self) -> None:
         if self.first_byte_s is None:
             self.first_byte_s = round(time.monotonic() - self.t0, 6)
 
     def record(self) -> RelayRecord:
-        return RelayRecord(self.started_at, self.listener, self.method, self.path, self.status, self.model,
-                           self.stream, api_of(self.path), self.first_byte_s, round(time.monotonic() - self.t0, 6),
-                           self.request_bytes, self.response_bytes, self.usage, self.error, self.tool_calls)
+        # The agent chose the path, the method and the model: clipped, so that no record is larger than a few KiB.
+        return RelayRecord(self.started_at, self.listener, clip_text(self.method, 64), clip_text(self.path),
+                           self.status, None if self.model is None else clip_text(self.model, 256), self.stream,
+                           api_of(self.path), self.first_byte_s, round(time.monotonic() - self.t0, 6),
+                           self.request_bytes, self.response_bytes, self.usage,
+                           None if self.error is None else clip_text(self.error), self.tool_calls)
+
+
+class _HeaderLimit:
+    """The handler's input while header fields are read: at most ``left`` bytes, then end of input."""
+
+    def __init__(self, rfile: io.BufferedIOBase, left: int) -> None:
+        self._rfile = rfile
+        self.left = left
+        self.exceeded = False
+
+    def readline(self, size: int = -1) -> bytes:
+        if self.left <= 0:
+            self.exceeded = True
+            return b""
+        line = self._rfile.readline(self.left if size < 0 else min(size, self.left))
+        self.left -= len(line)
+        return line
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -595,7 +630,15 @@ class _Handler(BaseHTTPRequestHandler):
         if self.connection.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._relay._track(self.connection)
+        self._admitted = self._relay._track(self.connection)
+
+    def handle(self) -> None:
+        if not self._admitted:  # one connection too many: refused before anything of it is read
+            self.command, self.path, self.request_version = "-", "-", "HTTP/1.1"
+            self._relay._refuse(self, cast(_Server, self.server).listener, 503,
+                                f"too many connections at once (at most {self._relay.max_connections})")
+            return
+        super().handle()
 
     def finish(self) -> None:
         try:
@@ -617,9 +660,20 @@ class _Handler(BaseHTTPRequestHandler):
             if not self.raw_requestline:
                 self.close_connection = True
                 return
-            if not self.parse_request():
+            rfile = self.rfile
+            limited = _HeaderLimit(rfile, HEADER_MAX)
+            self.rfile = cast(Any, limited)
+            try:
+                parsed = self.parse_request()
+            finally:
+                self.rfile = rfile
+            if not parsed:
                 return
-            self._relay._exchange(self, cast(_Server, self.server).listener)
+            listener = cast(_Server, self.server).listener
+            if limited.exceeded:
+                self._relay._refuse(self, listener, 431, f"request header fields larger than {HEADER_MAX} bytes")
+                return
+            self._relay._exchange(self, listener)
         except OSError:  # timeouts, resets, broken pipes: this connection is done
             self.close_connection = True
 
@@ -677,7 +731,11 @@ class ModelRelay:
         # A reasoning model may be silent for long before its first byte (the CLIs wait through it): an hour.
         upstream_timeout: float = 3600.0,
         client_idle_timeout: float = 3600.0,
-        max_request_bytes: int = 64 * _MiB,
+        max_request_bytes: int | None = None,
+        max_inflight_bytes: int | None = None,
+        inflight_wait_s: float | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        records_limit: int | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if not unix and not tcp:
@@ -696,7 +754,14 @@ class ModelRelay:
         self.connect_timeout = connect_timeout
         self.upstream_timeout = upstream_timeout
         self.client_idle_timeout = client_idle_timeout
-        self.max_request_bytes = max_request_bytes
+        self.max_request_bytes = request_limit() if max_request_bytes is None else max_request_bytes
+        inflight = inflight_limit() if max_inflight_bytes is None else max_inflight_bytes
+        # Bodies held at once (one relay per task): never less than one largest body read in chunks (the chunks and
+        # their joined copy), or that body could never pass.
+        self.budget = ByteBudget(max(inflight, 2 * self.max_request_bytes),
+                                 budget_wait() if inflight_wait_s is None else inflight_wait_s)
+        self.max_connections = max_connections
+        self._records_limit = records_limit
         self._ssl_context = ssl_context
         self._key: str | None = None
         self._temp_dir: Path | None = None
@@ -707,9 +772,9 @@ class ModelRelay:
         self._handlers: set[threading.Thread] = set()
         self._client: httpx.Client | None = None  # the upstream side: pooled, streaming, TLS (created by start)
         self._inflight: set[httpx.Response] = set()
-        self._records: list[RelayRecord] = []
+        self._records: HeadTail[RelayRecord] = HeadTail(RECORDS_IN_MEMORY // 2, RECORDS_IN_MEMORY // 2)
         self._stats = RelayStats()
-        self._records_file: IO[str] | None = None
+        self._records_file: BoundedJsonl | None = None
         self._started = False
         self._closed = False
 
@@ -727,8 +792,7 @@ class ModelRelay:
         try:
             self._client = self._upstream_client()
             if self.records_path is not None:
-                self.records_path.parent.mkdir(parents=True, exist_ok=True)
-                self._records_file = self.records_path.open("a", encoding="utf-8")
+                self._records_file = BoundedJsonl(self.records_path, limit=self._records_limit)
             if self._want_unix:
                 self._servers.append(self._listen_unix())
             if self._want_tcp:
@@ -778,6 +842,7 @@ class ModelRelay:
             if self._closed:
                 return
             self._closed = True
+        self.budget.close()  # requests waiting for room give up now
         for server in self._servers:
             thread = self._threads.get(server)
             if thread is not None and thread.is_alive():
@@ -796,8 +861,7 @@ class ModelRelay:
             self._client.close()
         with self._lock:
             if self._records_file is not None:
-                self._records_file.close()
-                self._records_file = None
+                self._records_file.close()  # the tail and what was dropped; later writes are ignored
         if self._want_unix and self._socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 if stat.S_ISSOCK(self._socket_path.lstat().st_mode):
@@ -849,8 +913,28 @@ class ModelRelay:
         return self.agent_env(f"http://127.0.0.1:{port}")
 
     def records(self) -> list[RelayRecord]:
+        """The records kept in memory: all of them up to ``RECORDS_IN_MEMORY``, else the first and the last half."""
         with self._lock:
-            return list(self._records)
+            return self._records.items()
+
+    def record_bounds(self) -> dict[str, int]:
+        """What the bounds held back (for pb-meta.json): records dropped from the file, refusals for lack of room."""
+        with self._lock:
+            omitted = 0 if self._records_file is None else self._records_file.omitted
+            return {"records_omitted": omitted, "records_omitted_in_memory": self._records.omitted,
+                    "inflight_refused": self.budget.refused, "inflight_peak_bytes": self.budget.peak}
+
+    def notes(self) -> list[str]:
+        """Sentences for the item's notes (after :meth:`close`): what the bounds held back, if anything."""
+        bounds = self.record_bounds()
+        out = []
+        if bounds["records_omitted"] and self.records_path is not None:
+            out.append(f"{self.records_path.name} reached its cap: {bounds['records_omitted']} model request "
+                       "record(s) dropped (counted in pb-meta.json's relay stats; the first and the last kept)")
+        if bounds["inflight_refused"]:
+            out.append(f"the model relay refused {bounds['inflight_refused']} request(s) with a 503: the request "
+                       f"bodies in flight reached {self.budget.limit} bytes")
+        return out
 
     def stats(self) -> RelayStats:
         with self._lock:
@@ -864,10 +948,13 @@ class ModelRelay:
 
     # -- internals: connection tracking
 
-    def _track(self, sock: socket.socket) -> None:
+    def _track(self, sock: socket.socket) -> bool:
+        """Tracked (to be cut at close); whether it may be served (a connection beyond ``max_connections`` not)."""
         with self._lock:
+            admitted = len(self._clients) < self.max_connections
             self._clients.add(sock)
             self._handlers.add(threading.current_thread())
+            return admitted
 
     def _untrack(self, sock: socket.socket) -> None:
         with self._lock:
@@ -876,13 +963,11 @@ class ModelRelay:
 
     def _record(self, exchange: _Exchange) -> None:
         record = exchange.record()
-        line = json.dumps(record.as_dict(), separators=(",", ":"))
         with self._lock:
-            self._records.append(record)
+            self._records.add(record)
             self._stats.add(record)
             if self._records_file is not None:
-                self._records_file.write(line + "\n")
-                self._records_file.flush()
+                self._records_file.write(record.as_dict())  # bounded line, head and tail kept
         log.debug("relay %s %s -> %s (%s)", record.method, record.path, record.status, record.error or "ok")
 
     # -- internals: one exchange
@@ -914,7 +999,15 @@ class ModelRelay:
                 self._send_error(handler, exchange, 500, "internal error")
             handler.close_connection = True
         finally:
+            self.budget.give(exchange.held)
             self._record(exchange)
+
+    def _refuse(self, handler: _Handler, listener: str, status: int, message: str) -> None:
+        """Answer ``status`` before anything more of the request is read, and record it."""
+        exchange = _Exchange(listener, handler.command or "-", handler.path or "-")
+        exchange.status, exchange.error = status, message
+        self._send_error(handler, exchange, status, message)
+        self._record(exchange)
 
     def _send_error(self, handler: _Handler, exchange: _Exchange, status: int, message: str) -> None:
         handler.close_connection = True  # the request body may be unread
@@ -958,14 +1051,21 @@ class ModelRelay:
                                 f"use base URL <relay>{upstream.prefix}")
         return path + (f"?{query}" if query else "")
 
-    def _read_body(self, handler: _Handler) -> bytes:
+    def _hold(self, exchange: _Exchange, size: int) -> None:
+        """Take ``size`` more bytes of the budget for this request's body, or refuse it (503) when there is none."""
+        if not self.budget.take(size):
+            raise _Refusal(503, f"the relay holds {self.budget.limit} bytes of request bodies at once and had no "
+                                f"room for {exchange.held + size} more within {self.budget.wait_s:g} s; retry later")
+        exchange.held += size
+
+    def _read_body(self, handler: _Handler, exchange: _Exchange) -> bytes:
         headers = handler.headers
         encodings = [part.strip().lower() for part in ",".join(headers.get_all("Transfer-Encoding") or []).split(",")
                      if part.strip()]
         if encodings:
             if encodings != ["chunked"]:
                 raise _Refusal(501, f"unsupported request transfer coding {','.join(encodings)!r}")
-            return self._read_chunked(handler)
+            return self._read_chunked(handler, exchange)
         lengths = headers.get_all("Content-Length") or []
         if not lengths:
             return b""
@@ -974,12 +1074,13 @@ class ModelRelay:
         length = int(lengths[0])
         if length > self.max_request_bytes:
             raise _Refusal(413, f"request body of {length} bytes exceeds the relay's limit")
+        self._hold(exchange, length)
         body = handler.rfile.read(length)
         if len(body) != length:
             raise ConnectionResetError("the client closed before sending the whole body")
         return body
 
-    def _read_chunked(self, handler: _Handler) -> bytes:
+    def _read_chunked(self, handler: _Handler, exchange: _Exchange) -> bytes:
         body = bytearray()
         rfile = handler.rfile
         while True:
@@ -993,9 +1094,11 @@ class ModelRelay:
             if size == 0:
                 while rfile.readline(65537) not in (b"\r\n", b"\n", b""):  # trailers, discarded
                     pass
+                self._hold(exchange, len(body))  # the copy below exists next to the chunks for a moment
                 return bytes(body)
             if len(body) + size > self.max_request_bytes:
                 raise _Refusal(413, "request body exceeds the relay's limit")
+            self._hold(exchange, size)
             data = rfile.read(size)
             if len(data) != size:
                 raise ConnectionResetError("the client closed inside a chunk")
@@ -1057,15 +1160,10 @@ class ModelRelay:
             raise _Refusal(405, f"CONNECT is not supported: the relay forwards only to {self.upstream.url}")
         path = self._target(handler.path)
         exchange.path = path
-        body = self._read_body(handler)
+        body = self._read_body(handler, exchange)
         exchange.request_bytes = len(body)
         exchange.t0 = time.monotonic()
-        if body.lstrip()[:1] == b"{":
-            with contextlib.suppress(ValueError):
-                request = json.loads(body)
-                if isinstance(request, dict):
-                    exchange.model = request["model"] if isinstance(request.get("model"), str) else None
-                    exchange.stream = request["stream"] if isinstance(request.get("stream"), bool) else None
+        exchange.model, exchange.stream = request_fields(body)  # scanned, not parsed: bounded memory
         response = self._send_upstream(handler.command, path, self._headers(handler, body), body)
         try:
             self._respond(handler, exchange, response)

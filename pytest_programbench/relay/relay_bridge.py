@@ -6,8 +6,13 @@ that works on Python 3.7 and later (tests/test_relay_bridge.py checks it). Every
 ``--listen`` becomes a numbered channel multiplexed over the bridge's own stdin and stdout, which the host holds as
 one ``docker exec`` stream (``relay_tunnel.py``, which connects each channel to the relay). That needs no bind
 mount, so it works on any engine, local or remote. A frame is ``>IBI`` (channel, kind, payload length) then the
-payload; kinds: OPEN, DATA, EOF (half-close), CLOSE (reset), READY (the bridge listens). The bridge exits when its
-stdin ends (the host went away).
+payload; kinds: OPEN, DATA, EOF (half-close), CLOSE (reset), READY (the bridge listens), ACK (the host delivered
+that many bytes of the channel). The bridge exits when its stdin ends (the host went away).
+
+Flow control: a channel may have at most ``WINDOW`` bytes sent to the host and not yet acknowledged; past that the
+bridge stops reading the client, whose bytes then wait in the sandbox's own socket buffers. So the host holds at
+most ``MAX_CONNECTIONS * WINDOW`` bytes of the agent's requests however fast the agent sends and however slowly
+the relay reads (a relay waiting for room in its byte budget does not read at all).
 
     python3 -I -S relay_bridge.py --listen 127.0.0.1:47801 --stdio
 
@@ -29,12 +34,14 @@ import time
 from collections.abc import Sequence
 
 BUFFER = 65536
-MAX_CONNECTIONS = 512
+MAX_CONNECTIONS = 128  # channels at once; more clients wait in the listen backlog until one ends
+WINDOW = 256 << 10  # bytes of one channel sent to the host and not yet acknowledged
 CONNECT_TIMEOUT = 10.0
 
 # The --stdio tunnel's frames (relay_tunnel.py speaks the other end).
 FRAME = struct.Struct(">IBI")
-OPEN, DATA, EOF, CLOSE, READY = range(5)
+OPEN, DATA, EOF, CLOSE, READY, ACK = range(6)
+ACK_PAYLOAD = struct.Struct(">I")
 MAX_FRAME = 1 << 20
 MAX_PENDING = 64 << 20  # bytes waiting for a client that does not read: then its channel is dropped
 
@@ -132,8 +139,10 @@ class StdioBridge:
         self.pending: dict[int, bytearray] = {}  # host -> client bytes not yet taken by the client
         self.half: dict[int, set[str]] = {}  # ended directions: "in" (from the client), "out" (to it)
         self.eof_pending: set[int] = set()  # the host half-closed; pass it on once pending is flushed
+        self.unacked: dict[int, int] = {}  # client -> host bytes the host has not acknowledged yet
         self.next_channel = 1
         self.selector = selectors.DefaultSelector()
+        self.accepting = True
 
     def emit(self, channel: int, kind: int, payload: bytes = b"") -> None:
         data = frame(channel, kind, payload)
@@ -165,7 +174,8 @@ class StdioBridge:
                         self._from_client(channel)
 
     def _events(self, channel: int) -> int:
-        events = 0 if "in" in self.half[channel] else selectors.EVENT_READ
+        reading = "in" not in self.half[channel] and self.unacked[channel] < WINDOW
+        events = selectors.EVENT_READ if reading else 0
         return events | (selectors.EVENT_WRITE if self.pending[channel] else 0)
 
     def _update(self, channel: int) -> None:
@@ -185,9 +195,6 @@ class StdioBridge:
             client, _address = server.accept()
         except OSError:
             return
-        if len(self.channels) >= MAX_CONNECTIONS:
-            client.close()
-            return
         client.setblocking(False)
         if client.family in (socket.AF_INET, socket.AF_INET6):
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -196,8 +203,21 @@ class StdioBridge:
         self.channels[channel] = client
         self.pending[channel] = bytearray()
         self.half[channel] = set()
+        self.unacked[channel] = 0
         self.selector.register(client, selectors.EVENT_READ, str(channel))
         self.emit(channel, OPEN)
+        if len(self.channels) >= MAX_CONNECTIONS:  # at the limit: the next clients wait in the backlog
+            self._accept_more(False)
+
+    def _accept_more(self, accept: bool) -> None:
+        if accept == self.accepting:
+            return
+        self.accepting = accept
+        for listener in self.listeners:
+            if accept:
+                self.selector.register(listener, selectors.EVENT_READ, "listener")
+            else:
+                self.selector.unregister(listener)
 
     def _from_client(self, channel: int) -> None:
         try:
@@ -209,6 +229,9 @@ class StdioBridge:
             return
         if data:
             self.emit(channel, DATA, data)
+            self.unacked[channel] += len(data)
+            if self.unacked[channel] >= WINDOW:
+                self._update(channel)  # not read again until the host acknowledges
             return
         self.emit(channel, EOF)
         self._ended(channel, "in")
@@ -227,6 +250,9 @@ class StdioBridge:
             self._flush(channel)
         elif kind == CLOSE:
             self._drop(channel, tell_host=False)
+        elif kind == ACK and len(payload) == ACK_PAYLOAD.size:
+            self.unacked[channel] = max(0, self.unacked[channel] - ACK_PAYLOAD.unpack(payload)[0])
+            self._update(channel)
 
     def _flush(self, channel: int) -> None:
         client = self.channels[channel]
@@ -259,12 +285,14 @@ class StdioBridge:
         client = self.channels.pop(channel, None)
         self.pending.pop(channel, None)
         self.half.pop(channel, None)
+        self.unacked.pop(channel, None)
         self.eof_pending.discard(channel)
         if client is None:
             return
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(client)
         client.close()
+        self._accept_more(len(self.channels) < MAX_CONNECTIONS)
         if tell_host:
             self.emit(channel, CLOSE)
 

@@ -18,14 +18,28 @@ from typing import Any
 
 from pytest_programbench.engine.exec_stream import STDERR, STDOUT, ExecStream
 from pytest_programbench.engine.tar_in import TarIn
-from pytest_programbench.relay.relay_bridge import CLOSE, DATA, EOF, OPEN, READY, FrameReader, frame
+from pytest_programbench.relay.relay_bridge import (
+    ACK,
+    ACK_PAYLOAD,
+    CLOSE,
+    DATA,
+    EOF,
+    OPEN,
+    READY,
+    WINDOW,
+    FrameReader,
+    frame,
+)
 from pytest_programbench.sandbox.layout import RELAY_BRIDGE_PATH
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT = 60.0
 BUFFER = 65536
-MAX_QUEUED = 64 << 20
+# The bridge sends no more than its window of unacknowledged bytes per channel (plus the read that crossed it): a
+# channel holding more is not the bridge we started, and is dropped. So the agent's bytes held here are at most
+# MAX_CONNECTIONS * MAX_QUEUED, whatever it sends.
+MAX_QUEUED = WINDOW + BUFFER
 
 
 class TunnelError(RuntimeError):
@@ -43,7 +57,8 @@ class _Channel:
         self.upstream = upstream
         self.ended: set[str] = set()  # "in" (the agent's side ended), "out" (the relay's side ended)
         self.outbox: queue.Queue[bytes] = queue.Queue()
-        self.queued = 0  # bytes in the outbox (bounded: an agent cannot fill the host's memory through it)
+        self.queued = 0  # bytes in the outbox, at most MAX_QUEUED (the bridge's window)
+        self.count_lock = threading.Lock()  # queued is changed by the reader and by the writer
 
 
 class RelayTunnel:
@@ -127,8 +142,10 @@ class RelayTunnel:
             if state is None:
                 return
             if kind == DATA and data:
-                state.queued += len(data)
-                if state.queued > MAX_QUEUED:
+                with state.count_lock:
+                    state.queued += len(data)
+                    over = state.queued > MAX_QUEUED
+                if over:
                     self._drop(channel)
                     self._send(channel, CLOSE)
                     return
@@ -163,7 +180,9 @@ class RelayTunnel:
                     self._ended_half(channel, "in")
                     return
                 state.upstream.sendall(data)
-                state.queued -= len(data)
+                with state.count_lock:
+                    state.queued -= len(data)
+                self._send(channel, ACK, ACK_PAYLOAD.pack(len(data)))  # the bridge may read that much more
         except OSError:  # the relay side closed (or the channel was dropped): tell the bridge
             self._drop(channel)
             self._send(channel, CLOSE)

@@ -191,7 +191,9 @@ def run_dir_need() -> int:
     controls is capped, so the sum of the caps is a bound (plus 64 MiB for results and metadata)."""
     if os.environ.get("PB_DISK_RUN_DIR_NEED", "").strip():
         return disk.need_from_env("PB_DISK_RUN_DIR_NEED", "1g")
-    return DEFAULT_SUBMISSION_LIMIT + agent_log_limit() + CALL_LOG_READ_LIMIT + (64 << 20)
+    from pytest_programbench.relay.records import records_limit  # model-requests.jsonl's cap
+
+    return DEFAULT_SUBMISSION_LIMIT + agent_log_limit() + CALL_LOG_READ_LIMIT + records_limit() + (64 << 20)
 
 
 class SandboxError(Exception):
