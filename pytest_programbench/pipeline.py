@@ -312,7 +312,9 @@ class TaskRun:
         return runner.write_prompt(sandbox)
 
     def run_agent(self, agent: Any, sandbox: Sandbox, prompt: str) -> AgentResult:
-        """``agent.run(sandbox, prompt)``; once it returned, the run counts and is never repeated."""
+        """``agent.run(sandbox, prompt)``, then the window's end (``Sandbox.end_agent_window``: the sandbox frozen
+        and stopped); once that found the sandbox alive, or brought down by the agent itself (its memory limit's
+        OOM killer), the run counts and is never repeated."""
         from pytest_programbench.agents.agent import AgentResult
         from pytest_programbench.sandbox.sandbox import SandboxError
 
@@ -321,27 +323,41 @@ class TaskRun:
         try:
             with self.phase("agent"):
                 started = time.monotonic()
-                returned = agent.run(sandbox, prompt)
+                try:
+                    returned = agent.run(sandbox, prompt)
+                except SandboxError as exc:
+                    # The sandbox went away under the agent: whose doing was it? (Infrastructure raises below.)
+                    if not sandbox.end_agent_window().agent_caused:
+                        raise
+                    returned = AgentResult(None, False, time.monotonic() - started, self.artifacts.agent_log,
+                                           [f"the agent's run ended with its sandbox: {exc}"])
                 if not isinstance(returned, AgentResult):  # a Python agent: its result, or nothing
-                    sandbox.kill_agent_processes()
                     returned = AgentResult(getattr(returned, "exit_code", 0), bool(getattr(returned, "timed_out",
                                                                                             False)),
                                            time.monotonic() - started, self.artifacts.agent_log,
                                            list(getattr(returned, "notes", None) or []))
+                ended = sandbox.end_agent_window()  # (done already by AgentRunner: the same answer)
             self.meta["agent"].update(returned.meta())
-            # A sandbox that died under the agent (its engine went away) ended the agent: it may run again.
-            # One that outlived it makes the run count: from here on the agent is never run a second time.
-            self.require_alive(sandbox)
+            # A sandbox that died under the agent for another reason (its engine went away) ended the agent: it may
+            # run again. One that outlived it, or that the agent itself brought down, makes the run count: from
+            # here on the agent is never run a second time.
+            if ended.died and not ended.agent_caused:
+                raise InfrastructureError(ended.died)
+            self.meta["sandbox_end"] = dataclasses.asdict(ended)
             self.agent_result = returned
-            self.agent_notes += returned.notes  # a failed --pb-agent-setup, processes left unkillable, ...
+            self.agent_notes += returned.notes  # a failed --pb-agent-setup, processes left running, ...
+            self.agent_notes += [note for note in ended.notes() if note not in returned.notes]
             # Before packing, so that it is kept whatever packing does. Unreadable: a note and a flag, scored.
             calls = sandbox.save_call_log(self.artifacts.binary_calls)
         except SandboxError as exc:
             raise InfrastructureError(f"sandbox: {exc}") from exc
         self.meta["binary_calls"] = calls.count
+        self.meta["binary_calls_unrecorded"] = calls.unrecorded
         self.agent_notes += calls.notes()
         if calls.problem:
             self.agent_flags.append("call-log-unreadable")
+        if calls.unrecorded:  # the audit is incomplete, as with an unreadable log
+            self.agent_flags.append("call-log-incomplete")
         return returned
 
     def require_agent_not_run(self) -> None:
@@ -386,7 +402,7 @@ class TaskRun:
                     raise InfrastructureError(
                         "packing the agent's work failed after the agent finished (the agent is not run a second "
                         "time): " + "; ".join(failures), retryable=False) from exc
-                self.require_alive(sandbox)
+                self.require_present(sandbox)
                 continue
             if failures:
                 self.meta.setdefault("notes", []).append(f"packing retried after: {'; '.join(failures)}")
@@ -421,30 +437,15 @@ class TaskRun:
         return RelayTunnel(sandbox.engine.api, sandbox.id, lambda: connect_unix(socket_path)).open(
             SANDBOX_BRIDGE_PORT, script=BRIDGE_SCRIPT.read_bytes())
 
-    def require_alive(self, sandbox: Sandbox) -> None:
-        """The agent cannot stop its own container (it is an unprivileged user): a dead one is infrastructure."""
+    def require_present(self, sandbox: Sandbox) -> None:
+        """After the window the sandbox is stopped, its files still there: one that disappeared lost them."""
         from docker.errors import NotFound
 
         try:
-            state = sandbox.engine.api.inspect_container(sandbox.id)["State"]
+            sandbox.engine.api.inspect_container(sandbox.id)
         except NotFound:
-            raise InfrastructureError(f"sandbox container {sandbox.id[:12]} disappeared during the agent run") \
-                from None
-        if not state.get("Running"):
-            raise InfrastructureError(f"sandbox container {sandbox.id[:12]} stopped during the agent run "
-                                      f"(exit {state.get('ExitCode')}, OOM killed: {state.get('OOMKilled')})")
-        # An engine that is shutting down still answers inspections on open connections while it stops the
-        # container: only a new command run to its end shows the sandbox outlived the agent.
-        from pytest_programbench.sandbox.sandbox import SandboxError
-
-        try:
-            probe = sandbox.exec(["true"], user="root", workdir="/", timeout=60, use_timeout=False)
-        except SandboxError as exc:
-            raise InfrastructureError(f"sandbox container {sandbox.id[:12]} stopped answering at the end of the "
-                                      f"agent run: {exc}") from exc
-        if probe.exit_code != 0:
-            raise InfrastructureError(f"sandbox container {sandbox.id[:12]} cannot run a command at the end of the "
-                                      f"agent run (exit {probe.exit_code}: {probe.text.strip()[-300:]})")
+            raise InfrastructureError(f"sandbox container {sandbox.id[:12]} disappeared before its files were "
+                                      "packed", retryable=False) from None
 
     # -- evaluation and outcome -------------------------------------------------------------------------------
 

@@ -55,8 +55,14 @@ def test_container_settings(engine: Any, box: Sandbox, run_labels: Labels) -> No
     assert host["SecurityOpt"] == ["no-new-privileges"]
     assert set(host["CapDrop"]) == set(CAP_DROP)
     assert "SYS_PTRACE" in host["CapDrop"]
-    assert host["AutoRemove"] is True
+    assert host["AutoRemove"] is False  # a sandbox the agent brought down keeps its files for packing
     assert host["Init"] is True
+    # A private IPC namespace whose shared memory is bounded (a quarter of the memory limit) and reclaimed.
+    assert host["IpcMode"] == "private"
+    assert host["ShmSize"] == 192 << 20
+    assert host["Sysctls"] == {"kernel.shmmax": str(192 << 20), "kernel.shmall": str((192 << 20) // 4096),
+                               "kernel.shmmni": "256", "kernel.shm_rmid_forced": "1", "kernel.msgmni": "64"}
+    assert box.ipc_bounded
     labels = attrs["Config"]["Labels"]
     assert labels[RUN_LABEL] == run_labels.run_id
     assert labels[WORKER_LABEL] == run_labels.worker

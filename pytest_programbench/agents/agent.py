@@ -1,9 +1,10 @@
 """Step 5 of the pipeline: the agent. A shell command run in the sandbox as the agent user, a host-loop command that
 drives the sandbox by container id, or a preset (``reference``, ``replay:DIR``, ``mini-swe-agent``).
 
-The agent's window ends when it exits, crashes or its clock (``--pb-agent-timeout``) fires: its processes are killed
-and ``/workspace/src`` is packed. Whatever happened inside that window is the agent's; only the sandbox itself
-disappearing is infrastructure.
+The agent's window ends when it exits, crashes or its clock (``--pb-agent-timeout``) fires: the sandbox is frozen and
+stopped with everything the agent left running, and ``/workspace/src`` is packed from the stopped container. Whatever
+happened inside that window is the agent's (its sandbox brought down by its own memory use included); only the sandbox
+failing for another reason is infrastructure.
 """
 
 from __future__ import annotations
@@ -217,10 +218,9 @@ class AgentRunner:
             result = sandbox.exec(self.spec.command, user="agent", timeout=timeout,
                                   env=self.environment(sandbox), output=self.log_path)
             exit_code, timed_out = result.exit_code, result.timed_out
-        # The window ends here: whatever the agent left running is frozen, then killed, before packing.
-        killed = sandbox.kill_agent_processes()
-        if killed.get("left"):
-            notes.append(f"{len(killed['left'])} process(es) of the agent could not be killed before packing")
+        # The window ends here: the sandbox is frozen and stopped with whatever the agent left running, before
+        # packing (from the stopped container). A sandbox the agent brought down itself says so.
+        notes += sandbox.end_agent_window().notes()
         if self._invocation is not None:  # the CLI's own transcript, copied out before packing
             from pytest_programbench.agents.agent_presets import save_transcript
 

@@ -416,12 +416,11 @@ def save_transcript(sandbox: Sandbox, invocation: Invocation, dest_dir: Path) ->
 
     path = invocation.transcript
     try:
-        if path.endswith("/"):  # a directory: its newest JSON-lines file
-            found = sandbox.exec(f"ls -t $(find {shlex.quote(path)} -type f -name '*.jsonl' 2>/dev/null) "
-                                 "2>/dev/null | head -n 1", user="root", workdir="/", timeout=60)
-            path = found.text.strip()
-            if not path:
+        if path.endswith("/"):  # a directory: its newest JSON-lines file (the sandbox is stopped by now)
+            found = sandbox.newest_file(path, ".jsonl")
+            if found is None:
                 return None
+            path = found
         data = sandbox.read_file(path, max_bytes=TRANSCRIPT_MAX)
     except (FileNotFoundError, SandboxError):
         return None

@@ -1,13 +1,19 @@
 """Step 4 of the pipeline: the agent's sandbox, with the reference binary behind the proxy.
 
 A container from the task image (its id checked), with no network, CPU/memory/pids limits, ``no-new-privileges``,
-a reduced capability set, the run's labels and a lifetime after which it stops (and is removed) by itself. Inside:
+a reduced capability set, a private IPC namespace with bounded shared memory, the run's labels and a lifetime after
+which it stops by itself (a stopped one is removed by ``close()``, the run's sweep or the reaper). Inside:
 
 - the agent is the unprivileged user ``pbagent`` (uid 1777) working in ``/workspace/src`` (empty, its own);
 - everything the image had in ``/workspace`` except the executable is in ``/workspace/docs``, read-only;
 - the reference is in ``/var/lib/pb-proxy`` (0700, root), mode 111; a root-owned daemon serves it through
   ``/workspace/binary`` (see ``proxy/daemon.py`` for the protocol and the security argument);
 - hidden tests are never copied in.
+
+The agent's window ends with ``end_agent_window()``: the container is frozen (``docker pause``), what the agent
+still runs is counted, and the container is killed; its files (the submission, the call log) are then read from the
+stopped container. A sandbox that stopped before that is the agent's doing when its memory limit's OOM killer ended
+it, infrastructure otherwise.
 
 The object is a context manager; ``close()`` removes the container by id on every path, and the controller's
 label sweep (``docker_engine.sweep``) backs it up when a worker dies.
@@ -49,6 +55,7 @@ log = logging.getLogger(__name__)
 
 CALL_LOG = PROXY_DIR + "/calls.jsonl"
 DROPPED_LOG = PROXY_DIR + "/calls.dropped"
+COUNT_LOG = PROXY_DIR + "/calls.count"  # the daemon's count of calls, and of those it could not record
 # The daemon's bounds (proxy/daemon.py: LOG_MAX_BYTES, RECORD_MAX, --max-workers; a test pins them equal): the log
 # stops at its cap, but each worker may still append one record after the check.
 CALL_LOG_MAX = 64 << 20
@@ -65,10 +72,12 @@ CAP_DROP = ("SYS_PTRACE", "NET_RAW", "MKNOD", "AUDIT_WRITE", "NET_BIND_SERVICE",
 EXEC_KILL_GRACE = 10  # seconds between TERM and KILL of a timed-out command
 WATCHDOG_GRACE = 20  # seconds after the deadline before the host side kills and disconnects
 
-# Run as root inside the container: freezes, then kills, every process whose real uid is the agent's, and repeats
-# until none is left. One pass of "kill all" misses a fork chain whose pids keep changing; a stopped process cannot
-# fork, so once a scan finds every agent process stopped, the kill passes converge. The proxy's idle workers (the
-# root master's forks, same command line) are left alone: the master would only replace them. Zombies are dead.
+# Run as root inside the container (``python3 -I``: nothing of the agent's environment or files reaches it), for a
+# kill in the middle of the agent's window (a command's clock fired; the window's end stops the whole container
+# instead): stops, then kills, every process whose real uid is the agent's. A stopped process cannot fork, but one
+# scan of /proc can miss a fork chain whose pids keep changing (the parent gone, the child not yet listed), so each
+# phase ends only after CLEAN_SCANS scans in a row found nothing left to do. The proxy's idle workers (the root
+# master's forks, same command line) are left alone: the master would only replace them. Zombies are dead.
 # Prints one JSON line: passes, processes stopped and killed, and what was left when the deadline passed.
 _KILL_AGENT = """
 import json, os, signal, time
@@ -100,14 +109,17 @@ def agent_processes():
         found[int(name)] = state
     return found
 stats = {{'passes': 0, 'stopped': set(), 'killed': set(), 'left': []}}
-for sig, done in ((signal.SIGSTOP, lambda procs: all(s in 'tT' for s in procs.values())),
-                  (signal.SIGKILL, lambda procs: not procs)):
-    while True:
-        procs = agent_processes()
-        if done(procs) or time.monotonic() > deadline:
-            break
+for sig, todo in ((signal.SIGSTOP, lambda procs: [p for p, s in procs.items() if s not in 'tT']),
+                  (signal.SIGKILL, lambda procs: list(procs))):
+    clean = 0
+    while clean < {clean_scans} and time.monotonic() <= deadline:
+        pids = todo(agent_processes())
+        if not pids:
+            clean += 1
+            continue
+        clean = 0
         stats['passes'] += 1
-        for pid in procs:
+        for pid in pids:
             try:
                 os.kill(pid, sig)
                 stats['stopped' if sig == signal.SIGSTOP else 'killed'].add(pid)
@@ -117,16 +129,24 @@ for sig, done in ((signal.SIGSTOP, lambda procs: all(s in 'tT' for s in procs.va
 stats['left'] = sorted(agent_processes())
 print(json.dumps({{k: len(v) if isinstance(v, set) else v for k, v in stats.items()}}))
 """
-KILL_BUDGET = 30  # seconds the freeze-and-kill loop may take
-# Run as the agent: every other process of its uid stopped, then killed (the proxy master replaces its workers).
-_FREEZE_AND_KILL = """
-import os, signal
-for sig in (signal.SIGSTOP, signal.SIGKILL):
-    try:
-        os.kill(-1, sig)
-    except OSError:
-        pass
-"""
+KILL_BUDGET = 30  # seconds the stop-and-kill loop may take
+CLEAN_SCANS = 5  # scans in a row that must find nothing left before a phase ends
+# The container's shared memory (SysV segments, POSIX /dev/shm, message queues) is charged to its memory limit and
+# outlives the processes that made it: unbounded, the agent could fill the limit with memory nothing can reclaim, and
+# the OOM killer would end the container's init. A private IPC namespace, at most a quarter of the memory limit
+# (1 GiB at most) in SysV segments and as much in /dev/shm, segments removed when their last user is gone
+# (shm_rmid_forced), few message queues.
+IPC_SHARE = 4
+IPC_MAX = 1 << 30
+IPC_PAGE = 4096  # kernel.shmall counts pages (4 KiB on x86-64 and most arm64 kernels; larger pages loosen it)
+STOP_WAIT = 60  # seconds for a killed sandbox to be reported stopped
+
+
+def ipc_limits(memory: int) -> tuple[int, dict[str, str]]:
+    """``shm_size`` and the IPC namespace's sysctls for a sandbox of ``memory`` bytes."""
+    size = max(16 << 20, min(memory // IPC_SHARE, IPC_MAX))
+    return size, {"kernel.shmmax": str(size), "kernel.shmall": str(size // IPC_PAGE), "kernel.shmmni": "256",
+                  "kernel.shm_rmid_forced": "1", "kernel.msgmni": "64"}
 
 
 @dataclass(frozen=True)
@@ -209,6 +229,28 @@ class SubmissionUnpackable(Exception):
 
 
 @dataclass(frozen=True)
+class WindowEnd:
+    """How the agent's window ended for its sandbox (``Sandbox.end_agent_window``)."""
+
+    died: str | None = None  # why the sandbox had stopped before the window's end (None: it was alive)
+    agent_caused: bool = False  # that death was the agent's doing (its memory limit's OOM killer ended it)
+    survivors: int | None = None  # processes of the agent's uid still running at the end (None: not counted)
+    problem: str | None = None  # what could not be done while ending it (the sandbox was stopped all the same)
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.died and self.agent_caused:
+            out.append(f"the sandbox stopped during the agent's window: {self.died}; the agent's doing (it filled "
+                       "its memory limit): what /workspace/src held is packed and scored, the agent is not re-run")
+        if self.survivors:
+            out.append(f"{self.survivors} process(es) of the agent were still running at the end of its window "
+                       "(frozen, then killed with the sandbox before packing)")
+        if self.problem:
+            out.append(f"ending the agent's window: {self.problem}")
+        return out
+
+
+@dataclass(frozen=True)
 class ExecResult:
     """The outcome of one command in the sandbox."""
 
@@ -288,7 +330,9 @@ class Sandbox:
         self._image_id: str | None = None
         self._layout: Layout | None = None
         self._closed = False
+        self._window_end: WindowEnd | None = None
         self.storage_quota: StorageQuota | None = None  # whether its writable layer got a size limit, and why not
+        self.ipc_bounded = False  # whether the engine took the IPC namespace's sysctls
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -407,6 +451,25 @@ class Sandbox:
         self.storage_quota = quota
 
     def _create_container(self, options: dict[str, Any]) -> None:
+        from docker.errors import APIError
+
+        shm_size, sysctls = ipc_limits(self.memory)
+        try:
+            self._create_bounded(dict(options, shm_size=shm_size, sysctls=sysctls))
+            self.ipc_bounded = True
+        except APIError as exc:
+            if "sysctl" not in str(exc).lower():
+                raise
+            # An engine (or kernel) that refuses the IPC namespace's sysctls: /dev/shm stays bounded, the SysV
+            # limits are the kernel's defaults (docs/security.md, residual risks).
+            log.warning("sandbox IPC sysctls refused (%s); /dev/shm bounded only", exc)
+            if self._container_id is not None:
+                with contextlib.suppress(Exception):
+                    self.engine.api.remove_container(self._container_id, force=True)
+                self._container = self._container_id = None
+            self._create_bounded(dict(options, shm_size=shm_size))
+
+    def _create_bounded(self, options: dict[str, Any]) -> None:
         from docker.types import Mount
 
         container = self.engine.containers.create(
@@ -425,7 +488,9 @@ class Sandbox:
             security_opt=["no-new-privileges"],
             cap_drop=list(CAP_DROP),
             init=True,
-            auto_remove=True,
+            ipc_mode="private",
+            # Not auto-removed: a sandbox that stopped (the agent filled its memory) still has the agent's files.
+            auto_remove=False,
             hostname="sandbox",
             name=self.name,
             mounts=[Mount(target=inside, source=host, type="bind", read_only=True) for host, inside in self.mounts],
@@ -617,25 +682,120 @@ class Sandbox:
         return False
 
     def kill_agent_processes(self) -> dict[str, Any]:
-        """Freeze, then SIGKILL, every process of the agent user until none is left (see ``_KILL_AGENT``).
+        """Stop, then SIGKILL, every process of the agent user until none is left (see ``_KILL_AGENT``), in a
+        sandbox that goes on (a command's clock fired). The window's end uses :meth:`end_agent_window` instead.
 
         Returns the loop's counts (``passes``, ``stopped``, ``killed``, ``left``: pids still there when its budget
-        ran out; ``error`` when it could not run). The proxy master's idle workers are spared.
+        ran out; ``error`` when it could not run). The proxy master's idle workers are spared. Only root runs here:
+        a process of the agent's uid could be killed, traced or steered (its user site) by the agent.
         """
         try:
             api = self.engine.api
             layout = self.layout
-            # The freeze: kill(-1, ...) as the agent's uid signals every process of that uid in one kernel walk that
-            # forks cannot slip through (a scan from outside always lags a fork chain). The root loop then makes
-            # sure nothing is left.
-            api.exec_start(api.exec_create(self.id, ["python3", "-c", _FREEZE_AND_KILL],
-                                           user=f"{layout.agent_uid}:{layout.agent_gid}")["Id"])
-            script = _KILL_AGENT.format(uid=layout.agent_uid, master=layout.daemon_pid, budget=KILL_BUDGET)
-            output = api.exec_start(api.exec_create(self.id, ["python3", "-c", script], user="0:0")["Id"])
+            script = _KILL_AGENT.format(uid=layout.agent_uid, master=layout.daemon_pid, budget=KILL_BUDGET,
+                                        clean_scans=CLEAN_SCANS)
+            output = api.exec_start(api.exec_create(self.id, ["python3", "-I", "-c", script], user="0:0",
+                                                    workdir="/")["Id"])
         except Exception as exc:  # the sandbox is gone: nothing of the agent's is left running either
             return {"error": str(exc)}
         report = _last_json_line(output if isinstance(output, bytes) else b"")
         return report if report is not None else {"error": output.decode("utf-8", "replace")[-500:]}
+
+    def end_agent_window(self) -> WindowEnd:
+        """The agent's window is over: freeze the whole container (``docker pause``, the cgroup freezer: no process
+        of it runs or forks again), count what the agent still runs (``docker top``, from the engine's host), and
+        kill the container (its pid namespace goes with its init, every process at once). Nothing runs inside it
+        for this, so nothing the agent left can interfere. Its files stay readable (``get_archive`` of a stopped
+        container): the submission and the call log are read afterwards.
+
+        A sandbox found already stopped says why (``died``): the agent's doing when its memory limit's OOM killer
+        ended it (``agent_caused``), infrastructure otherwise. Idempotent. Engine trouble propagates
+        (``EngineUnavailable``/``SandboxError``): an infrastructure error, never a score.
+        """
+        if self._window_end is None:
+            self._window_end = self._end_window()
+        return self._window_end
+
+    def _end_window(self) -> WindowEnd:
+        from docker.errors import APIError, NotFound
+
+        api = self.engine.api
+        state = self._state()
+        if state is None:
+            return WindowEnd(died=f"sandbox container {self.id[:12]} disappeared")
+        if not state.get("Running"):
+            return self._death(state)
+        # An engine that is shutting down still answers inspections on open connections while it stops the
+        # container: a new command run to its end shows the sandbox outlived the agent. One that cannot run in a
+        # sandbox that still runs is the agent's doing (its memory or process limit is full): frozen and killed as
+        # usual; an engine that is going away fails the freeze or the kill below.
+        problems: list[str] = []
+        try:
+            probe = self.exec(["true"], user="root", workdir="/", timeout=60, use_timeout=False)
+            failed = None if probe.exit_code == 0 else f"exit {probe.exit_code}: {probe.text.strip()[-300:]}"
+        except SandboxError as exc:
+            failed = str(exc)
+        if failed is not None:
+            state = self._state()
+            if state is None or not state.get("Running"):
+                return self._death(state) if state is not None else WindowEnd(
+                    died=f"sandbox container {self.id[:12]} disappeared")
+            problems.append(f"a command could not run in the sandbox at the end of the agent's window ({failed}): "
+                            "its memory or process limit was full")
+        survivors: int | None = None
+        try:
+            api.pause(self.id)
+        except APIError as exc:  # (a sandbox that died just now is still killed below; its state says why)
+            problems.append(f"the sandbox could not be frozen ({_explanation(exc)}); it was killed unfrozen")
+        else:
+            try:
+                survivors = self._count_agent_processes(api.top(self.id, ps_args="-eo pid,ppid,ruid,stat,args"))
+            except (APIError, KeyError, ValueError) as exc:  # no `ps` on the engine's host: the kill is the same
+                problems.append(f"the agent's processes could not be counted ({_explanation(exc)})")
+        try:
+            api.kill(self.id, "SIGKILL")  # a paused container is killed too (the engine thaws it after the signal)
+        except NotFound:
+            return WindowEnd(died=f"sandbox container {self.id[:12]} disappeared")
+        except APIError as exc:
+            state = self._state()
+            if state is None or state.get("Running"):
+                raise SandboxError(f"cannot stop sandbox container {self.id[:12]}: {_explanation(exc)}") from exc
+            return self._death(state)  # it stopped by itself between the probe and the kill
+        try:
+            api.wait(self.id, timeout=STOP_WAIT)
+        except (APIError, OSError) as exc:  # (requests' timeouts are OSErrors)
+            raise SandboxError(f"sandbox container {self.id[:12]} was killed but not reported stopped: {exc}") \
+                from exc
+        return WindowEnd(survivors=survivors, problem="; ".join(problems) or None)
+
+    def _state(self) -> dict[str, Any] | None:
+        """The container's ``State`` (None: it is gone)."""
+        from docker.errors import NotFound
+
+        try:
+            return dict(self.engine.api.inspect_container(self.id)["State"])
+        except NotFound:
+            return None
+
+    def _death(self, state: Mapping[str, Any]) -> WindowEnd:
+        """A sandbox found stopped: the agent's doing only when the OOM killer of its memory limit ended it (an
+        unprivileged agent can stop it no other way; an engine that stops, or an operator, is not the agent)."""
+        oom = bool(state.get("OOMKilled"))
+        detail = f"exit {state.get('ExitCode')}, OOM killed: {oom}"
+        if oom:
+            return WindowEnd(died=f"its memory limit's OOM killer ended it ({detail})", agent_caused=True)
+        return WindowEnd(died=f"sandbox container {self.id[:12]} stopped during the agent run ({detail})")
+
+    def _count_agent_processes(self, top: Mapping[str, Any]) -> int:
+        """Live processes of the agent's uid in a ``docker top`` listing (frozen: the listing is exact), the
+        proxy's workers (children of its root master) apart; zombies are dead."""
+        titles = [str(t) for t in top.get("Titles") or []]
+        rows = [[str(v) for v in row] for row in top.get("Processes") or []]
+        column = {name: titles.index(name) for name in ("PID", "PPID", "RUID", "STAT", "COMMAND")}
+        masters = {row[column["PID"]] for row in rows
+                   if row[column["RUID"]] == "0" and f"{PROXY_DIR}/daemon.py" in row[column["COMMAND"]]}
+        return sum(1 for row in rows if row[column["RUID"]] == str(self.layout.agent_uid)
+                   and not row[column["STAT"]].startswith(("Z", "X")) and row[column["PPID"]] not in masters)
 
     # ------------------------------------------------------------------ files
     def put_file(self, data: bytes | Path, dest: str, *, mode: int = 0o644, owner: str = "agent") -> None:
@@ -704,11 +864,13 @@ class Sandbox:
         return dest.stat().st_size
 
     def _alive(self) -> bool:
-        """Whether the engine answers and the container runs (after a broken stream: whose fault was it?)."""
+        """Whether the engine answers and the container is there, running or stopped at the window's end (after a
+        broken stream: whose fault was it?)."""
         try:
-            return bool(self.engine.api.inspect_container(self.id)["State"].get("Running"))
+            state = self.engine.api.inspect_container(self.id)["State"]
         except Exception:
             return False
+        return bool(state.get("Running")) or self._window_end is not None
 
     @contextlib.contextmanager
     def _archive(self, path: str) -> Iterator[tuple[Iterator[bytes], dict[str, Any] | None]]:
@@ -749,6 +911,18 @@ class Sandbox:
             raise SandboxError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
         raise SandboxError(f"{path} is not a regular file")
 
+    def newest_file(self, directory: str, suffix: str, *, max_bytes: int = 256 << 20) -> str | None:
+        """The most recently modified regular file named ``*suffix`` under ``directory`` (read from the archive, so
+        a stopped sandbox answers too); None when there is none, or the directory is unreadable or too large."""
+        newest: tuple[float, str] | None = None
+        parent = PurePosixPath(directory.rstrip("/")).parent
+        with contextlib.suppress(Exception), self._archive(directory) as (stream, _stat), \
+                tarfile.open(fileobj=_CappedStream(stream, max_bytes), mode="r|") as tar:
+            for member in tar:
+                if member.isreg() and member.name.endswith(suffix) and (newest is None or member.mtime > newest[0]):
+                    newest = (member.mtime, str(parent / member.name))
+        return None if newest is None else newest[1]
+
     def read_call_log(self) -> CallLog:
         """Every proxied call so far, oldest first: one record per call, its ``ended`` line, or its ``started``
         line marked ``interrupted`` when the call never ended (its worker was killed, or it still runs).
@@ -756,16 +930,27 @@ class Sandbox:
         Never raises for what the agent can cause: an unreadable log comes back as ``problem`` (the pipeline turns
         it into a note and a flag, and the item is scored as usual).
         """
+        made, unrecorded = self._call_count()
         try:
             data = self.read_file(CALL_LOG, max_bytes=CALL_LOG_READ_LIMIT)
         except FileNotFoundError:
-            return CallLog([], 0, None)
+            return CallLog([], 0, None, made, unrecorded)
         except SandboxError as exc:
-            return CallLog([], 0, f"the proxy's call log could not be read: {exc}")
+            return CallLog([], 0, f"the proxy's call log could not be read: {exc}", made, unrecorded)
         dropped = 0
         with contextlib.suppress(Exception), self._archive(DROPPED_LOG) as (_stream, stat):
             dropped = int((stat or {}).get("size", 0))  # one byte per call: its size is the count, nothing read
-        return CallLog(merge_call_records(data), dropped, None)
+        return CallLog(merge_call_records(data), dropped, None, made, unrecorded)
+
+    def _call_count(self) -> tuple[int | None, int]:
+        """The daemon's own count (``calls=N unrecorded=M``): calls made, and calls whose record it could not write
+        (the storage the agent shares with the log was full). ``None`` calls when it cannot be read."""
+        try:
+            text = self.read_file(COUNT_LOG, max_bytes=4096).decode("ascii", "replace")
+            fields = dict(part.split("=", 1) for part in text.split() if "=" in part)
+            return int(fields["calls"]), int(fields["unrecorded"])
+        except (FileNotFoundError, SandboxError, KeyError, ValueError):
+            return None, 0
 
     def call_log(self) -> list[dict[str, Any]]:
         """Every proxied call so far (argv, cwd, exit, signal, duration, flags), oldest first."""
@@ -792,10 +977,12 @@ class CallLog:
     records: list[dict[str, Any]]
     dropped: int  # calls made after the log reached its cap (counted, not recorded)
     problem: str | None  # why the log could not be read (None: it was)
+    made: int | None = None  # calls the daemon accepted, by its own count (None: not known)
+    unrecorded: int = 0  # calls whose record the daemon could not write (storage full): counted, not recorded
 
     @property
     def count(self) -> int:
-        return len(self.records) + self.dropped
+        return max(len(self.records) + self.dropped, self.made or 0)
 
     def notes(self) -> list[str]:
         out = []
@@ -804,6 +991,10 @@ class CallLog:
         if self.dropped:
             out.append(f"the proxy's call log reached its cap ({CALL_LOG_MAX >> 20} MiB): {self.dropped} later "
                        "call(s) counted, not recorded")
+        if self.unrecorded:
+            out.append(f"{self.unrecorded} call(s) of the reference could not be recorded: the proxy's call log "
+                       "could not be written (the sandbox's storage, which the agent shares, was full); counted by "
+                       "the proxy, not recorded")
         interrupted = sum(1 for r in self.records if r.get("interrupted"))
         if interrupted:
             out.append(f"{interrupted} call(s) of the reference never ended (their proxy worker was killed)")
@@ -850,6 +1041,10 @@ def _engine_trouble(exc: BaseException) -> bool:
         seen.append(current)
         current = current.__cause__ or current.__context__
     return False
+
+
+def _explanation(exc: BaseException) -> str:
+    return str(getattr(exc, "explanation", None) or exc)
 
 
 def _strip_root(name: str) -> str:
