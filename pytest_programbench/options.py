@@ -176,6 +176,14 @@ def _pull(flag: str, value: Any) -> str:
     return str(value)
 
 
+def _run_dirs(flag: str, value: Any) -> tuple[str, ...]:
+    """``--pb-compare``: one earlier run directory (against this run) or two finished ones (base, new)."""
+    dirs = _dirs(flag, value)
+    if len(dirs) > 2:
+        raise pytest.UsageError(f"{flag}: at most two run directories (BASE, or BASE,NEW), got {len(dirs)}")
+    return dirs
+
+
 def _docker_hosts(flag: str, value: Any) -> tuple[str, ...]:
     from pytest_programbench.engine.engines import EngineSpecError, parse_docker_hosts
 
@@ -270,6 +278,14 @@ OPTIONS: tuple[Option, ...] = (
            parser=_dir),
     Option("min-mean", "Fail the session when the mean score over the selection is below X.", "run", "float",
            "X", _float(*_TO_1)),
+    Option("compare", "Compare this run with the earlier run BASE at session end; BASE,NEW compares two finished "
+           "runs and runs nothing (compare.json, compare.html in the newer run's directory).", "run", "list",
+           "BASE[,NEW]", _run_dirs),
+    Option("max-regression", "With --pb-compare: fail the session when the 95% CI of the mean score difference "
+           "(new - base) reaches below -X.", "run", "float", "X", _float(*_TO_1)),
+    Option("package", "Make the run directory a leaderboard submission at session end (programbench submit "
+           "package, then the system metadata, trajectories and cost/call statistics it leaves as TODO).", "run",
+           "bool"),
     Option("keep-going", "Run every task even when the agent of the first tasks exited 127/126 (command not found "
            "or not executable); by default the session stops after 3 such tasks.", "agent", "bool"),
     Option("preflight", "Check the selection before spending hours (images, hidden test archives, the agent "
@@ -378,6 +394,9 @@ class Settings:
     progress: str = "auto"
     progress_interval: float | None = None
     token_price: tuple[float, float] | None = None
+    compare: tuple[str, ...] = ()
+    max_regression: float | None = None
+    package: bool = False
 
 
 def parse(config: pytest.Config, *, environ: Sequence[tuple[str, str]] | None = None) -> Settings:

@@ -47,6 +47,18 @@ def pytest_cmdline_main(config: pytest.Config) -> object:
     return (yield)
 
 
+@pytest.hookimpl(tryfirst=True, specname="pytest_cmdline_main")
+def pytest_cmdline_main_compare(config: pytest.Config) -> int | None:  # pytest reads pytest_* names only
+    """``--pb-compare BASE,NEW``: two finished runs compared from their files; nothing is collected or run."""
+    opt = options.BY_DEST["pb_compare"]
+    raw = config.getoption(opt.dest, None)
+    if raw is None or len(opt.parse(raw)["compare"]) < 2:
+        return None
+    from pytest_programbench.results.compare import main_finished
+
+    return main_finished(config)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     from pytest_programbench import fixtures, markers

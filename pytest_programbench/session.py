@@ -207,6 +207,8 @@ class ProgramBenchSession:
         self.report_path: Path | None = None
         self.crashes: dict[str, list[str]] = {}
         self.min_mean_failed = ""
+        self.end_lines: list[tuple[str, list[str]]] = []  # --pb-compare / --pb-package: (section, lines)
+        self.end_failed = ""  # --pb-max-regression's message, or a comparison it needed that failed
         self.pytest_session: pytest.Session | None = None
         # The agent's exit statuses of the first tasks, while none of them ran (127/126): see _watch_agent_exit.
         self.agent_not_run: list[tuple[str, int]] = []
@@ -267,6 +269,16 @@ class ProgramBenchSession:
             raise pytest.UsageError(NOTHING_TO_RUN)
         if settings.agent and settings.submissions:
             raise pytest.UsageError(AGENT_AND_SUBMISSIONS)
+        if settings.max_regression is not None and not settings.compare:
+            raise pytest.UsageError("--pb-max-regression X needs --pb-compare BASE: the run the regression is "
+                                    "measured against")
+        if settings.compare and not config.option.collectonly:
+            from pytest_programbench.results.compare import CompareError, FinishedRun
+
+            try:  # before any agent time is spent: the baseline must be readable at the end
+                FinishedRun.load(Path(settings.compare[0]))
+            except CompareError as exc:
+                raise pytest.UsageError(f"--pb-compare: {exc}") from None
         register_languages(config, {t.language for t in catalogue})
         method = config.getoption("timeout_method", None) or config.getini("timeout_method")
         if method == "thread":
@@ -432,6 +444,12 @@ class ProgramBenchSession:
             terminalreporter.write_line(f"report: {self.report_path}")
         if self.min_mean_failed:
             terminalreporter.write_line(self.min_mean_failed, red=True, bold=True)
+        for title, lines in self.end_lines:
+            terminalreporter.write_sep("=", title)
+            for line in lines:
+                terminalreporter.write_line(line)
+        if self.end_failed:
+            terminalreporter.write_line(self.end_failed, red=True, bold=True)
 
     def _write_report(self) -> None:
         """report.html next to summary.json; a page that cannot be written is said, never fails the run."""
@@ -467,6 +485,34 @@ class ProgramBenchSession:
                                     f"{self.settings.min_mean:g}")
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _compare_and_package(self, session: pytest.Session) -> None:
+        """--pb-compare BASE (compare.json/html; --pb-max-regression gates the exit status), then --pb-package (last:
+        it splits each eval.json the official way). Neither changes a score; a failure of either is said."""
+        if self.settings.compare:
+            from pytest_programbench.results.compare import write
+
+            try:
+                written = write(Path(self.settings.compare[0]), self.identity.path,
+                                max_regression=self.settings.max_regression)
+            except Exception as exc:  # a gate that cannot be computed fails; a plain comparison is only said
+                self.end_lines.append(("programbench compare", [f"comparison failed: {exc!r}"]))
+                if self.settings.max_regression is not None:
+                    self.end_failed = f"programbench: --pb-max-regression: no comparison ({exc})"
+            else:
+                self.end_lines.append(("programbench compare", written.lines()))
+                self.end_failed = written.gate_failure
+            if self.end_failed and session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.settings.package:
+            from pytest_programbench.results.package import PackageError, package
+
+            try:
+                packaged = package(self.identity.path)
+            except PackageError as exc:
+                self.end_lines.append(("programbench package", [f"not packaged: {exc}"]))
+            else:
+                self.end_lines.append(("programbench package", packaged.lines()))
 
     def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str]:
         if not self.without_submission:
@@ -622,6 +668,7 @@ class ProgramBenchSession:
 
         from pytest_programbench.engine import docker_engine
         from pytest_programbench.engine.reaper import reap_dead_runs
+        from pytest_programbench.results.package import masked_command
         from pytest_programbench.resume import RECORDED_KEY
 
         # Leftovers of dead runs (their controller is gone or their lifetime expired), never a live run's.
@@ -643,6 +690,7 @@ class ProgramBenchSession:
             "fingerprint": fingerprint(self.settings),
             RECORDED_KEY: public_settings(self.settings),  # what --pb-resume DIR alone reuses
             "selected": [t.instance_id for t in self.selection.tasks],
+            "command": masked_command(self.config.invocation_params.args),  # --pb-package's submission.yaml
         })
 
     @pytest.hookimpl(trylast=True)
@@ -658,6 +706,7 @@ class ProgramBenchSession:
         if self.collect_only or is_worker(self.config):
             return
         self._check_min_mean(session)
+        self._compare_and_package(session)
         from pytest_programbench.engine import docker_engine
 
         for url in self.engine_urls():

@@ -1,0 +1,360 @@
+"""``--pb-compare``: one run directory against an earlier one, from their files alone.
+
+Per task the score delta and the hidden tests that flipped (pass -> fail, fail -> pass; only tests that count for the
+official score: active branches, ignored tests left out), the paired difference of the means over the tasks both
+runs scored with a 95% bootstrap CI and a permutation test's p-value (results/statistics.py), token, cost and time
+deltas, and the tasks present in one run only. Written as ``compare.json`` and ``compare.html`` into the newer run's
+directory; ``--pb-max-regression X`` turns the CI's lower bound into a gate.
+
+Reads only finished files (``pb-run.json``, ``summary.json``, ``<id>/<id>.eval.json``): comparing two finished runs
+needs no agent, engine or collection.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pytest_programbench.results.artifacts import atomic_write_text
+from pytest_programbench.results.report import TaskScope
+from pytest_programbench.results.statistics import (
+    interval_text,
+    paired_difference,
+    paired_permutation_test,
+)
+from pytest_programbench.run_identity import RUN_MARKER
+
+COMPARE_JSON = "compare.json"
+COMPARE_HTML = "compare.html"
+PASSED = "passed"
+
+
+class CompareError(Exception):
+    """A directory that is not a finished run (a usage error where it comes from an option)."""
+
+
+class FlakyTests(Protocol):
+    """What a gold ledger (``--pb-gold-ledger``) tells a comparison: whether a hidden test is flaky on the
+    reference itself, so its flip says nothing about the agent."""
+
+    def is_flaky(self, instance_id: str, test: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run directory as its files say: the record, the summary, each task's official result."""
+
+    path: Path
+    record: dict[str, Any]
+    summary: dict[str, Any]
+    scopes: dict[str, TaskScope | None] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> FinishedRun:
+        path = path.expanduser().resolve()
+        try:
+            record = json.loads((path / RUN_MARKER).read_text())
+            summary = json.loads((path / "summary.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise CompareError(f"{path} is not a finished run directory (its {RUN_MARKER} and summary.json "
+                               f"cannot be read: {exc})") from None
+        if not isinstance(summary.get("tasks"), dict):
+            raise CompareError(f"{path / 'summary.json'} lists no tasks")
+        return cls(path, record, summary, _scopes(record, summary["tasks"]))
+
+    @property
+    def tasks(self) -> dict[str, dict[str, Any]]:
+        tasks: dict[str, dict[str, Any]] = self.summary["tasks"]
+        return tasks
+
+    def scores(self) -> dict[str, float]:
+        """Scores of the tasks this run scored (passed or failed; errors and unattempted are not scores)."""
+        return {iid: float(row["score"]) for iid, row in self.tasks.items()
+                if row.get("outcome") in ("passed", "failed") and isinstance(row.get("score"), int | float)}
+
+    def statuses(self, instance_id: str) -> dict[str, str] | None:
+        """``branch/test`` -> status of the tests that count for the score; ``None`` without a readable result."""
+        try:
+            data = json.loads((self.path / instance_id / f"{instance_id}.eval.json").read_text())
+        except (OSError, ValueError):
+            return None
+        scope = self.scopes.get(instance_id)
+        out: dict[str, str] = {}
+        for test in data.get("test_results") or []:
+            branch, name = str(test.get("branch", "")), str(test.get("name", ""))
+            full = f"{branch}/{name}"
+            if scope is not None and (branch not in scope.active_branches or full in scope.ignored_tests):
+                continue
+            out[full] = str(test.get("status", ""))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        settings = self.record.get("settings") or {}
+        return {
+            "run_dir": str(self.path), "run_id": self.record.get("run_id"),
+            "agent": settings.get("agent"), "model": settings.get("model"),
+            "submissions": settings.get("submissions"),
+            "plugin_version": self.record.get("plugin_version"),
+            "programbench_version": self.record.get("programbench_version"),
+            "headline": {k: v for k, v in (self.summary.get("headline") or {}).items() if not k.endswith("_ci")},
+            "tokens": self.summary.get("tokens") or {},
+            "task_seconds": round(sum(float(r.get("duration") or 0.0) for r in self.tasks.values()), 3),
+        }
+
+
+def _scopes(record: Mapping[str, Any], tasks: Mapping[str, Any]) -> dict[str, TaskScope | None]:
+    """Active branches and ignored tests of each task, from the catalogue the run used (its recorded tasks dirs);
+    a task no longer found keeps every test of its result (said in compare.json as ``scope: all``)."""
+    from programbench.utils.load_data import get_active_branches, get_ignored_tests
+
+    from pytest_programbench.tasks.catalogue import Catalogue, CatalogueError
+
+    settings = record.get("settings") or {}
+    dirs = [d for d in settings.get("tasks_dirs") or () if Path(d).is_dir()]
+    try:
+        by_id = {t.instance_id: t for t in Catalogue.load(dirs, include_fixtures=bool(
+            settings.get("include_fixtures")))}
+    except CatalogueError:
+        by_id = {}
+    scopes: dict[str, TaskScope | None] = {}
+    for iid in tasks:
+        task = by_id.get(iid)
+        try:
+            instance = task.load_instance() if task is not None else None
+        except CatalogueError:
+            instance = None
+        scopes[iid] = None if instance is None else TaskScope(tuple(get_active_branches(instance)),
+                                                               frozenset(get_ignored_tests(instance)))
+    return scopes
+
+
+def _tokens(row: Mapping[str, Any]) -> int | None:
+    tokens = row.get("tokens") or {}
+    if not isinstance(tokens, dict):
+        return None
+    total = tokens.get("total_tokens")
+    if isinstance(total, int):
+        return total
+    parts = [tokens.get(k) for k in ("input_tokens", "output_tokens")]
+    return sum(p for p in parts if isinstance(p, int)) if any(isinstance(p, int) for p in parts) else None
+
+
+def _delta(base: Any, new: Any, digits: int = 6) -> float | None:
+    if isinstance(base, int | float) and isinstance(new, int | float):
+        return round(float(new) - float(base), digits)
+    return None
+
+
+def flips(base: Mapping[str, str] | None, new: Mapping[str, str] | None, instance_id: str,
+          ledger: FlakyTests | None) -> dict[str, list[dict[str, Any]]]:
+    """The tests whose pass/fail changed between two results (a test missing from one result did not pass)."""
+    out: dict[str, list[dict[str, Any]]] = {"pass_to_fail": [], "fail_to_pass": []}
+    if base is None or new is None:
+        return out
+    for test in sorted(set(base) | set(new)):
+        was, now = base.get(test, "absent"), new.get(test, "absent")
+        if (was == PASSED) == (now == PASSED):
+            continue
+        row = {"test": test, "base": was, "new": now,
+               "flaky": None if ledger is None else ledger.is_flaky(instance_id, test)}
+        out["pass_to_fail" if was == PASSED else "fail_to_pass"].append(row)
+    return out
+
+
+@dataclass(frozen=True)
+class Gate:
+    """``--pb-max-regression X``: fails when the paired CI's lower bound is below -X (or there is no interval)."""
+
+    max_regression: float
+    failed: bool
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"max_regression": self.max_regression, "failed": self.failed, "message": self.message}
+
+
+def gate(difference: Mapping[str, Any] | None, max_regression: float) -> Gate:
+    if difference is None:
+        return Gate(max_regression, True, f"programbench: --pb-max-regression {max_regression:g}: fewer than 2 tasks "
+                    "were scored by both runs, so there is no interval to check")
+    low = float(difference["low"])
+    if low < -max_regression:
+        return Gate(max_regression, True, (
+            f"programbench: regression: the 95% CI of the mean score difference reaches {low:.4f}, below "
+            f"--pb-max-regression -{max_regression:g} (difference {difference['estimate']:.4f}, CI "
+            f"[{low:.4f}, {float(difference['high']):.4f}] over {difference['n']} tasks)"))
+    return Gate(max_regression, False, f"programbench: --pb-max-regression {max_regression:g}: the CI's lower bound "
+                f"{low:.4f} is within it")
+
+
+def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = None,
+            max_regression: float | None = None) -> dict[str, Any]:
+    """The comparison of ``new`` against ``base`` as compare.json holds it."""
+    base_scores, new_scores = base.scores(), new.scores()
+    paired = sorted(set(base_scores) & set(new_scores))
+    difference = paired_difference(base_scores, new_scores)
+    permutation = paired_permutation_test(base_scores, new_scores)
+    tasks: dict[str, dict[str, Any]] = {}
+    for iid in sorted(set(base.tasks) & set(new.tasks)):
+        b, n = base.tasks[iid], new.tasks[iid]
+        changed = flips(base.statuses(iid), new.statuses(iid), iid, ledger)
+        tasks[iid] = {
+            "base": {"outcome": b.get("outcome"), "score": b.get("score")},
+            "new": {"outcome": n.get("outcome"), "score": n.get("score")},
+            "paired": iid in base_scores and iid in new_scores,
+            "delta": _delta(base_scores.get(iid), new_scores.get(iid)),
+            "scope": "official" if base.scopes.get(iid) and new.scopes.get(iid) else "all",
+            **changed,
+            "tokens_delta": _delta(_tokens(b), _tokens(n), 0),
+            "cost_delta": _delta(b.get("cost_usd"), n.get("cost_usd")),
+            "seconds_delta": _delta(b.get("duration"), n.get("duration"), 3),
+        }
+    base_info, new_info = base.describe(), new.describe()
+    totals = {
+        key: {"base": base_info["tokens"].get(key), "new": new_info["tokens"].get(key),
+              "delta": _delta(base_info["tokens"].get(key), new_info["tokens"].get(key))}
+        for key in ("input_tokens", "output_tokens", "total_tokens", "cost_usd")
+    }
+    totals["task_seconds"] = {"base": base_info["task_seconds"], "new": new_info["task_seconds"],
+                              "delta": _delta(base_info["task_seconds"], new_info["task_seconds"], 3)}
+    result: dict[str, Any] = {
+        "base": base_info, "new": new_info,
+        "paired": {
+            "tasks": len(paired),
+            "mean_base": round(sum(base_scores[t] for t in paired) / len(paired), 6) if paired else None,
+            "mean_new": round(sum(new_scores[t] for t in paired) / len(paired), 6) if paired else None,
+            "difference": difference.as_dict() if difference else None,
+            "permutation_test": permutation.as_dict() if permutation else None,
+        },
+        "tasks": tasks,
+        "only_in_base": sorted(set(base.tasks) - set(new.tasks)),
+        "only_in_new": sorted(set(new.tasks) - set(base.tasks)),
+        "not_paired": sorted(iid for iid, row in tasks.items() if not row["paired"]),
+        "flips": {
+            "pass_to_fail": sum(len(r["pass_to_fail"]) for r in tasks.values()),
+            "fail_to_pass": sum(len(r["fail_to_pass"]) for r in tasks.values()),
+        },
+        "totals": totals,
+        "gold_ledger": None if ledger is None else str(getattr(ledger, "path", "given")),
+        "gate": None,
+    }
+    if max_regression is not None:
+        result["gate"] = gate(result["paired"]["difference"], max_regression).as_dict()
+    return result
+
+
+def terminal_lines(result: Mapping[str, Any]) -> list[str]:
+    paired = result["paired"]
+    lines = [f"new  {result['new']['run_dir']}", f"base {result['base']['run_dir']}"]
+    if paired["difference"] is not None:
+        lines.append(f"mean over the {paired['tasks']} tasks both scored: {paired['mean_base']:.3f} -> "
+                     f"{paired['mean_new']:.3f}; difference {interval_text(paired['difference'])}")
+    else:
+        lines.append(f"{paired['tasks']} task(s) scored by both runs: too few for an interval")
+    test = paired["permutation_test"]
+    if test is not None:
+        how = f"exact over {test['resamples']} sign patterns" if test["exact"] else f"{test['resamples']} resamples"
+        lines.append(f"permutation test: p = {test['p_value']:.4f} (two-sided, paired, {how})")
+    tasks = result["tasks"]
+    worse = sum(1 for r in tasks.values() if (r["delta"] or 0) < 0)
+    better = sum(1 for r in tasks.values() if (r["delta"] or 0) > 0)
+    lines.append(f"tasks: {better} better, {worse} worse, {len(tasks) - better - worse} unchanged or unpaired; "
+                 f"tests: {result['flips']['pass_to_fail']} pass->fail, {result['flips']['fail_to_pass']} fail->pass")
+    for iid, row in tasks.items():
+        if row["delta"] or row["pass_to_fail"] or row["fail_to_pass"] or not row["paired"]:
+            score = (f"{row['base']['score']:.4f} -> {row['new']['score']:.4f}" if row["paired"] else
+                     f"{row['base']['outcome']} -> {row['new']['outcome']} (not paired)")
+            delta = f" ({row['delta']:+.4f})" if row["delta"] is not None else ""
+            lines.append(f"  {iid}: {score}{delta}, {len(row['pass_to_fail'])} pass->fail, "
+                         f"{len(row['fail_to_pass'])} fail->pass")
+    for side in ("only_in_base", "only_in_new"):
+        if result[side]:
+            lines.append(f"{side.replace('_', ' ')}: {', '.join(result[side])}")
+    totals = result["totals"]
+    tokens, cost, seconds = totals["total_tokens"], totals["cost_usd"], totals["task_seconds"]
+    lines.append(f"tokens {tokens['base']} -> {tokens['new']}; cost {cost['base']} -> {cost['new']}; task time "
+                 f"{seconds['base']:.1f} s -> {seconds['new']:.1f} s ({seconds['delta']:+.1f} s)")
+    return lines
+
+
+def render_html(result: Mapping[str, Any]) -> str:
+    from importlib.resources import files
+
+    import jinja2
+
+    template = files("pytest_programbench.results").joinpath("templates", "compare.html.j2").read_text()
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    return env.from_string(template).render(result=result, interval_text=interval_text)
+
+
+@dataclass(frozen=True)
+class Written:
+    result: dict[str, Any]
+    json_path: Path
+    html_path: Path
+
+    @property
+    def gate_failure(self) -> str:
+        gate_row = self.result.get("gate") or {}
+        return str(gate_row.get("message", "")) if gate_row.get("failed") else ""
+
+    def lines(self) -> list[str]:
+        out = terminal_lines(self.result)
+        gate_row = self.result.get("gate")
+        if gate_row is not None and not gate_row["failed"]:
+            out.append(gate_row["message"])
+        out.append(f"comparison: {self.json_path}, {self.html_path}")
+        return out
+
+
+def write(base_dir: Path, new_dir: Path, *, ledger: FlakyTests | None = None,
+          max_regression: float | None = None) -> Written:
+    """Compare ``new_dir`` against ``base_dir``; compare.json and compare.html go into ``new_dir``."""
+    base, new = FinishedRun.load(base_dir), FinishedRun.load(new_dir)
+    if base.path == new.path:
+        raise CompareError(f"--pb-compare: {base.path} is compared with itself")
+    result = compare(base, new, ledger=ledger, max_regression=max_regression)
+    json_path, html_path = new.path / COMPARE_JSON, new.path / COMPARE_HTML
+    atomic_write_text(json_path, json.dumps(result, indent=2))
+    atomic_write_text(html_path, render_html(result))
+    return Written(result, json_path, html_path)
+
+
+# Options a comparison of two finished runs reads; any other --pb-* option asks for a run, which it does not do.
+FINISHED_OPTIONS = frozenset({"--pb-compare", "--pb-max-regression"})
+
+
+def main_finished(config: Any) -> int:
+    """``pytest --pb-compare BASE,NEW [--pb-max-regression X]``: print and write the comparison, exit 1 when the gate
+    fails. Runs before pytest configures a session: no collection, agent or engine."""
+    import pytest
+    from _pytest.config import create_terminal_writer
+
+    from pytest_programbench import options
+
+    extra = [flag for flag in options.given_on_command_line(config) if flag not in FINISHED_OPTIONS]
+    if extra:
+        raise pytest.UsageError(f"--pb-compare BASE,NEW compares two finished runs and runs nothing: "
+                                f"{', '.join(extra)} cannot go with it (give one directory to compare a run)")
+    values: dict[str, Any] = {}
+    for flag in FINISHED_OPTIONS:
+        opt = next(o for o in options.OPTIONS if o.flag == flag)
+        raw = options.raw_value(config, opt)
+        if raw is not None:
+            values.update(opt.parse(raw))
+    base_dir, new_dir = (Path(d) for d in values["compare"])
+    try:
+        written = write(base_dir, new_dir, max_regression=values.get("max_regression"))
+    except CompareError as exc:
+        raise pytest.UsageError(f"--pb-compare: {exc}") from None
+    writer = create_terminal_writer(config)
+    writer.sep("=", "programbench compare")
+    for line in written.lines():
+        writer.line(line)
+    if written.gate_failure:
+        writer.line(written.gate_failure, red=True, bold=True)
+        return int(pytest.ExitCode.TESTS_FAILED)
+    return int(pytest.ExitCode.OK)

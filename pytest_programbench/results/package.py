@@ -1,0 +1,180 @@
+"""``--pb-package``: the run directory as a leaderboard submission, in place, the official way and then some.
+
+First the official ``programbench.package.package_run`` (what ``programbench submit package RUN_DIR`` runs:
+``_stats/score.json``, ``submission.yaml``, README.md, each eval.json split into a light one and
+``<id>.eval.log.json``); it packages the benchmark's own tasks only and skips any other (a ``--pb-tasks-dir`` task).
+Then what it leaves as TODO, from the run's own records:
+
+- ``submission.yaml``: ``system.agent`` and ``system.model`` (and ``system.provider`` from a ``provider/model``
+  name) from the run's recorded settings, where the official file still says TODO (an author's values are kept),
+  and a ``harness`` block: pytest-programbench's and programbench's versions, the agent with its version, the
+  model, the run's start and end, the command line (``--pb-agent-env`` values masked) and each task's trajectory;
+- ``_stats/cost.json`` (USD, as summary.json has it: the agent's own account, else the relay's tokens at
+  ``--pb-token-price``) and ``_stats/calls.json`` (model calls the relay answered), ``{instance_id: value}`` for
+  the packaged tasks that have one, computed by ``_scripts/pb_stats.py`` (shipped, so the numbers can be
+  recomputed from the run, as the official README asks).
+
+The submitter's name and contact stay TODO: no run knows them. ``programbench submit package`` run again keeps the
+system fields and drops the ``harness`` block; ``--pb-package`` (``pytest --pb-resume RUN_DIR --pb-package``) writes
+it again.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from pytest_programbench.results import pb_stats
+from pytest_programbench.results.artifacts import atomic_write_text
+from pytest_programbench.run_identity import RUN_MARKER
+
+TODO = "TODO"
+STATS_SCRIPT = "_scripts/pb_stats.py"
+# A task's trajectory, the first present: mini-swe-agent's, a CLI preset's transcript, the agent's log.
+TRAJECTORIES = ("{iid}.traj.json", "trajectory.jsonl", "agent.log")
+
+
+class PackageError(Exception):
+    """The run cannot be packaged (said in the session's summary; the run itself is unaffected)."""
+
+
+@dataclass
+class Packaged:
+    run_dir: Path
+    packaged: list[str]
+    skipped: list[str]
+    mean_score: float
+    resolved_pct: float
+    filled: dict[str, Any]
+    left_todo: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"packaged {len(self.packaged)} task(s) in {self.run_dir} with programbench's package_run "
+               f"(mean {self.mean_score:.4f} over the benchmark, resolved {self.resolved_pct}%)"]
+        if self.skipped:
+            out.append(f"not packaged (not ProgramBench benchmark tasks): {', '.join(self.skipped)}")
+        out.append("filled: " + ", ".join(f"{k}={v!r}" for k, v in self.filled.items()))
+        if self.left_todo:
+            out.append("left TODO in submission.yaml (fill in by hand): " + ", ".join(self.left_todo))
+        out.append(f"check it: programbench submit verify {self.run_dir}")
+        return out
+
+
+def masked_command(args: Sequence[str]) -> list[str]:
+    """The command line as recorded: an ``--pb-agent-env NAME=VALUE``'s value masked (it may be a secret)."""
+    out: list[str] = []
+    words = list(args)
+    for i, word in enumerate(words):
+        flag, eq, spec = word.partition("=")
+        if flag == "--pb-agent-env" and eq and "=" in spec:
+            out.append(f"{flag}={spec.partition('=')[0]}=...")
+        elif i > 0 and words[i - 1] == "--pb-agent-env" and "=" in word:
+            out.append(flag + "=...")
+        else:
+            out.append(word)
+    return ["pytest", *out]
+
+
+def agent_with_version(agent: str | None) -> str | None:
+    """The agent as the leaderboard should name it: a preset with its version, a command as typed."""
+    if not agent:
+        return None
+    if agent == "mini-swe-agent":
+        try:
+            return f"mini-swe-agent@{version('mini-swe-agent')}"
+        except PackageNotFoundError:
+            return agent
+    from pytest_programbench.agents import agent_presets
+
+    parsed = agent_presets.parse(agent)
+    return f"{parsed[0].name}@{parsed[1]}" if parsed is not None else agent
+
+
+def _iso(timestamp: Any) -> str | None:
+    if not isinstance(timestamp, int | float):
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
+
+
+def _trajectories(run_dir: Path, packaged: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for iid in packaged:
+        for pattern in TRAJECTORIES:
+            name = pattern.format(iid=iid)
+            if (run_dir / iid / name).is_file():
+                out[iid] = f"{iid}/{name}"
+                break
+    return out
+
+
+def fill_manifest(run_dir: Path, packaged: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """submission.yaml's TODO system fields from the run's record, plus the ``harness`` block; returns what was
+    filled and what is left TODO."""
+    import yaml
+
+    record = json.loads((run_dir / RUN_MARKER).read_text())
+    settings = record.get("settings") or {}
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    manifest_path = run_dir / "submission.yaml"
+    manifest = yaml.safe_load(manifest_path.read_text())
+    system = manifest.setdefault("system", {})
+    agent = agent_with_version(settings.get("agent"))
+    model = settings.get("model")
+    filled: dict[str, Any] = {}
+    for key, value in (("agent", agent), ("model", model),
+                       ("provider", model.partition("/")[0] if model and "/" in model else None)):
+        if value and system.get(key) in (None, "", TODO):
+            system[key] = filled[f"system.{key}"] = value
+    harness = {
+        "name": "pytest-programbench",
+        "version": record.get("plugin_version"),
+        "programbench_version": record.get("programbench_version"),
+        "agent": agent,
+        "model": model,
+        "model_endpoint": settings.get("model_endpoint"),
+        "submissions": settings.get("submissions"),  # evaluate-only: where the submissions came from
+        "run_id": record.get("run_id"),
+        "started": _iso(record.get("started")),
+        "finished": _iso(summary.get("updated")),
+        "command": record.get("command"),
+        "trajectories": _trajectories(run_dir, packaged),
+    }
+    manifest["harness"] = harness
+    filled["harness"] = f"{len(harness['trajectories'])} trajectories"
+    header = ("# Packaged by pytest-programbench (--pb-package): `programbench submit package`, then the system fields "
+              "and the harness block\n# from the run's records (pb-run.json, summary.json). Fields still TODO are for "
+              "the submitter.\n")
+    atomic_write_text(manifest_path, header + yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True))
+    left = [f"{section}.{key}" for section in ("submitter", "system")
+            for key, value in (manifest.get(section) or {}).items() if value == TODO]
+    return filled, left
+
+
+def package(run_dir: Path) -> Packaged:
+    """Package ``run_dir`` in place: the official ``package_run``, then the manifest, trajectories and stats."""
+    from programbench.package import package_run
+
+    run_dir = run_dir.resolve()
+    try:
+        official = package_run(run_dir)
+    except ValueError as exc:
+        raise PackageError(f"programbench's package_run: {exc} (it packages ProgramBench's own benchmark tasks "
+                           "only, with an eval.json and a submission.tar.gz)") from None
+    filled, left = fill_manifest(run_dir, official.packaged)
+    script = run_dir / STATS_SCRIPT
+    script.parent.mkdir(exist_ok=True)
+    shutil.copyfile(Path(pb_stats.__file__), script)
+    written = pb_stats.write_stats(run_dir)
+    filled.update({f"_stats/{name}.json": f"{len(values)} tasks" for name, values in written.items()})
+    head = official.headline
+    return Packaged(run_dir, official.packaged, official.skipped, head.mean_score, head.resolved_pct, filled,
+                    left)
