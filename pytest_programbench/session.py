@@ -532,11 +532,12 @@ class ProgramBenchSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
         report: pytest.TestReport = yield
-        from pytest_programbench.results.verdict import InfrastructureError
+        from pytest_programbench.results.verdict import InfrastructureError, sanitise_report
 
         # An infrastructure error is a message, not a traceback of the harness.
         if call.excinfo is not None and isinstance(call.excinfo.value, InfrastructureError):
             report.longrepr = str(call.excinfo.value)
+        sanitise_report(report)  # a file name that is not UTF-8 must not stop xdist, JUnit or the terminal
         return report
 
     # -- xdist ------------------------------------------------------------------------------------------------

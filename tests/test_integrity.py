@@ -51,7 +51,8 @@ def test_flagged_paths(rel: str, kind: str) -> None:
     flag = classify(rel)
     assert flag is not None
     assert flag.kind == kind
-    assert flag.path == rel.removeprefix("./")
+    # A package is flagged (and neutralised) as its directory.
+    assert flag.path == (rel.split("/")[0] if kind == integrity.MODULE_SHADOWING else rel.removeprefix("./"))
 
 
 @pytest.mark.parametrize("rel", ["main.c", "compile.sh", "src/pytest.ini", "src/tox.ini", "tools/gen.py",
@@ -176,9 +177,9 @@ def test_neutralise_command_only_touches_workspace_files() -> None:
              IntegrityFlag(integrity.PYTEST_CONFIG, "../escape/conftest.py", "")]
     planned = integrity.neutralise_command(flags)
     assert planned is not None
-    command, paths = planned
+    commands, paths = planned
     assert paths == ["a b/x.pth", "conftest.py"]
-    assert command == "rm -rf -- '/workspace/a b/x.pth' /workspace/conftest.py"
+    assert commands == ["rm -rf -- '/workspace/a b/x.pth' /workspace/conftest.py"]
     assert integrity.neutralise_command([IntegrityFlag(integrity.COMPILE_OUTSIDE, "/", "")]) is None
 
 

@@ -73,9 +73,37 @@ LIFETIME_MARGIN = 3600
 # The official teardown after a timed-out command (ContainerEnvironment.execute): SIGKILL everything but pid 1.
 KILL_ALL_BUT_INIT = "kill -KILL -1 2>/dev/null; sleep 0.2; kill -KILL -1 2>/dev/null; true"
 KILL_TIMEOUT = 30
+# Every process but init, this shell and the container's command (the one started first) stopped at once, then
+# killed; the command continued; prints how many were killed. Bash builtins only: nothing forks while it runs.
+STOP_ALL_BUT_INIT = r"""
+me=$$; main=; first=
+kill -STOP -1 2>/dev/null
+for d in /proc/[0-9]*; do
+  p=${d#/proc/}
+  [ "$p" = 1 ] || [ "$p" = "$me" ] || {
+    read -r line 2>/dev/null <"$d/stat" || continue
+    set -- ${line##*) }
+    if [ -z "$first" ] || [ "${20}" -lt "$first" ]; then first=${20}; main=$p; fi
+  }
+done
+n=0
+for d in /proc/[0-9]*; do
+  p=${d#/proc/}
+  case $p in 1|"$me"|"$main") continue ;; esac
+  read -r line 2>/dev/null <"$d/stat" || continue
+  set -- ${line##*) }
+  [ "$1" = Z ] && continue
+  kill -KILL "$p" 2>/dev/null && n=$((n + 1))
+done
+[ -n "$main" ] && kill -CONT "$main" 2>/dev/null
+echo "$n"
+"""
 # After the kill, how long the attached stream may take to close before we stop reading it.
 DRAIN_GRACE = 10.0
 EXIT_POLL_SECONDS = 5.0
+# Bounds of the upper-directory walk (docker diff): levels below / and entries listed.
+DIFF_MAX_DEPTH = 256
+DIFF_MAX_ENTRIES = 400_000
 _HEADER = struct.Struct(">BxxxL")
 _CHUNK = 1 << 20
 
@@ -343,6 +371,70 @@ class Reaper:
 # --------------------------------------------------------------------------------------------- the environment
 
 
+@dataclass
+class Diff:
+    """A container's filesystem changes (``docker diff`` entries) and where the walk that listed them stopped."""
+
+    changes: list[dict[str, Any]]
+    bounded: list[str]
+
+
+@dataclass
+class UpperWalk:
+    """An overlay2 upper directory as ``docker diff`` entries: iterative, at most ``max_depth`` levels and
+    ``max_entries`` entries; directories under ``prune`` listed, not descended into."""
+
+    upper: str
+    lowers: list[str]
+    prune: tuple[str, ...]
+    max_depth: int
+    max_entries: int
+
+    def run(self) -> Diff:
+        result = Diff([], [])
+        pending: list[tuple[str, int]] = [("", 0)]  # (directory relative to the upper dir, its depth)
+        while pending:
+            directory, depth = pending.pop()
+            try:
+                with os.scandir(self.upper + directory) as entries:
+                    for entry in entries:
+                        if len(result.changes) >= self.max_entries:
+                            result.bounded.append(f"more than {self.max_entries} changed entries")
+                            return result
+                        below = self._entry(result, entry, directory)
+                        if below is None:
+                            continue
+                        if depth + 1 >= self.max_depth:
+                            result.bounded.append(f"{below}: deeper than {self.max_depth} levels")
+                        else:
+                            pending.append((below, depth + 1))
+            except FileNotFoundError:
+                continue  # removed while walked
+            except OSError as exc:  # unreadable, or a path past PATH_MAX: said, never skipped silently
+                result.bounded.append(f"{directory or '/'}: not readable ({exc.strerror or exc})")
+        return result
+
+    def _entry(self, result: Diff, entry: os.DirEntry[str], directory: str) -> str | None:
+        """Lists one entry; the path to descend into when it is a directory to walk."""
+        rel = f"{directory}/{entry.name}"
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            return None
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+            kind = 2  # an overlay whiteout: deleted
+        elif any(os.path.lexists(lower + rel) for lower in self.lowers):
+            kind = 0
+        else:
+            kind = 1
+        is_dir = stat.S_ISDIR(st.st_mode)
+        stamp = None if kind == 2 or is_dir else (st.st_mtime_ns, st.st_size, st.st_mode)
+        result.changes.append({"Path": rel, "Kind": kind, "Stamp": stamp})
+        if not is_dir or any(rel == p or rel.startswith(p + "/") for p in self.prune):
+            return None
+        return rel
+
+
 def _parse_run_args(run_args: list[str]) -> bool:
     """The official passes ``[*DOCKER_RUN_ARGS, "--init"]``; only ``--init`` has an SDK meaning here."""
     init = False
@@ -399,6 +491,8 @@ class SdkContainerEnvironment:
         self.container_id = ""
         self.started = False
         self.exec_env: dict[str, str] | None = None  # extra environment for the next execute() only
+        self.before_commit: Callable[[SdkContainerEnvironment], None] | None = None
+        self.paused = False
         self.reaper: Reaper | None = reaper
         self.before_image_removal: Callable[[], None] | None = reaper.drain if reaper is not None else None
         self._name = f"{name_prefix}-{uuid.uuid4().hex[:12]}"
@@ -553,6 +647,53 @@ class SdkContainerEnvironment:
                         self.container_id[:12])
             self._host_kill()
 
+    def stop_processes(self, *, timeout: float = KILL_TIMEOUT) -> int | None:
+        """SIGKILL every process of the container but init and its own command (``sleep``): how many, or None
+        when that could not be done. What the official pipeline runs next (each step its own exec) needs nothing
+        the previous command left running.
+
+        Runs ``bash -c`` (not a login shell: no profile the submission wrote runs) with builtins only (no fork):
+        one ``kill -STOP -1`` stops every other process in a single kernel pass (a fork in flight is restarted,
+        so no chain can outrun it), then each one is killed, and the container's command continued."""
+        started = self._start_exec(["bash", "-c", STOP_ALL_BUT_INIT])
+        if isinstance(started, dict):
+            log.warning("container %s: could not stop its processes: %s", self.container_id[:12],
+                        str(started.get("output", "")).strip())
+            return None
+        _exec_id, stream = started
+        out = CappedBuffer(4096)
+        try:
+            finished = stream.pump(time.monotonic() + timeout, {1: out.write, 2: out.write})
+        finally:
+            stream.close()
+        text = _decode(bytes(out.head)).strip()
+        last = text.splitlines()[-1] if text else ""
+        if not finished or not last.isdigit():
+            log.warning("container %s: stopping its processes did not finish: %r", self.container_id[:12], text[:200])
+            return None
+        return int(last)
+
+    def pause(self) -> bool:
+        """Freeze every process of the container (the cgroup freezer); False when the engine refused."""
+        from docker.errors import APIError
+
+        try:
+            self._api.pause(self.container_id)
+        except APIError as exc:
+            log.warning("container %s: pause failed: %s", self.container_id[:12], _api_error_text(exc))
+            return False
+        self.paused = True
+        return True
+
+    def unpause(self) -> None:
+        from docker.errors import APIError
+
+        try:
+            self._api.unpause(self.container_id)
+        except APIError as exc:
+            log.warning("container %s: unpause failed: %s", self.container_id[:12], _api_error_text(exc))
+        self.paused = False
+
     def _host_kill(self) -> None:
         from docker.errors import APIError
 
@@ -662,8 +803,9 @@ class SdkContainerEnvironment:
 
     # ----------------------------------------------------------------------------------------- files out
 
-    def read_file(self, container_path: str, *, timeout: int = 60) -> tuple[int, bytes | str]:
-        """``(0, bytes)`` of a regular file, or ``(returncode, message)`` like ``docker cp`` failing."""
+    def read_file(self, container_path: str, *, timeout: int = 60,
+                  max_bytes: int | None = None) -> tuple[int, bytes | str]:
+        """``(0, bytes)`` of a regular file (of at most ``max_bytes``), or ``(returncode, message)``."""
         from docker.errors import APIError, NotFound
 
         box: list[tuple[int, bytes | str]] = []
@@ -671,7 +813,10 @@ class SdkContainerEnvironment:
 
         def fetch() -> None:
             try:
-                stream, _stat = self._api.get_archive(self.container_id, container_path)
+                stream, found = self._api.get_archive(self.container_id, container_path)
+                if max_bytes is not None and int(found.get("size", 0)) > max_bytes:
+                    box.append((1, f"{container_path}: larger than {max_bytes} bytes; not read"))
+                    return
                 data = b"".join(stream)
             except NotFound:
                 box.append((1, f"Error: No such container:path: {self.container_id}:{container_path}"))
@@ -693,21 +838,32 @@ class SdkContainerEnvironment:
             raise failures[0]
         return box[0]
 
-    def diff(self) -> list[dict[str, Any]]:
-        """``docker diff``: the container's changes against its image, ``{"Path", "Kind"[, "Stamp"]}``.
+    def diff(self, *, prune: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """``docker diff``: the container's changes against its image, ``{"Path", "Kind"[, "Stamp"]}``."""
+        return self.bounded_diff(prune=prune).changes
+
+    def bounded_diff(self, *, prune: tuple[str, ...] = (), max_depth: int = DIFF_MAX_DEPTH,
+                     max_entries: int = DIFF_MAX_ENTRIES) -> Diff:
+        """``docker diff``, bounded: the container's changes and where the walk stopped.
 
         The engine computes it by comparing the whole image with the container (~0.5 s for a 500 MB image on
         overlay2 with naive diff). When the overlay2 upper directory is readable from here (a local engine, as
         root) it is walked instead: same paths and kinds in milliseconds, plus a stamp per entry (mtime, size,
-        mode) so a file changed twice is seen changing. Otherwise the engine's answer is used.
+        mode) so a file changed twice is seen changing. The walk is iterative (a tree 10,000 levels deep is data,
+        not a ``RecursionError``), descends at most ``max_depth`` levels and lists at most ``max_entries``
+        entries; directories under ``prune`` are listed but not descended into. Each bound reached and each
+        directory that could not be read is named in ``bounded``. Otherwise the engine's answer is used (cut at
+        ``max_entries``).
         """
-        walked = self._walk_upper()
+        walked = self._walk_upper(prune, max_depth, max_entries)
         if walked is not None:
             return walked
-        changes = self._api.diff(self.container_id)
-        return list(changes or [])
+        changes = list(self._api.diff(self.container_id) or [])
+        if len(changes) > max_entries:
+            return Diff(changes[:max_entries], [f"the engine listed {len(changes)} changes, more than {max_entries}"])
+        return Diff(changes, [])
 
-    def _walk_upper(self) -> list[dict[str, Any]] | None:
+    def _walk_upper(self, prune: tuple[str, ...], max_depth: int, max_entries: int) -> Diff | None:
         try:
             driver = self._api.inspect_container(self.container_id).get("GraphDriver") or {}
         except Exception:
@@ -719,30 +875,25 @@ class SdkContainerEnvironment:
         lowers = [d for d in str(data.get("LowerDir") or "").split(":") if d]
         if not os.path.isdir(upper) or not os.access(upper, os.R_OK | os.X_OK):
             return None
-        changes: list[dict[str, Any]] = []
-        for dirpath, dirnames, filenames in os.walk(upper):
-            for name in [*dirnames, *filenames]:
-                full = os.path.join(dirpath, name)
-                rel = "/" + os.path.relpath(full, upper)
-                try:
-                    st = os.lstat(full)
-                except OSError:
-                    continue
-                if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                    kind = 2  # an overlay whiteout: deleted
-                elif any(os.path.lexists(lower + rel) for lower in lowers):
-                    kind = 0
-                else:
-                    kind = 1
-                stamp = None if kind == 2 or stat.S_ISDIR(st.st_mode) else (st.st_mtime_ns, st.st_size,
-                                                                             st.st_mode)
-                changes.append({"Path": rel, "Kind": kind, "Stamp": stamp})
-        return changes
+        return UpperWalk(upper, lowers, prune, max_depth, max_entries).run()
 
     # ----------------------------------------------------------------------------------------- lifecycle
 
     def commit(self, image_ref: str) -> str:
-        """Commit to ``image_ref``, labelled like every image the plugin makes; returns the reference."""
+        """Commit to ``image_ref``, labelled like every image the plugin makes; returns the reference.
+
+        ``before_commit`` (set by the evaluator for the compile container) runs first, once; it may leave the
+        container paused, so that what it saw is exactly what is committed. The container is unpaused after."""
+        hook, self.before_commit = self.before_commit, None
+        try:
+            if hook is not None:
+                hook(self)
+            return self._commit(image_ref)
+        finally:
+            if self.paused:
+                self.unpause()
+
+    def _commit(self, image_ref: str) -> str:
         from docker.errors import APIError
 
         repository, _, tag = image_ref.rpartition(":")
@@ -895,6 +1046,7 @@ class StepHooks:
     before_step: Callable[[str, SdkContainerEnvironment], None] | None = None
     after_step: Callable[[str, SdkContainerEnvironment, dict[str, Any]], None] | None = None
     step_env: Callable[[str, SdkContainerEnvironment], dict[str, str] | None] | None = None
+    before_commit: Callable[[SdkContainerEnvironment], None] | None = None  # the compile container's commit
 
 
 @dataclass
@@ -968,6 +1120,7 @@ class SdkEvaluator(Evaluator):
             self.envs.append(container)
         if compile_phase:
             container.before_image_removal = self._retire
+            container.before_commit = self.layer.hooks.before_commit
         return container
 
     # The official signature and env/addopts logic (eval.py `_new_env`), returning our environment.

@@ -28,10 +28,10 @@ import tarfile
 import threading
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from programbench.eval.eval import EvaluationResult, Evaluator
 from programbench.exceptions import EvalStepError
@@ -44,6 +44,7 @@ from pytest_programbench.evaluation.container_layer import (
     COMPILE_STEP,
     DEFAULT_OUTPUT_CAP,
     INSTALL_RERUNS_STEP,
+    Diff,
     HarnessError,
     LayerConfig,
     SdkContainerEnvironment,
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from pytest_programbench.options import Settings
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 SOLUTION_BRANCH = "submission"  # what `programbench eval` records for run-directory submissions
 NO_SUBMISSION = "no_submission"  # eval_batch's code for a missing archive
@@ -189,13 +191,16 @@ class ArchiveCheck:
 
 
 def check_archive(path: Path) -> ArchiveCheck:
-    """Host-side: the archive exists and is a readable gzip tar (fully decompressed: CRC checked); its flags."""
+    """Host-side: the archive exists and is a readable gzip tar (fully decompressed: CRC checked); its flags.
+
+    Members are classified as they stream by (none kept: a tar of ten million empty entries costs no memory), at
+    most ``integrity.MAX_ENTRIES`` of them; config files on pytest's rootdir search path are read up to
+    ``integrity.CONFIG_READ_CAP`` bytes each."""
     if not path.exists():
         return ArchiveCheck(f"no submission archive at {path}", NO_SUBMISSION)
     if not path.is_file():
         return ArchiveCheck(f"{path} is not a file", INVALID_ARCHIVE)
-    contents: dict[str, bytes] = {}
-    members: list[tarfile.TarInfo] = []
+    scan: integrity.FlagScan | None = None
     try:
         with path.open("rb") as raw:
             if raw.read(2) != b"\x1f\x8b":
@@ -205,29 +210,51 @@ def check_archive(path: Path) -> ArchiveCheck:
             sha256 = hashlib.file_digest(raw, "sha256").hexdigest()
         with gzip.open(path, mode="rb") as gz:
             with tarfile.open(fileobj=gz, mode="r|") as tar:
-                for member in tar:
-                    members.append(member)
-                    name = member.name.rstrip("/").rsplit("/", 1)[-1]
-                    if name in integrity.SECTIONED_CONFIG_NAMES and member.isfile() and member.size < 1 << 20:
-                        f = tar.extractfile(member)
-                        if f is not None:
-                            contents[member.name] = f.read()
+                scan = _scan_archive(tar)
             while gz.read(1 << 20):  # to the end: the gzip CRC and length are verified
                 pass
     except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:
         return ArchiveCheck(f"{path} is not a readable gzip tar: {type(exc).__name__}: {exc}", INVALID_ARCHIVE)
-    flags = integrity.scan_members(members, lambda m: contents.get(m.name))
-    return ArchiveCheck(flags=flags, sha256=sha256)
+    return ArchiveCheck(flags=scan.result() if scan is not None else [], sha256=sha256)
+
+
+def _scan_archive(tar: tarfile.TarFile) -> integrity.FlagScan:
+    current: list[tarfile.TarInfo] = []
+
+    def read(_rel: str) -> bytes | None:
+        member = current[0]
+        if not member.isfile() or member.size > integrity.CONFIG_READ_CAP:
+            return None
+        f = tar.extractfile(member)
+        return f.read(integrity.CONFIG_READ_CAP + 1) if f is not None else None
+
+    scan = integrity.FlagScan(read)
+    for member in tar:
+        tar.members.clear()  # type: ignore[attr-defined]  # streamed: tarfile would otherwise keep every member
+        if member.isdir():
+            continue
+        if scan.entries >= integrity.MAX_ENTRIES:
+            scan.bound(f"more than {integrity.MAX_ENTRIES} archive members")
+            break
+        current[:] = [member]
+        scan.add(member.name)
+    return scan
 
 
 # --------------------------------------------------------------------------------------------- harness probes
 
 _reference_hashes: dict[str, str | None] = {}
 _reference_lock = threading.Lock()
+STOPPED_NOTE = ("compile.sh left {n} process(es) running; they were stopped when it ended, before the integrity "
+                "check (the official lets them run until the image is committed)")
 
 
 class _Probe:
-    """The harness's own work around official steps: reference hash, compile diff, strict mode, reruns wheels."""
+    """The harness's own work around official steps: reference hash, compile diff, strict mode, reruns wheels.
+
+    Flag probes never change a score or raise: a probe that fails is a ``scan_bounded`` flag (logged with its
+    traceback). Only the engine going away (an infrastructure error) and --pb-strict failing to neutralise (its
+    documented 0) leave here."""
 
     def __init__(self, *, image: str, strict: bool, wheels: RerunWheels, eval_clean_hashes: list[str]) -> None:
         self.image = image
@@ -236,18 +263,21 @@ class _Probe:
         self.eval_clean_hashes = eval_clean_hashes
         self.reference_hash: str | None = None
         self.before: list[dict[str, Any]] | None = None
+        self.scanned: list[dict[str, Any]] | None = None  # the compile container's changes the scan saw
         self.compile_flags: list[IntegrityFlag] = []
         self.neutralised: list[str] = []
+        self.notes: list[str] = []
         self.wheels_copied = False
 
     def hooks(self) -> StepHooks:
-        return StepHooks(before_step=self.before_step, after_step=self.after_step, step_env=self.step_env)
+        return StepHooks(before_step=self.before_step, after_step=self.after_step, step_env=self.step_env,
+                         before_commit=self.before_commit)
 
     def before_step(self, step: str, env: SdkContainerEnvironment) -> None:
         if step == "wipe_workspace":
             self.reference_hash = self._reference_hash(env)
         elif step == COMPILE_STEP:
-            self.before = env.diff()
+            self.before = self._guarded("before compile.sh", lambda: self._diff(env).changes)
         elif step == INSTALL_RERUNS_STEP and self.wheels.available:
             try:
                 env.put_files("/tmp", self.wheels.files(), subdir=CONTAINER_WHEEL_DIR.rsplit("/", 1)[-1])
@@ -265,24 +295,76 @@ class _Probe:
 
     def after_step(self, step: str, env: SdkContainerEnvironment, result: dict[str, Any]) -> None:
         if step == COMPILE_STEP:
-            after = env.diff()
-            self.compile_flags = integrity.scan_compile(self.before or [], after, lambda rel: _read(env, rel))
+            # What compile.sh started dies with it: nothing can change the workspace behind the scan.
+            stopped = env.stop_processes()
+            if stopped:
+                self.notes.append(STOPPED_NOTE.format(n=stopped))
+            self._guarded("after compile.sh", lambda: self._scan_compile(env))
             if self.strict:
-                self._neutralise(env)
+                self._neutralise(env, self.compile_flags)
         elif step == INSTALL_RERUNS_STEP and self.wheels_copied:
             cleanup = env.execute(f"rm -rf {CONTAINER_WHEEL_DIR}", timeout=60)
             if cleanup["returncode"] != 0:
                 log.warning("could not remove the wheel directory: %s", cleanup["output"].strip())
 
-    def _neutralise(self, env: SdkContainerEnvironment) -> None:
-        planned = integrity.neutralise_command(self.compile_flags)
+    def before_commit(self, env: SdkContainerEnvironment) -> None:
+        """The image the hidden tests run in, frozen, scanned again: what changed in /workspace since the scan."""
+        for _round in range(3):
+            if not env.pause():
+                self.notes.append("the compile container could not be paused before its commit: the last scan "
+                                  "ran with it running")
+            late = self._guarded("before the commit", lambda: self._scan_late(env))
+            if not (self.strict and late and integrity.neutralise_command(late)):
+                return
+            env.unpause()  # --pb-strict: removed like the others, then looked at again
+            self._neutralise(env, late)
+        raise EvalStepError(STRICT_FAILED, "--pb-strict: /workspace kept changing before the commit")
+
+    def _scan_compile(self, env: SdkContainerEnvironment) -> list[IntegrityFlag]:
+        after = self._diff(env)
+        self.scanned = after.changes
+        self.compile_flags = [*self.compile_flags, *integrity.scan_compile(
+            self.before or [], after.changes, lambda rel: _read(env, rel), bounded=after.bounded)]
+        return self.compile_flags
+
+    def _scan_late(self, env: SdkContainerEnvironment) -> list[IntegrityFlag]:
+        if self.scanned is None:
+            return []
+        now = self._diff(env)
+        late = integrity.scan_late(integrity.late_changes(self.scanned, now.changes), lambda rel: _read(env, rel))
+        self.scanned = now.changes
+        self.compile_flags = integrity.merge(self.compile_flags, late)
+        return late
+
+    @staticmethod
+    def _diff(env: SdkContainerEnvironment) -> Diff:
+        # Build caches and scratch space are listed, not descended into: what lies below them is never flagged.
+        return env.bounded_diff(prune=integrity.ALLOWED_OUTSIDE)
+
+    def _guarded(self, where: str, probe: Callable[[], _T]) -> _T | None:
+        """Runs a flag probe: the engine going away is an infrastructure error; any other failure is a flag."""
+        try:
+            return probe()
+        except EngineUnavailable:
+            raise
+        except Exception as exc:
+            if _is_connection_failure(exc):
+                raise
+            log.warning("integrity check %s failed (flagged, the score stays official)", where, exc_info=True)
+            self.compile_flags = [*self.compile_flags, integrity.probe_failed(where, exc)]
+            return None
+
+    def _neutralise(self, env: SdkContainerEnvironment, flags: list[IntegrityFlag]) -> None:
+        planned = integrity.neutralise_command(flags)
         if planned is None:
             return
-        command, paths = planned
-        r = env.execute(command, timeout=120)
-        if r["returncode"] != 0:
-            raise EvalStepError(STRICT_FAILED, f"--pb-strict could not remove {paths}: {r['output'].strip()}")
-        self.neutralised = paths
+        commands, paths = planned
+        for command in commands:
+            r = env.execute(command, timeout=120)
+            if r["returncode"] != 0:
+                raise EvalStepError(STRICT_FAILED, f"--pb-strict could not remove {paths[:20]}: "
+                                                   f"{r['output'].strip()[:2000]}")
+        self.neutralised = list(dict.fromkeys([*self.neutralised, *paths]))
 
     def _reference_hash(self, env: SdkContainerEnvironment) -> str | None:
         with _reference_lock:
@@ -296,7 +378,8 @@ class _Probe:
 
 
 def _read(env: SdkContainerEnvironment, rel: str) -> bytes | None:
-    rc, payload = env.read_file(f"/workspace/{rel}", timeout=60)
+    """A workspace file for the flag probes, at most ``integrity.CONFIG_READ_CAP`` bytes (larger: None)."""
+    rc, payload = env.read_file(f"/workspace/{rel}", timeout=60, max_bytes=integrity.CONFIG_READ_CAP)
     return payload if rc == 0 and isinstance(payload, bytes) else None
 
 
@@ -515,6 +598,7 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
     outcome.reruns_reason = _reruns_reason(evaluator, wheels)
     outcome.reference_hash = probe.reference_hash
     outcome.neutralised = list(probe.neutralised)
+    outcome.notes.extend(probe.notes)
     outcome.integrity_flags = integrity.merge(
         archive.flags,
         probe.compile_flags,

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from pytest_programbench.results.artifacts import atomic_write_text
+from pytest_programbench.safe_text import sanitise
 
 PASSED, FAILED, ERROR = "passed", "failed", "error"
 RESOLVED, NEAR_RESOLVED = 1.0, 0.95  # programbench.submission.RESOLVED_THRESHOLD / NEAR_RESOLVED_THRESHOLD
@@ -257,7 +258,8 @@ class RunSummary:
             data = self.as_dict()
             if self.before_write is not None:
                 self.before_write(data)
-            atomic_write_text(self.path, json.dumps(data, indent=2, default=str))
+            # sanitise: a string holding an undecodable file name's surrogates is written escaped, never raises
+            atomic_write_text(self.path, json.dumps(sanitise(data), indent=2, default=str))
 
     # -- terminal ---------------------------------------------------------------------------------------------
 

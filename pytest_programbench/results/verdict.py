@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from pytest_programbench.safe_text import printable, sanitise
+
 
 class InfrastructureError(Exception):
     """Something outside the agent's and the submission's windows broke: reported as an error, never a score.
@@ -150,3 +152,16 @@ def assert_verdict(item: pytest.Item, outcome: TaskOutcome, *, min_score: float,
     flagged = bool(outcome.flags) and not allow_flags
     if outcome.score < min_score or flagged:
         raise VerdictFailure(failure_message(outcome, min_score, flagged=flagged, task_dir=task_dir))
+
+
+def sanitise_report(report: pytest.TestReport) -> None:
+    """The last line of defence before a report leaves (xdist, JUnit, the terminal, summary.json): no string in it
+    may hold an undecodable file name's surrogates. Flags and messages are built safe; this catches the rest."""
+    report.user_properties = sanitise(list(report.user_properties))
+    report.sections = sanitise(list(report.sections))
+    if isinstance(report.longrepr, str | tuple):
+        report.longrepr = sanitise(report.longrepr)
+    elif report.longrepr is not None:
+        text = report.longreprtext
+        if printable(text) != text:  # a traceback or exception text holding one: its text, escaped
+            report.longrepr = printable(text)
