@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pty
 import re
-import select
+import shlex
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +121,7 @@ def test_slow_engine_call_is_said_once_naming_the_call(monkeypatch: pytest.Monke
     state.timed("POST", f"http+docker://localhost/v1.43/exec/{cid}/start", 600.0)  # waits on purpose
     state.timed("POST", f"http+docker://localhost/v1.43/containers/{cid}/wait", 600.0)
     slow = [r for r in caplog.records if hasattr(r, "pb_slow_call")]
-    assert [(r.pb_slow_call, r.getMessage()) for r in slow] == [  # type: ignore[attr-defined]
+    assert [(r.pb_slow_call, r.getMessage()) for r in slow] == [
         ("POST /containers/{id}/start",
          "slow Docker engine call: POST /containers/{id}/start took 31.0 s (said once per call)")]
 
@@ -150,6 +149,7 @@ def test_snapshot_eta_and_tokens(tmp_path: Path) -> None:
     # 4 queued x 60 s + (60 - 30) s + 0 s left of the running ones, over 2 workers.
     assert eta(counts, snap) == pytest.approx((4 * 60 + 30) / 2)
     assert eta(Counts(10, 0, 0, 0, ()), snap) is None
+    assert render(Counts(10, 0, 0, 0, ()), snap, 5.0, quiet=False)[0].endswith("| ETA after the first task")
     full = render(counts, snap, 125.0, quiet=False)
     assert full[0] == ("programbench 4/10: 2 passed, 1 failed, 1 errors | 2 running, 4 queued | 0:02:05 elapsed "
                        "| ETA 0:02:15")
@@ -193,7 +193,7 @@ def test_lines_under_xdist_show_in_flight_phases_summary_and_slow_calls(tmp_path
                  lambda: {m.group(1) for m in line.finditer(out.read_text(errors="replace"))} == {RPN, CATLIKE},
                  proc)
         assert re.search(r"^programbench 0/2: 0 passed, 0 failed, 0 errors \| 2 running, 0 queued \| "
-                         r"\d+:\d\d:\d\d elapsed \| ETA -$", out.read_text(), re.M)
+                         r"\d+:\d\d:\d\d elapsed \| ETA after the first task$", out.read_text(), re.M)
         (gate / "go").touch()
         assert proc.wait(timeout=600) == 1  # catlike's wrong answer fails
     finally:
@@ -215,40 +215,124 @@ def test_lines_under_xdist_show_in_flight_phases_summary_and_slow_calls(tmp_path
     assert "report: " + str(run_dir / "report.html") in text
 
 
-def test_live_in_place_on_a_terminal_one_line_with_q(tmp_path: Path, testbed: Testbed) -> None:
-    subs = tmp_path / "subs"
-    for iid in (RPN, CATLIKE, TUIISH):
-        shutil.copytree(testbed.submissions / iid, subs / iid)
+class Tmux:
+    """A real terminal: a tmux server of the test's own (its socket in tmp_path), one pane of a fixed size."""
+
+    WIDTH, HEIGHT = 150, 40
+
+    def __init__(self, tmp_path: Path) -> None:
+        tmux = shutil.which("tmux")
+        assert tmux is not None, "Debian's tmux is required (apt-get install -y tmux; scripts/test-suite.sh does)"
+        self.base = [tmux, "-S", str(tmp_path / "tmux.sock"), "-f", "/dev/null"]
+
+    def start(self, args: list[str], cwd: Path) -> None:
+        # The session's exit status is printed after it, and the pane stays open to be read.
+        command = f"cd {shlex.quote(str(cwd))} && {shlex.join(args)}; echo \"[pb-exit $?]\"; exec sleep 3600"
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TMUX")}
+        subprocess.run([*self.base, "new-session", "-d", "-s", "pb", "-x", str(self.WIDTH), "-y", str(self.HEIGHT),
+                        command], check=True, env=env)
+
+    def screen(self) -> str:
+        """What the pane shows now."""
+        return self._capture()
+
+    def history(self) -> list[str]:
+        """Everything the pane ever showed, scrolled-off lines included, as the terminal laid it out."""
+        return [line for line in self._capture("-S", "-").splitlines() if line.strip()]
+
+    def _capture(self, *extra: str) -> str:
+        return subprocess.run([*self.base, "capture-pane", "-p", "-t", "pb", *extra], check=True,
+                              capture_output=True, text=True).stdout
+
+    def close(self) -> None:
+        subprocess.run([*self.base, "kill-server"], capture_output=True)
+
+
+@pytest.fixture
+def tmux(tmp_path: Path) -> Iterator[Tmux]:
+    terminal = Tmux(tmp_path)
+    try:
+        yield terminal
+    finally:
+        terminal.close()
+
+
+AGENT_CLOCK = re.compile(r"(pbfix__\S+)  agent (\d+:\d\d:\d\d)")
+STATUS = re.compile(r"programbench \d+/2: .*\| ETA ")
+
+
+@pytest.mark.parametrize("extra", [[], ["-n", "2", "-q"]], ids=["single-process", "xdist-q"])
+def test_live_view_in_a_real_terminal(tmp_path: Path, testbed: Testbed, tmux: Tmux, extra: list[str]) -> None:
+    """In a real terminal (tmux), with and without xdist: mid-run the view shows the agent's clock moving and an ETA
+    before any task ended; at the end pytest's own lines are intact and nothing of the view is left."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    gate.chmod(0o755)
+    quiet = "-q" in extra
+    args = session_args(testbed, tmp_path / "run", "--pb-filter", "pbfix__(rpn|catlike)", "--pb-agent", GATED_AGENT,
+                        "--pb-agent-mount", f"{gate}:/pb-gate", "--pb-agent-mount", f"{TESTBED}:/pb-testbed",
+                        "--pb-progress", "auto:0.2", *extra)
+    tmux.start(args, tmp_path)
+    try:
+        def agent_clock() -> tuple[str, str] | None:
+            screen = tmux.screen()
+            match = AGENT_CLOCK.search(screen)
+            if match is None or not re.search(STATUS.pattern + "after the first task", screen):
+                return None
+            if quiet:  # one line: the status line carries the tasks
+                assert "  [" not in screen, screen
+            return match.group(1), match.group(2)
+
+        task, first = wait_for("the live view with a task in its agent phase", agent_clock)
+        wait_for("the agent's clock to move on the terminal", lambda: (agent_clock() or (task, first)) != (task, first))
+    finally:
+        (gate / "go").touch()
+    wait_for("the session's end", lambda: "[pb-exit " in tmux.screen())
+    lines = tmux.history()
+    text = "\n".join(lines)
+    assert lines[-1] == "[pb-exit 1]", text  # catlike's wrong answer fails
+    # Nothing of the view is left: no status line, no task line, anywhere in what the terminal kept.
+    assert not [line for line in lines if STATUS.search(line) or AGENT_CLOCK.search(line)], text
+    # pytest's own lines, whole: the header, the line of outcomes ending at [100%], the short summary, the last line.
+    if not quiet:
+        assert re.fullmatch(r"=+ test session starts =+", lines[0]), text
+    outcomes = r"(programbench )?[.F]{2} +\[100%\]" if not quiet else r"[.F]{2} +\[100%\]"
+    assert [line for line in lines if "[100%]" in line and not re.fullmatch(outcomes, line)] == [], text
+    assert any(re.fullmatch(outcomes, line) for line in lines), text
+    assert any(line.startswith(f"FAILED programbench::{CATLIKE} - score 0.0000") for line in lines), text
+    final = r"1 failed, 1 passed in [\d.]+s( \([\d:]+\))?"
+    assert re.fullmatch(final if quiet else f"=+ {final} =+", lines[-2]), text
+
+
+def test_lines_without_xdist_appear_during_the_agent_window(tmp_path: Path, testbed: Testbed) -> None:
+    """Output to a file without -n: the periodic lines reach it while the agent runs (not the item's captured
+    output, which pytest shows with the failure)."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    gate.chmod(0o755)
     run_dir = tmp_path / "run"
-    args = session_args(testbed, run_dir, "--pb-submissions", str(subs), "--pb-filter", "pbfix__", "-n", "2",
-                        "-q", "--pb-progress", "auto:0.2")
-    primary, secondary = pty.openpty()
-    proc = subprocess.Popen(args, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary,
-                            env={**os.environ, "COLUMNS": "200", "TERM": "xterm"})
-    os.close(secondary)
-    chunks = []
-    while True:  # read until the session closes the terminal
-        ready, _, _ = select.select([primary], [], [], 600)
-        if not ready:
+    out = tmp_path / "out.txt"
+    args = session_args(testbed, run_dir, "--pb-filter", "pbfix__catlike", "--pb-agent", GATED_AGENT,
+                        "--pb-agent-mount", f"{gate}:/pb-gate", "--pb-agent-mount", f"{TESTBED}:/pb-testbed",
+                        "--pb-progress", "auto:0.3")
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(args, cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        line = re.compile(rf"^  \[controller\] {re.escape(CATLIKE)}  agent \d+:\d\d:\d\d  \(task \d+:\d\d:\d\d\)$",
+                          re.M)
+        wait_for("a progress line in the agent phase", lambda: line.search(out.read_text(errors="replace")), proc)
+        assert re.search(r"^programbench 0/1: 0 passed, 0 failed, 0 errors \| 1 running, 0 queued \| "
+                         r"\d+:\d\d:\d\d elapsed \| ETA after the first task$", out.read_text(), re.M)
+        (gate / "go").touch()
+        assert proc.wait(timeout=600) == 1
+    finally:
+        if proc.poll() is None:
             proc.kill()
-            pytest.fail("the session stopped writing")
-        try:
-            chunk = os.read(primary, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(primary)
-    assert proc.wait(timeout=60) == 0
-    text = b"".join(chunks).decode(errors="replace")
-    # Drawn below pytest's line and taken away again: one line (-q), never two.
-    assert "\x1b[1A" in text
-    assert "\x1b[J" in text
-    assert not re.search(r"\x1b\[(\d{2,}|[2-9])A", text), "more than one line was drawn under -q"
-    assert re.search(r"\nprogrambench \d/3: \d passed, 0 failed, 0 errors \| \d running, \d queued \| [^\n]*ETA",
-                     text)
-    assert "3 passed" in text
+            proc.wait()
+    text = out.read_text()
+    failures = text.split("= FAILURES =", 1)[1]
+    assert "programbench 0/1" not in failures, failures
+    assert f"[controller] {CATLIKE}" not in failures, failures
 
 
 def test_off_publishes_and_shows_nothing(tmp_path: Path, testbed: Testbed) -> None:
