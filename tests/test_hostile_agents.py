@@ -46,6 +46,8 @@ from tests.test_outcomes import leaked
 
 RPN_ID = "pbfix__rpn.0b5e55e"
 ATTACKS = ("flood", "calls", "chain", "setuid", "interrupt")
+WINDOW_ATTACKS = ("shmdeath", "shmbound", "forkpth")  # issue 21 §2, §5: the sandbox and the window's end
+CHAINS = 20
 
 
 def _load_daemon() -> ModuleType:
@@ -123,6 +125,70 @@ elif attack == "setuid":  # finding 6: setuid/setgid/sticky bits in the submissi
     os.mkdir("/workspace/src/shared")
     os.chmod("/workspace/src/shared", 0o1777)
     print("SETUID-DONE", oct(os.stat("/workspace/src/tool").st_mode), flush=True)
+elif attack in ("shmbound", "shmdeath"):  # issue 21 §2: shared memory that nothing reclaims fills the sandbox
+    open("/workspace/src/before.txt", "w").write("written before the memory filled\n")
+    fill = (
+        "import ctypes, os, sys\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.shmat.restype = ctypes.c_void_p\n"
+        "libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]\n"
+        "libc.shmdt.argtypes = [ctypes.c_void_p]\n"
+        "made = 0\n"
+        "while True:\n"
+        "    seg = libc.shmget(0, 8 << 20, 0o1000 | 0o600)\n"
+        "    addr = libc.shmat(seg, None, 0) if seg >= 0 else None\n"
+        "    if addr is None or addr == ctypes.c_void_p(-1).value:\n"
+        "        print('SHM-REFUSED', made, os.strerror(ctypes.get_errno()), flush=True)\n"
+        "        break\n"
+        "    ctypes.memset(addr, 1, 8 << 20)\n"
+        "    if sys.argv[1] == 'detach':\n"
+        "        libc.shmdt(ctypes.c_void_p(addr))\n"
+        "    made += 1\n"
+    )
+    open("/tmp/fill.py", "w").write(fill)
+    if attack == "shmbound":  # attached segments up to the namespace's bound, then /dev/shm up to its size
+        subprocess.run([sys.executable, "/tmp/fill.py", "attach"])
+        written = 0
+        try:
+            with open("/dev/shm/fill", "wb") as handle:
+                while True:
+                    handle.write(b"\1" * (1 << 20))
+                    handle.flush()
+                    written += 1
+        except OSError as exc:
+            print("DEVSHM-FULL", written, exc.errno, flush=True)
+    else:  # detached segments, from fillers started again and again, until the sandbox dies
+        for _ in range(3):
+            subprocess.Popen(["sh", "-c", "while :; do python3 /tmp/fill.py detach; done"], start_new_session=True,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(240)
+        print("SANDBOX-SURVIVED", flush=True)
+elif attack == "forkpth":  # issue 21 §5: fork chains calling the reference, and a .pth in the agent's user site
+    chain = (
+        "import os, subprocess, sys\n"
+        "while True:\n"
+        "    done = subprocess.run(['/workspace/binary'], input=b'1 2 +\\n', capture_output=True)\n"
+        "    with open('/workspace/src/calls-%s.txt' % sys.argv[1], 'a') as handle:\n"
+        "        handle.write('%d\\n' % done.returncode)\n"
+        "    if os.fork():\n"
+        "        os._exit(0)\n"
+    )
+    for n in range(int(os.environ["PB_CHAINS"])):
+        subprocess.Popen([sys.executable, "-c", chain, str(n)], start_new_session=True, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def calls(n):
+        try:
+            return open("/workspace/src/calls-%d.txt" % n).read().count("\n")
+        except OSError:
+            return 0
+    while min(calls(n) for n in range(int(os.environ["PB_CHAINS"]))) < 2:
+        time.sleep(0.05)
+    # From now on any Python of this uid exits at start-up (the old kill pass ran one as the agent).
+    site = subprocess.run([sys.executable, "-c", "import site; print(site.getusersitepackages())"],
+                          capture_output=True, text=True).stdout.strip()
+    os.makedirs(site, exist_ok=True)
+    open(os.path.join(site, "zz-exit.pth"), "w").write("import os; os._exit(0)\n")
+    print("CHAINS-RUNNING", flush=True)
 elif attack == "interrupt":  # finding 4: the proxy worker killed mid-call
     client = subprocess.Popen(["/workspace/binary"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     while True:
@@ -148,7 +214,7 @@ def hostile_tasks(pytester: pytest.Pytester, testbed: Testbed, docker_client: An
     (root.parent / "suffix.txt").write_text(uuid.uuid4().hex[:7])
     image = docker_client.images.get(f"programbench/{RPN_ID.replace('__', '_1776_')}:task_cleanroom_v6")
     tags = []
-    for attack in (*ATTACKS, "unreadable"):
+    for attack in (*ATTACKS, *WINDOW_ATTACKS, "unreadable"):
         iid = f"pbhostile__{attack}.{(root.parent / 'suffix.txt').read_text()}"
         shutil.copytree(testbed.tasks_dir / RPN_ID, root / iid)
         repository = f"programbench/{iid.replace('__', '_1776_')}"
@@ -171,6 +237,85 @@ def _run(pytester: pytest.Pytester, testbed: Testbed, tasks: Path, run_dir: Path
         "--pb-filter", pattern, "--pb-agent", "python3 /pb-hostile/hostile.py",
         "--pb-agent-mount", f"{pytester.path / 'hostile'}:/pb-hostile", "--pb-pull", "never",
         "--pb-output", str(run_dir), "--pb-cpus", "2", "--pb-agent-timeout", "300", timeout=1200)
+
+
+# Makes the OOM killer end the sandbox's init once the agent filled its memory (as it did on the engine of issue 21
+# §2): for the shmdeath task only, the IPC bounds are lifted and init's child holds 256 MiB (the largest process).
+OOM_DEATH_PLUGIN = textwrap.dedent("""
+    from docker.models.containers import ContainerCollection
+
+    original = ContainerCollection.create
+    HOG = "import sys, time; hold = b'\\1' * (256 << 20); time.sleep(float(sys.argv[1]))"
+
+    def create(self, image, command=None, **kwargs):
+        if "shmdeath" in str((kwargs.get("labels") or {}).get("pytest-programbench.task")) and "sysctls" in kwargs:
+            kwargs["sysctls"] = {"kernel.shm_rmid_forced": "0", "kernel.shmall": str(1 << 30),
+                                 "kernel.shmmax": str(1 << 40)}
+            kwargs["entrypoint"] = ["python3", "-c", HOG]
+        return original(self, image, command, **kwargs)
+
+    ContainerCollection.create = create
+""")
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_the_window_ends_frozen_and_a_sandbox_the_agent_kills_is_scored(
+        pytester: pytest.Pytester, testbed: Testbed, hostile_tasks: Path, docker_client: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21 §2 and §5 in one session: a sandbox the agent fills to death is scored from its stopped container
+    (never re-run); the IPC bounds hold; fork chains and a .pth in the agent's user site do not outlive the window,
+    every call is recorded and the count of what was left running is right."""
+    pytester.makepyfile(pb_oom_death=OOM_DEATH_PLUGIN)
+    monkeypatch.setenv("PB_CHAINS", str(CHAINS))
+    run_dir = pytester.path / "run"
+    result = _run(pytester, testbed, hostile_tasks, run_dir, "pbhostile__(" + "|".join(WINDOW_ATTACKS) + ")",
+                  "-p", "pb_oom_death", "-n", "2", "--pb-sandbox-memory", "768m", "--pb-agent-env", "PB_CHAINS")
+    result.assert_outcomes(failed=len(WINDOW_ATTACKS))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    suffix = (hostile_tasks.parent / "suffix.txt").read_text()
+    ids = {attack: f"pbhostile__{attack}.{suffix}" for attack in WINDOW_ATTACKS}
+    for attack, iid in ids.items():
+        task = summary["tasks"][iid]
+        assert task["outcome"] == "failed", (attack, task)
+        assert (run_dir / iid / "agent.log").read_bytes().count(b"AGENT-START") == 1, (attack, "ran twice")
+        assert not any(r.startswith("[gw") for r in task["reasons"]), task["reasons"]  # the cause, not the worker
+    reasons = {attack: "\n".join(summary["tasks"][iid]["reasons"]) for attack, iid in ids.items()}
+    meta = {attack: json.loads((run_dir / iid / "pb-meta.json").read_text()) for attack, iid in ids.items()}
+
+    # §2: the OOM killer ended the sandbox; the agent's files written before are scored, the agent not re-run.
+    assert b"SANDBOX-SURVIVED" not in (run_dir / ids["shmdeath"] / "agent.log").read_bytes()
+    assert meta["shmdeath"]["sandbox_end"]["agent_caused"] is True, meta["shmdeath"]
+    assert "OOM killed: True" in meta["shmdeath"]["sandbox_end"]["died"]
+    assert "the agent's doing (it filled its memory limit)" in reasons["shmdeath"]
+    with tarfile.open(run_dir / ids["shmdeath"] / "submission.tar.gz") as tar:
+        assert "before.txt" in tar.getnames()
+    # ... and where the bounds hold, SysV segments stop at a quarter of the memory, /dev/shm at as much.
+    bound = (run_dir / ids["shmbound"] / "agent.log").read_text()
+    assert "SHM-REFUSED 24 No space left on device" in bound  # 24 x 8 MiB = 192 MiB = 768m / 4
+    assert re.search(r"DEVSHM-FULL (19[0-2]) 28", bound), bound
+    assert meta["shmbound"]["sandbox_end"]["died"] is None
+
+    # §5: the chains were frozen with the sandbox (their .pth stopped nothing), counted, and every call they saw
+    # end is in the call log (a call after the log was read would be missing from it).
+    assert b"CHAINS-RUNNING" in (run_dir / ids["forkpth"] / "agent.log").read_bytes()
+    survivors = meta["forkpth"]["sandbox_end"]["survivors"]
+    assert survivors is not None, meta["forkpth"]["sandbox_end"]
+    # Each chain: its Python, and perhaps the client and the reference of a call in flight, or a parent not yet
+    # gone after its fork.
+    assert CHAINS <= survivors <= 4 * CHAINS, survivors
+    assert f"{survivors} process(es) of the agent were still running at the end of its window" in reasons["forkpth"]
+    seen = 0
+    with tarfile.open(run_dir / ids["forkpth"] / "submission.tar.gz") as tar:
+        for member in tar.getmembers():
+            handle = tar.extractfile(member) if member.name.startswith("calls-") else None
+            seen += handle.read().count(b"\n") if handle is not None else 0
+    records = [json.loads(line) for line in (run_dir / ids["forkpth"] / "binary-calls.jsonl").read_text()
+               .splitlines()]
+    assert seen >= 2 * CHAINS
+    assert len(records) >= seen, (len(records), seen)
+    assert meta["forkpth"]["binary_calls"] >= len(records)
+
+    assert leaked(docker_client, run_dir) == []
 
 
 @pytest.mark.usefixtures("clean_env")

@@ -118,6 +118,12 @@ def test_every_outcome_class_in_its_column(pytester: pytest.Pytester, testbed: T
         "*mean over scored tasks: * (3 scored)*mean over the selection*(5 selected)",
         "errors (2, infrastructure, not scored):",
     ])
+    # The cause, not xdist's "[gw0] linux -- Python ..." header, in the reasons and the errors list.
+    assert not any(r.startswith("[gw") for task in tasks.values() for r in task["reasons"])
+    errors_at = result.stdout.lines.index("errors (2, infrastructure, not scored):")
+    listed = result.stdout.lines[errors_at + 1:errors_at + 3]
+    assert not any(" -- Python " in line for line in listed), listed
+    assert any(NOIMAGE in line and "pbfix_1776_noimage" in line for line in listed), listed
     assert leaked(docker_client, run_dir) == []
 
 

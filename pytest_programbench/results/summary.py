@@ -7,6 +7,7 @@ Built from test reports only (a crashed worker sends nothing else) plus each tas
 from __future__ import annotations
 
 import functools
+import io
 import json
 import threading
 import time
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _pytest._code.code import TerminalRepr
+from _pytest._io import TerminalWriter
 
 from pytest_programbench.results.artifacts import atomic_write_text
 from pytest_programbench.safe_text import sanitise
@@ -321,5 +324,22 @@ def _first_line(text: str) -> str:
 
 
 def _reason(report: pytest.TestReport) -> str:
-    text = report.longreprtext.strip()
+    """The failure's own text: its longrepr rendered (the report's ``longreprtext`` starts with xdist's
+    ``[gw0] linux -- Python ...`` line), a traceback led by its exception's line (the errors list shows the first)."""
+    longrepr = report.longrepr
+    if longrepr is None:
+        return report.outcome
+    if not isinstance(longrepr, TerminalRepr):
+        text = str(longrepr)
+    else:
+        out = io.StringIO()
+        writer = TerminalWriter(out)
+        writer.hasmarkup = False
+        longrepr.toterminal(writer)
+        text = out.getvalue().strip()
+        crash = str(getattr(getattr(longrepr, "reprcrash", None), "message", "") or "").strip()
+        first = crash.splitlines()[0] if crash else ""
+        if first and first.split(": ", 1)[-1] not in _first_line(text):
+            text = f"{first}\n{text}"
+    text = text.strip()
     return text[:4000] if text else report.outcome

@@ -140,6 +140,7 @@ IPC_SHARE = 4
 IPC_MAX = 1 << 30
 IPC_PAGE = 4096  # kernel.shmall counts pages (4 KiB on x86-64 and most arm64 kernels; larger pages loosen it)
 STOP_WAIT = 60  # seconds for a killed sandbox to be reported stopped
+FREEZE_ATTEMPTS = 10
 
 
 def ipc_limits(memory: int) -> tuple[int, dict[str, str]]:
@@ -743,15 +744,13 @@ class Sandbox:
             problems.append(f"a command could not run in the sandbox at the end of the agent's window ({failed}): "
                             "its memory or process limit was full")
         survivors: int | None = None
+        frozen = self._freeze(problems)
         try:
-            api.pause(self.id)
-        except APIError as exc:  # (a sandbox that died just now is still killed below; its state says why)
-            problems.append(f"the sandbox could not be frozen ({_explanation(exc)}); it was killed unfrozen")
-        else:
-            try:
-                survivors = self._count_agent_processes(api.top(self.id, ps_args="-eo pid,ppid,ruid,stat,args"))
-            except (APIError, KeyError, ValueError) as exc:  # no `ps` on the engine's host: the kill is the same
-                problems.append(f"the agent's processes could not be counted ({_explanation(exc)})")
+            survivors = self._count_agent_processes(api.top(self.id, ps_args="-eo pid,ppid,ruid,stat,args"))
+        except (APIError, KeyError, ValueError) as exc:  # no `ps` on the engine's host: the kill is the same
+            problems.append(f"the agent's processes could not be counted ({_explanation(exc)})")
+        if not frozen and survivors is not None:
+            problems.append(f"{survivors} process(es) of the agent counted while the sandbox ran (not exact)")
         try:
             api.kill(self.id, "SIGKILL")  # a paused container is killed too (the engine thaws it after the signal)
         except NotFound:
@@ -767,6 +766,24 @@ class Sandbox:
             raise SandboxError(f"sandbox container {self.id[:12]} was killed but not reported stopped: {exc}") \
                 from exc
         return WindowEnd(survivors=survivors, problem="; ".join(problems) or None)
+
+    def _freeze(self, problems: list[str]) -> bool:
+        """``docker pause``, tried FREEZE_ATTEMPTS times: cgroup v1's freezer gives up on a cgroup whose processes
+        keep forking ("unable to freeze") where v2's does not. Unfrozen, the kill that follows is still complete
+        (the pid namespace goes with its init); only the count is then approximate."""
+        from docker.errors import APIError
+
+        for attempt in range(FREEZE_ATTEMPTS):
+            try:
+                self.engine.api.pause(self.id)
+                return True
+            except APIError as exc:  # (a sandbox that died just now is still killed; its state says why)
+                if attempt + 1 == FREEZE_ATTEMPTS:
+                    problems.append(f"the sandbox could not be frozen ({_explanation(exc)}); it was killed "
+                                    "unfrozen")
+                else:
+                    time.sleep(0.5)
+        return False
 
     def _state(self) -> dict[str, Any] | None:
         """The container's ``State`` (None: it is gone)."""
