@@ -6,20 +6,26 @@ resumes it. Real sessions under ``-n 2`` on the test bed.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
+import subprocess
+import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import TESTBED, Testbed
+from tests.conftest import GUARD_PLUGIN, MACHINE_CACHE, REPO, TESTBED, Testbed
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
 RPN = "pbfix__rpn.0b5e55e"
-COPY = "pbresume__rpn2.0b5e55e"  # rpn without Dockerfile or image: errors until the image is tagged
+# rpn without Dockerfile or image: errors until the image is tagged. An id of this process's own, so that the tag is
+# its own too (another session on the shared engine never sees, nor untags, it).
+COPY = f"pbresume__rpn2.{uuid.uuid4().hex[:7]}"
 TAG = "task_cleanroom_v6"
 RESUME_LINE = "to resume (finished tasks are kept): "
 # On the host: counts its runs per task, then puts rpn's solution into the sandbox (both tasks pass with it).
@@ -92,3 +98,73 @@ def test_resume_alone_reuses_the_recorded_settings(pytester: pytest.Pytester, te
     assert {k: v for k, v in data["settings"].items() if k not in where} == {
         k: v for k, v in recorded.items() if k not in where}, "the same settings: selection, agent, clocks, retries"
     assert {iid: task["outcome"] for iid, task in data["tasks"].items()} == {RPN: "passed", COPY: "passed"}
+
+
+# ------------------------------------------------------------------ every setting that changes a result, refused
+# Per field of session.RESULT_SETTINGS (and --pb-agent-env's names): options that give it another value than the
+# base run's below. ``{template}`` and ``{subs}`` are files the fixture makes. Evaluate-only is another agent: the
+# recorded --pb-agent is cleared with an empty one (else "--pb-agent and --pb-submissions exclude each other").
+CHANGES: dict[str, tuple[str, ...]] = {
+    "agent": ("--pb-agent", "false"),
+    "agent_setup": ("--pb-agent-setup", "true"),
+    "agent_on_host": ("--pb-agent-on-host",),
+    "agent_timeout": ("--pb-agent-timeout", "99"),
+    "prompt_template": ("--pb-prompt-template", "{template}"),
+    "model": ("--pb-model", "another-model"),
+    "model_endpoint": ("--pb-model-endpoint", "http://127.0.0.1:9/v1"),
+    "submissions": ("--pb-submissions", "{subs}", "--pb-agent", ""),
+    "image_tag": ("--pb-image-tag", "another-tag"),
+    "cpus": ("--pb-cpus", "1"),
+    "memory": ("--pb-memory", "1g"),
+    "branch_workers": ("--pb-branch-workers", "2"),
+    "branch_retries": ("--pb-branch-retries", "0"),
+    "compile_timeout": ("--pb-compile-timeout", "100"),
+    "test_timeout": ("--pb-test-timeout", "100"),
+    "strict": ("--pb-strict",),
+    "sandbox_cpus": ("--pb-sandbox-cpus", "1"),
+    "sandbox_memory": ("--pb-sandbox-memory", "1g"),
+    "agent_env": ("--pb-agent-env", "PB_RESUME_EXTRA=1"),
+}
+
+
+def test_every_result_setting_has_a_refusal_case() -> None:
+    from pytest_programbench.session import RESULT_SETTINGS
+
+    assert set(CHANGES) == {*RESULT_SETTINGS, "agent_env"}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed) -> dict[str, Path]:
+    """One cheap finished run for every refusal: a copy of rpn whose image does not exist (--pb-pull never), so its
+    one task errors at once, nothing started. A refusal happens before anything runs, so the run is shared."""
+    root = tmp_path_factory.mktemp("refusals")
+    task = f"pbrefuse__rpn.{uuid.uuid4().hex[:7]}"
+    shutil.copytree(testbed.tasks_dir / RPN, root / "tasks" / task, ignore=shutil.ignore_patterns("Dockerfile"))
+    (root / "template.j2").write_text("Rebuild {{ task.instance_id }}.\n")
+    (root / "subs").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROGRAMBENCH_", "PYTEST_"))}
+    env.update(PYTHONPATH=str(REPO), PYTEST_PLUGINS=GUARD_PLUGIN, XDG_CACHE_HOME=MACHINE_CACHE)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pb-tasks-dir", str(root / "tasks"),
+         "--pb-blob-dir", str(testbed.blob_dir), "--pb-filter", task, "--pb-pull", "never", "--pb-agent", "true",
+         "--pb-agent-timeout", "300", "--pb-cpus", "2", "--pb-infra-retries", "0", "--pb-output", str(root / "run")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert "1 error" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    return {"run": root / "run", "template": root / "template.j2", "subs": root / "subs"}
+
+
+@pytest.mark.parametrize("field", sorted(CHANGES))
+def test_resume_refuses_a_changed_result_setting(field: str, finished_run: dict[str, Path],
+                                                  pytester: pytest.Pytester) -> None:
+    from pytest_programbench.resume import flag_of
+
+    run_dir = finished_run["run"]
+    record = (run_dir / "pb-run.json").read_text()
+    values = {"template": str(finished_run["template"]), "subs": str(finished_run["subs"])}
+    changed = [arg.format(**values) for arg in CHANGES[field]]
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pb-resume", str(run_dir), *changed,
+                                           timeout=300)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, "\n".join(result.outlines[-30:] + result.errlines[-30:])
+    result.stderr.fnmatch_lines([f"*--pb-resume: refusing to resume {run_dir}, its configuration differs: *"
+                                 f"{field}: * -> * ({flag_of(field)})*"])
+    assert (run_dir / "pb-run.json").read_text() == record, "a refused resume leaves the run as it was"
