@@ -113,9 +113,22 @@ def _trajectories(run_dir: Path, packaged: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def _system_of_run(run_dir: Path, settings: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The agent (with its version) and model that made the submissions: this run's, or for an evaluate-only run
+    the ones recorded by the run its ``--pb-submissions`` directory is (when it is a pytest-programbench run)."""
+    if not settings.get("agent") and settings.get("submissions"):
+        try:
+            source = json.loads((Path(settings["submissions"]) / RUN_MARKER).read_text()).get("settings") or {}
+        except (OSError, ValueError, AttributeError):
+            source = {}
+        if isinstance(source, dict) and source.get("agent"):
+            settings = source
+    return agent_with_version(settings.get("agent")), settings.get("model")
+
+
 def fill_manifest(run_dir: Path, packaged: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
-    """submission.yaml's TODO system fields from the run's record, plus the ``harness`` block; returns what was
-    filled and what is left TODO."""
+    """submission.yaml's TODO system fields from the run's record (edited in place, so the official file's comments
+    and an author's values stay), plus a ``harness`` block; returns what was filled and what is left TODO."""
     import yaml
 
     record = json.loads((run_dir / RUN_MARKER).read_text())
@@ -124,16 +137,17 @@ def fill_manifest(run_dir: Path, packaged: Sequence[str]) -> tuple[dict[str, Any
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
         summary = {}
+    agent, model = _system_of_run(run_dir, settings)
     manifest_path = run_dir / "submission.yaml"
-    manifest = yaml.safe_load(manifest_path.read_text())
-    system = manifest.setdefault("system", {})
-    agent = agent_with_version(settings.get("agent"))
-    model = settings.get("model")
+    text = manifest_path.read_text()
+    text = text[:text.index("\nharness:")] + "\n" if "\nharness:" in text else text  # ours, from an earlier packaging
     filled: dict[str, Any] = {}
     for key, value in (("agent", agent), ("model", model),
                        ("provider", model.partition("/")[0] if model and "/" in model else None)):
-        if value and system.get(key) in (None, "", TODO):
-            system[key] = filled[f"system.{key}"] = value
+        todo = f"\n  {key}: {json.dumps(TODO)}"
+        if value and todo in text:
+            text = text.replace(todo, f"\n  {key}: {json.dumps(value)}", 1)
+            filled[f"system.{key}"] = value
     harness = {
         "name": "pytest-programbench",
         "version": record.get("plugin_version"),
@@ -147,13 +161,15 @@ def fill_manifest(run_dir: Path, packaged: Sequence[str]) -> tuple[dict[str, Any
         "finished": _iso(summary.get("updated")),
         "command": record.get("command"),
         "trajectories": _trajectories(run_dir, packaged),
+        "stats_script": STATS_SCRIPT,
     }
-    manifest["harness"] = harness
+    text += ("# Written by pytest-programbench (--pb-package) from the run's pb-run.json and summary.json; "
+             "`programbench submit package`\n# run again drops this block, `pytest --pb-resume RUN_DIR --pb-package` "
+             "writes it again.\n")
+    text += yaml.safe_dump({"harness": harness}, sort_keys=False, allow_unicode=True)
+    atomic_write_text(manifest_path, text)
     filled["harness"] = f"{len(harness['trajectories'])} trajectories"
-    header = ("# Packaged by pytest-programbench (--pb-package): `programbench submit package`, then the system fields "
-              "and the harness block\n# from the run's records (pb-run.json, summary.json). Fields still TODO are for "
-              "the submitter.\n")
-    atomic_write_text(manifest_path, header + yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True))
+    manifest = yaml.safe_load(text)
     left = [f"{section}.{key}" for section in ("submitter", "system")
             for key, value in (manifest.get(section) or {}).items() if value == TODO]
     return filled, left
