@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from pytest_programbench.session import ProgramBenchSession
 
 
+HARNESS_LOG = "harness.log"  # in a task's directory: what pytest captured of the harness's logging, per phase
+
+
 class ProgramBenchSuite(pytest.Collector):
     def __init__(self, *, tasks: Sequence[Task], **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -134,6 +137,23 @@ class ProgramBenchItem(pytest.Function):
         finally:  # scored either way: the pytest_programbench_task_outcome hook sees every verdict
             self.config.hook.pytest_programbench_task_outcome(item=self, outcome=self.outcome, passed=passed,
                                                               task_dir=str(self.task_dir))
+
+    def move_captured_log(self, report: pytest.TestReport) -> None:
+        """The harness's log of this phase (each step's start and time) goes to ``harness.log`` in the task's
+        directory, not into the report: repeated under every failure, it buried the failure's own message."""
+        title = f"Captured log {report.when}"
+        text = "\n".join(content for name, content in report.sections if name == title)
+        report.sections = [(name, content) for name, content in report.sections if not name.startswith("Captured log ")]
+        if not text.strip():
+            return
+        try:
+            self.task_dir.mkdir(parents=True, exist_ok=True)
+            with (self.task_dir / HARNESS_LOG).open("a", encoding="utf-8", errors="backslashreplace") as handle:
+                handle.write(f"-- {report.when} --\n{text.rstrip()}\n")
+        except OSError as exc:  # the log is a convenience: never a reason to fail the report
+            import logging
+
+            logging.getLogger("pytest_programbench").debug("%s: %s", self.task_dir / HARNESS_LOG, exc)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]) -> str | Any:  # type: ignore[override]
         from pytest_programbench.results.verdict import InfrastructureError, VerdictFailure

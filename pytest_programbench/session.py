@@ -335,14 +335,21 @@ class ProgramBenchSession:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        if self.summary is None:  # the first worker's list: the controller collects nothing, so say it here, once
+            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+            for line in self.pytest_report_collectionfinish(self.config):
+                if reporter is not None:
+                    reporter.write_line(line)
         self._start_summary(ids)
 
     def _start_summary(self, node_ids: list[str]) -> None:
         if self.summary is not None or self.collect_only or is_worker(self.config):
             return
+        import shlex
         from importlib.metadata import version
 
         from pytest_programbench.results.artifacts import TaskArtifacts
+        from pytest_programbench.results.package import masked_command
         from pytest_programbench.results.summary import RunSummary, TaskRecord
 
         by_id = {t.instance_id: t for t in self.selection.tasks}
@@ -355,6 +362,9 @@ class ProgramBenchSession:
                 "run_dir": self.identity.run_dir,
                 "plugin_version": version("pytest-programbench"),
                 "programbench_version": version("programbench"),
+                "agent": agent_label(self.agent_spec) if self.agent_spec is not None else None,
+                "started": self.identity.started,
+                "command": shlex.join(masked_command(self.config.invocation_params.args)),
                 "settings": public_settings(self.settings),
             },
             [TaskRecord(t.instance_id, t.language, t.difficulty, t.overridden) for t in chosen],
@@ -534,6 +544,8 @@ class ProgramBenchSession:
         report: pytest.TestReport = yield
         from pytest_programbench.results.verdict import InfrastructureError, sanitise_report
 
+        if isinstance(item, ProgramBenchItem):
+            item.move_captured_log(report)
         # An infrastructure error is a message, not a traceback of the harness.
         if call.excinfo is not None and isinstance(call.excinfo.value, InfrastructureError):
             report.longrepr = str(call.excinfo.value)

@@ -150,7 +150,7 @@ def test_wrong_submission_fails_with_score_and_branches_and_last_failed_reruns_o
                                "--junitxml", str(pytester.path / "junit.xml"))
     first.assert_outcomes(passed=1, failed=1)
     first.stdout.fnmatch_lines([f"*_ {CATLIKE} _*", "score 0.* tests passed), below --pb-min-score 1*",
-                                "*branch * failing: eval.tests.*"])
+                                "branch *: * of * tests failing", "  eval.tests.* (failure): *"])
     props = properties(junit_cases(pytester)[CATLIKE])
     assert 0.0 < float(props["score"]) < 1.0
     assert props["failed_branches"]

@@ -79,7 +79,9 @@ def test_score_is_the_official_filtered_score(testbed: Testbed, tmp_path: Path, 
     message = item_message(outcome, task)
     assert f"score {outcome.score:.4f} ({outcome.n_passed}/{outcome.n_tests} tests passed)" in message
     for branch in failing:
-        assert f"branch {branch} failing:" in message
+        count = sum(t.branch == branch and not t.is_resolved for t in filtered.test_results)
+        total = sum(t.branch == branch for t in filtered.test_results)
+        assert f"branch {branch}: {count} of {total} tests failing" in message
 
 
 def test_invariants_fresh_container_per_branch_hash_rechecked_one_entry_per_step(

@@ -5,6 +5,8 @@ when the agent command does not exist, and the options that go with it. Real pyt
 
 from __future__ import annotations
 
+import html
+import re
 import secrets
 import shutil
 import subprocess
@@ -76,6 +78,15 @@ def test_failure_is_headed_by_the_task_and_explains_itself(pytester: pytest.Pyte
     _, sep, reason = summary[0].partition(f"programbench::{RPN} - ")
     assert sep, summary
     assert reason == "score 0.0000 (0/15 tests passed), below --pb-min-score 1", summary
+
+    # The harness's INFO log is in the task's directory, not repeated under the failure.
+    assert "Captured log" not in out
+    assert "verdict: score" in (task_dir / "harness.log").read_text()
+    # The report names the agent as the header does.
+    page = (run_dir / "report.html").read_text()
+    versions = re.search(r'<div class="muted" id="versions">(.*?)</div>', page, re.S)
+    assert versions is not None
+    assert f"agent {CHATTY_AGENT!r}" in html.unescape(re.sub(r"<[^>]+>", "", versions.group(1)))
 
     case = _cases(run_dir.parent / "junit.xml")[RPN]
     props = _properties(case)

@@ -3,11 +3,16 @@ is summary.json's numbers. The screenshot is written next to the report it check
 
 from __future__ import annotations
 
+import datetime
 import html
 import json
 import re
+import shlex
 import shutil
 import subprocess
+import time
+from collections import Counter
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,7 @@ RPN = "pbfix__rpn.0b5e55e"
 CATLIKE = "pbfix__catlike.c47c47c"
 TUIISH = "pbfix__tuiish.7e1a0b2"
 NOIMAGE = "pbfix__noimage.1111111"
+NOSUB = "pbfix__nosub.2222222"  # selected, no submission: deselected with a note
 
 
 def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
@@ -62,6 +68,20 @@ def expected_failing(run_dir: Path, tasks_dir: Path, iid: str) -> dict[str, list
     return out
 
 
+def scored_failing(run_dir: Path, tasks_dir: Path, iid: str) -> tuple[dict[str, list[dict[str, Any]]], Counter[str]]:
+    """The failing scored tests by branch, each as eval.json has it, and how many tests each branch scores."""
+    instance = next(i for i in load_all_instances(tasks_dir) if i["instance_id"] == iid)
+    active, ignored = set(get_active_branches(instance)), get_ignored_tests(instance)
+    result = json.loads((run_dir / iid / f"{iid}.eval.json").read_text())
+    scored = [t for t in result["test_results"]
+              if t["branch"] in active and f"{t['branch']}/{t['name']}" not in ignored]
+    failing: dict[str, list[dict[str, Any]]] = {}
+    for test in scored:
+        if test["status"] != "passed":
+            failing.setdefault(test["branch"], []).append(test)
+    return failing, Counter(t["branch"] for t in scored)
+
+
 def test_report_in_a_real_browser_shows_the_summary(pytester: pytest.Pytester, testbed: Testbed,
                                                     tmp_path: Path) -> None:
     tasks = pytester.mkdir("tasks")
@@ -69,17 +89,25 @@ def test_report_in_a_real_browser_shows_the_summary(pytester: pytest.Pytester, t
     for iid in (RPN, CATLIKE, TUIISH):
         shutil.copytree(testbed.tasks_dir / iid, tasks / iid)
     shutil.copytree(testbed.tasks_dir / CATLIKE, tasks / NOIMAGE, ignore=shutil.ignore_patterns("Dockerfile"))
+    shutil.copytree(testbed.tasks_dir / RPN, tasks / NOSUB, ignore=shutil.ignore_patterns("Dockerfile"))
     runs = testbed.submissions.parent
     shutil.copytree(runs / "good" / RPN, subs / RPN)
     shutil.copytree(runs / "wrong" / CATLIKE, subs / CATLIKE)
     shutil.copytree(runs / "good" / TUIISH, subs / TUIISH)
     shutil.copytree(runs / "good" / CATLIKE, subs / NOIMAGE)
     run_dir = pytester.path / "run"
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--pb-tasks-dir", str(tasks), "--pb-blob-dir", str(testbed.blob_dir),
-        "--pb-filter", "pbfix__", "--pb-submissions", str(subs), "--pb-pull", "never", "--pb-infra-retries", "0",
-        "--pb-output", str(run_dir), "--pb-cpus", "2", "-n", "2", timeout=900)
+    args = ["-p", "no:cacheprovider", "--pb-tasks-dir", str(tasks), "--pb-blob-dir", str(testbed.blob_dir),
+            "--pb-filter", "pbfix__", "--pb-submissions", str(subs), "--pb-pull", "never", "--pb-infra-retries", "0",
+            "--pb-output", str(run_dir), "--pb-cpus", "2"]
+    # Without xdist the note on tasks without a submission follows the collection; under -n 2 it is there too.
+    listed = pytester.runpytest_subprocess(*args, "--co")
+    note = f"programbench: 1 selected tasks have no submission in {subs} and were deselected: {NOSUB}"
+    assert note in listed.outlines, listed.stdout.str()[-3000:]
+    before = time.time()
+    result = pytester.runpytest_subprocess(*args, "-n", "2", timeout=900)
+    after = time.time()
     result.assert_outcomes(passed=2, failed=1, errors=1)
+    assert note in result.outlines, result.stdout.str()[-3000:]
     report = run_dir / "report.html"
     result.stdout.fnmatch_lines([f"report: {report}"])
     summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
@@ -125,6 +153,61 @@ def test_report_in_a_real_browser_shows_the_summary(pytester: pytest.Pytester, t
     assert {b: [html.unescape(n) for n in names] for b, names in shown.items()} == failing
     assert "pbfix_1776_noimage" in text_of(dom, f"task-{NOIMAGE}")  # the error's reason
 
+    # Every failing scored test with its assertion's message, escaped as text.
+    scored, _ = scored_failing(run_dir, tasks, CATLIKE)
+    for branch, block in re.findall(r'<div class="branch" data-branch="([^"]+)">(.*?)</div>', panel.group(0), re.S):
+        messages = [html.unescape(m) for m in re.findall(r'<pre class="msg">(.*?)</pre>', block, re.S)]
+        assert messages == [t["extra"]["message"] for t in scored[branch]], branch
+    assert all(messages), "the wrong submission's failures all say something"
+
+    # When, how long, what command, which versions; the evaluation's time per task.
+    started = datetime.datetime.strptime(text_of(dom, "started"), "%Y-%m-%d %H:%M:%S UTC").replace(
+        tzinfo=datetime.UTC).timestamp()
+    assert int(before) - 1 <= started <= after
+    assert text_of(dom, "started") == time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(summary["started"]))
+    hours, minutes, seconds = map(int, text_of(dom, "duration").split(":"))
+    assert hours * 3600 + minutes * 60 + seconds == int(summary["updated"] - summary["started"])
+    assert 0 < summary["updated"] - summary["started"] <= after - before
+    command = text_of(dom, "command")
+    assert command.startswith("pytest ")
+    assert [w for w in shlex.split(command)[1:] if not w.startswith("--basetemp=")] == [*args, "-n", "2"], command
+    versions = text_of(dom, "versions")
+    assert f"pytest-programbench {version('pytest-programbench')} · programbench {version('programbench')}" in versions
+    evaluation = summary["tasks"][CATLIKE]["timings"]["evaluation"]
+    assert evaluation > 0
+    assert re.search(rf'<tr data-task="{re.escape(CATLIKE)}">.*?<td class="num" data-sort="{evaluation}">'
+                     rf'{int(evaluation) // 3600}:{int(evaluation) // 60 % 60:02d}:{int(evaluation) % 60:02d}</td>',
+                     dom, re.S)
+
+    # The distribution: a bin's bar is stacked by outcome, and the failed task's part is not the passed green.
+    bins: dict[str, dict[str, str]] = {}
+    for chunk in dom.partition('class="hist-labels"')[0].split('<div class="col"')[1:]:
+        label = re.search(r'data-bin="([^"]+)"', chunk)
+        assert label is not None, chunk
+        bins[label.group(1)] = dict(re.findall(r'<div class="bar (\w+)" data-count="(\d+)"', chunk))
+    catlike_bin = f"{int(summary['tasks'][CATLIKE]['score'] * 10) / 10:.1f}"
+    assert [parts for label, parts in bins.items() if label.startswith(catlike_bin)] == [{"failed": "1"}]
+    assert bins["1.0 (resolved)"] == {"passed": "2"}
+    assert bins["error / not run"] == {"other": "1"}
+    css = dict(re.findall(r"\.hist \.bar\.(\w+) \{ background: #([0-9a-f]{6}); \}", page))
+    red, green, _ = (int(css["failed"][i:i + 2], 16) for i in (0, 2, 4))
+    assert red > 1.5 * green, css
+    assert css["failed"] != css["passed"]
+
+    # The item's message: per branch the count, the first three with their assertion's first line, "+N more";
+    # the harness's INFO log is in the task's directory, not under the failure.
+    out = result.stdout.str()
+    for branch, tests in scored.items():
+        _, totals = scored_failing(run_dir, tasks, CATLIKE)
+        lines = [f"branch {branch}: {len(tests)} of {totals[branch]} tests failing",
+                 *(f"  {t['name']} ({t['status']}): {t['extra']['message'].splitlines()[0]}" for t in tests[:3])]
+        if len(tests) > 3:
+            lines.append(f"  +{len(tests) - 3} more")
+        result.stdout.fnmatch_lines([re.sub(r"([*?[])", r"[\1]", line) for line in lines])
+    assert any(len(tests) > 3 for tests in scored.values()), "a branch with more failing tests than shown"
+    assert "Captured log" not in out
+    assert "verdict: score" in (run_dir / CATLIKE / "harness.log").read_text()
+
     # A link to a sorted table: by score, descending.
     sorted_dom = chromium("--dump-dom", report.as_uri() + "#sort=-score", profile=profile).stdout
     order = re.findall(r'<tr data-task="([^"]+)">', sorted_dom)
@@ -162,3 +245,43 @@ def test_tokens_and_cost_reach_summary_terminal_and_report(tmp_path: Path) -> No
     assert re.search(rf'<tr data-task="{RPN}">.*?>1,200,000</td>.*?>\$4\.0000</td>', page, re.S)
     assert re.search(rf'<tr data-task="{TUIISH}">.*?>-</td>\s*<td[^>]*>-</td>', page, re.S)
     assert '<span id="cost">$4.7500</span>' in page
+
+
+
+def test_failing_test_messages_are_text_and_bounded(tmp_path: Path) -> None:
+    """Hidden tests quote the submission's output: a message with markup is text on the page (in a real browser), a
+    huge one is cut saying where the rest is, control characters are escaped; the item's message shows the first
+    line of each, and the count past the first three."""
+    from pytest_programbench.results.verdict import DETAIL_MAX, TaskOutcome, failure_message
+
+    run = tmp_path / "run"
+    (run / CATLIKE).mkdir(parents=True)
+    hostile = '<img src=x onerror="document.title=1">\x1b[2J</pre><script>document.body.id="owned"</script>\nmore'
+    huge = "assert " + "x" * 100_000
+    results: list[dict[str, Any]] = [{"name": f"t{i}", "branch": "b1", "status": "failure", "extra": {"message": m}}
+               for i, m in enumerate([hostile, huge, "assert 1 == 2", "assert 3 == 4"])]
+    results.append({"name": "ok", "branch": "b1", "status": "passed", "extra": {}})
+    (run / CATLIKE / f"{CATLIKE}.eval.json").write_text(json.dumps({"test_results": results}))
+    header = {"run_id": "r", "run_dir": str(run), "plugin_version": "0", "programbench_version": "1.2.5"}
+    record = TaskRecord(CATLIKE, "c", "easy", outcome="failed", score=0.2)
+    report = run / "report.html"
+    report.write_text(render(run, RunSummary(run / "summary.json", header, [record]).as_dict(), lambda _iid: None))
+    dom = chromium("--dump-dom", report.as_uri(), profile=tmp_path / "chromium-profile").stdout
+    assert "<img" not in dom
+    body = re.search(r"<body[^>]*>", dom)
+    assert body is not None
+    assert body.group(0) == "<body>", "the message's script did not run"
+    messages = [html.unescape(m) for m in re.findall(r'<pre class="msg">(.*?)</pre>', dom, re.S)]
+    escaped = hostile.replace("\x1b", "\\x1b")
+    assert messages == [escaped, huge[:DETAIL_MAX] + f" [... {len(huge) - DETAIL_MAX:,} more characters in eval.json]",
+                        "assert 1 == 2", "assert 3 == 4"]
+
+    outcome = TaskOutcome(CATLIKE, 0.2, 1, 5, tests={f"b1/{t['name']}": str(t["status"]) for t in results})
+    text = failure_message(outcome, 1.0, flagged=False, task_dir=run / CATLIKE)
+    assert text.splitlines()[1:6] == [
+        "branch b1: 4 of 5 tests failing",
+        f"  t0 (failure): {escaped.splitlines()[0]}",
+        f"  t1 (failure): {huge[:197]}...",
+        "  t2 (failure): assert 1 == 2",
+        "  +1 more",
+    ]

@@ -7,13 +7,14 @@ run directory is copied.
 
 from __future__ import annotations
 
-import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_programbench.results.artifacts import atomic_write_text
+from pytest_programbench.results.verdict import FailingTest, read_failing
 
 REPORT_NAME = "report.html"
 
@@ -26,22 +27,13 @@ class TaskScope:
     ignored_tests: frozenset[str]
 
 
-def failing_by_branch(eval_json: Path, scope: TaskScope | None) -> dict[str, list[dict[str, str]]]:
-    """Tests of the active branches that did not pass (ignored ones left out), as the official result lists them."""
-    try:
-        data = json.loads(eval_json.read_text())
-    except (OSError, ValueError):
-        return {}
-    out: dict[str, list[dict[str, str]]] = {}
-    for test in data.get("test_results") or []:
-        branch, name, status = str(test.get("branch", "")), str(test.get("name", "")), str(test.get("status", ""))
-        if status == "passed":
-            continue
-        if scope is not None and (branch not in scope.active_branches
-                                  or f"{branch}/{name}" in scope.ignored_tests):
-            continue
-        out.setdefault(branch, []).append({"name": name, "status": status})
-    return dict(sorted(out.items()))
+def failing_by_branch(eval_json: Path, scope: TaskScope | None) -> dict[str, list[FailingTest]]:
+    """Tests of the active branches that did not pass (ignored ones left out), as the official result lists them,
+    each with its message (the item's message shows the first few)."""
+    def counted(branch: str, name: str) -> bool:
+        return scope is None or (branch in scope.active_branches and f"{branch}/{name}" not in scope.ignored_tests)
+
+    return read_failing(eval_json, counted)
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -55,19 +47,24 @@ def _seconds(value: Any) -> str:
     return f"{value // 3600}:{value // 60 % 60:02d}:{value % 60:02d}"
 
 
+OUTCOMES = ("passed", "failed", "other")  # a bin's bar is stacked by outcome: only passed tasks' part is green
+
+
 def distribution(tasks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Scored tasks in ten bins of 0.1 plus exactly 1.0 (resolved); errors and unattempted apart."""
+    """Scored tasks in ten bins of 0.1 plus exactly 1.0 (resolved); errors and unattempted apart. Each bin counts
+    its tasks by outcome (with --pb-min-score below 1 a bin may hold both)."""
     labels = [f"{i / 10:.1f}-{(i + 1) / 10:.1f}" for i in range(10)] + ["1.0 (resolved)", "error / not run"]
-    counts = [0] * len(labels)
+    counts = [dict.fromkeys(OUTCOMES, 0) for _ in labels]
     for row in tasks.values():
         score = row.get("score")
         if row.get("outcome") not in ("passed", "failed") or score is None:
-            counts[11] += 1
+            counts[11]["other"] += 1
         else:
-            counts[10 if score >= 1.0 else min(9, int(score * 10))] += 1
-    peak = max(counts) or 1
-    return [{"label": label, "count": n, "height": round(100 * n / peak, 1)} for label, n in zip(labels, counts,
-                                                                                                 strict=True)]
+            counts[10 if score >= 1.0 else min(9, int(score * 10))][row["outcome"]] += 1
+    peak = max(sum(c.values()) for c in counts) or 1
+    return [{"label": label, "count": sum(c.values()),
+             "parts": [{"outcome": o, "count": c[o], "height": round(100 * c[o] / peak, 1)} for o in OUTCOMES if c[o]]}
+            for label, c in zip(labels, counts, strict=True)]
 
 
 def task_rows(run_dir: Path, data: dict[str, Any],
@@ -84,16 +81,44 @@ def task_rows(run_dir: Path, data: dict[str, Any],
                                                for k in ("input_tokens", "output_tokens")):
             total = (tokens.get("input_tokens") or 0) + (tokens.get("output_tokens") or 0)
         timings = row.get("timings") or {}
+        evaluation = timings.get("evaluation")
         flags = list(row.get("integrity_flags") or [])
         rows.append({
             **row, "id": iid, "links": links, "total_tokens": total, "flags": flags,
             "agent_seconds": timings.get("agent"), "agent_time": _seconds(timings.get("agent")),
+            "eval_seconds": evaluation, "eval_time": _seconds(evaluation),
             "score_text": _fmt(row.get("score")),
             "tests_text": (f"{row['n_passed']}/{row['n_tests']}" if row.get("n_tests") is not None else "-"),
             "cost_text": "-" if row.get("cost_usd") is None else f"${row['cost_usd']:.4f}",
-            "failing": failing_by_branch(task_dir / f"{iid}.eval.json", scope(iid)),
+            "failing": _bounded(failing_by_branch(task_dir / f"{iid}.eval.json", scope(iid))),
         })
     return rows
+
+
+PANEL_DETAIL_MAX = 256 << 10  # characters of failing tests' messages per task panel; the rest are in eval.json
+
+
+def _bounded(failing: dict[str, list[FailingTest]]) -> dict[str, list[dict[str, str]]]:
+    """Every failing test, each with its message while the panel's budget lasts (a task can fail thousands)."""
+    budget = PANEL_DETAIL_MAX
+    out: dict[str, list[dict[str, str]]] = {}
+    for branch, tests in failing.items():
+        rows = out.setdefault(branch, [])
+        for test in tests:
+            detail = test.detail if len(test.detail) <= budget else ""
+            budget -= len(detail)
+            rows.append({"name": test.name, "status": test.status, "detail": detail,
+                         "cut": "" if detail or not test.detail else "message in eval.json"})
+    return out
+
+
+def _when(started: Any, updated: Any) -> dict[str, str]:
+    """The run's start (UTC) and how long it has run, from summary.json's clocks."""
+    if not isinstance(started, int | float):
+        return {"started": "-", "duration": "-"}
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
+    ended = updated if isinstance(updated, int | float) else started
+    return {"started": stamp, "duration": _seconds(max(0.0, ended - started))}
 
 
 def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope | None]) -> str:
@@ -109,6 +134,7 @@ def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope
         data=data, head=head, rows=task_rows(run_dir, data, scope), bins=distribution(data.get("tasks", {})),
         groups=[("language", data.get("by_language", {})), ("difficulty", data.get("by_difficulty", {}))],
         tokens=data.get("tokens") or {}, settings=data.get("settings") or {},
+        when=_when(data.get("started"), data.get("updated")),
     )
 
 

@@ -3,8 +3,9 @@ integrity flag is raised (unless ``--pb-allow-flags``). Its JUnit properties are
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,111 @@ def junit_properties(outcome: TaskOutcome) -> list[tuple[str, Any]]:
     ]
 
 
+# ---------------------------------------------------------------------------------------------- failing tests
+
+FAILING_SHOWN = 3  # per branch in the item's message; report.html lists every one
+FAILING_BRANCHES_SHOWN = 8  # branches whose failing tests the message lists; the others by name and count
+MESSAGE_WIDTH = 200  # a test's one-line message in the item's message
+DETAIL_MAX = 2000  # a test's whole message in report.html
+EVAL_JSON_MAX = 64 << 20  # eval.json read for the messages; a larger one gives names only
+
+
+@dataclass(frozen=True)
+class FailingTest:
+    """A scored hidden test that did not pass, with what its assertion said (from the official eval.json)."""
+
+    branch: str
+    name: str
+    status: str
+    detail: str = ""  # the assertion's message (or the official error code and details), bounded
+
+    @property
+    def message(self) -> str:
+        """The first line of the detail, cut: what the item's message shows."""
+        return one_line(self.detail, MESSAGE_WIDTH)
+
+
+def one_line(text: str, width: int) -> str:
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return first if len(first) <= width else first[:width - 3] + "..."
+
+
+def _printable(text: str, limit: int) -> str:
+    """A hidden test's text (which quotes the submission's output): control characters and undecodable bytes
+    escaped, tabs and newlines kept, cut at ``limit`` characters."""
+    cut = text[:limit]
+    out = "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in cut)
+    out = out.encode("utf-8", "backslashreplace").decode("utf-8")
+    return out + (f" [... {len(text) - limit:,} more characters in eval.json]" if len(text) > limit else "")
+
+
+def _detail(extra: Any) -> str:
+    if not isinstance(extra, dict):
+        return ""
+    for key in ("message", "error_details", "error_code"):
+        value = extra.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+    return ""
+
+
+def read_failing(eval_json: Path, counted: Callable[[str, str], bool]) -> dict[str, list[FailingTest]]:
+    """Every test of the official result that did not pass and that the score counts (``counted(branch, name)``),
+    by branch in eval.json's order, with its message. {} when eval.json is missing, unreadable or too large."""
+    try:
+        if eval_json.stat().st_size > EVAL_JSON_MAX:
+            return {}
+        data = json.loads(eval_json.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    out: dict[str, list[FailingTest]] = {}
+    for test in (data.get("test_results") if isinstance(data, dict) else None) or []:
+        if not isinstance(test, dict):
+            continue
+        branch, name, status = str(test.get("branch", "")), str(test.get("name", "")), str(test.get("status", ""))
+        if status == "passed" or not counted(branch, name):
+            continue
+        detail = _printable(_detail(test.get("extra")), DETAIL_MAX)
+        out.setdefault(branch, []).append(FailingTest(_printable(branch, 200), _printable(name, 500),
+                                                      _printable(status, 50), detail))
+    return dict(sorted(out.items()))
+
+
+def _failing_lines(outcome: TaskOutcome, eval_json: Path | None) -> list[str]:
+    """Per branch: how many of its scored tests failed, the first few with their one-line message, "+N more"."""
+    by_branch: dict[str, list[str]] = {}
+    totals: dict[str, int] = {}
+    for full_name, status in outcome.tests.items():
+        branch, _, name = full_name.partition("/")
+        totals[branch] = totals.get(branch, 0) + 1
+        if status != "passed":
+            by_branch.setdefault(branch, []).append(name)
+    if not outcome.tests:  # no per-test statuses (no official result): the evaluation's own short list
+        return [f"branch {branch} failing: {', '.join(tests)}"
+                for branch, tests in sorted(outcome.failing_branches.items()) if tests]
+    scored = set(outcome.tests)
+    messages = read_failing(eval_json, lambda b, n: f"{b}/{n}" in scored) if eval_json is not None else {}
+    lines: list[str] = []
+    branches = sorted(by_branch)
+    for branch in branches[:FAILING_BRANCHES_SHOWN]:
+        names = by_branch[branch]
+        known = {t.name: t for t in messages.get(branch, [])}
+        lines.append(f"branch {branch}: {len(names)} of {totals[branch]} tests failing")
+        for name in names[:FAILING_SHOWN]:
+            test = known.get(name)
+            said = f": {test.message}" if test is not None and test.message else ""
+            lines.append(f"  {name} ({outcome.tests[f'{branch}/{name}']}){said}")
+        if len(names) > FAILING_SHOWN:
+            lines.append(f"  +{len(names) - FAILING_SHOWN} more")
+    rest = branches[FAILING_BRANCHES_SHOWN:]
+    if rest:
+        lines.append(f"+{len(rest)} more branches failing: "
+                     + ", ".join(f"{b} ({len(by_branch[b])})" for b in rest))
+    if lines:
+        lines.append("every failing test with its message: report.html's task panel, and eval.json")
+    return lines
+
+
 # Shell exit statuses that mean the agent never ran: said first, before any score.
 AGENT_NOT_RUN = {127: "command not found", 126: "command found but not executable"}
 
@@ -128,9 +234,8 @@ def failure_message(outcome: TaskOutcome, min_score: float, *, flagged: bool, ta
         lines.append(f"clock fired: {outcome.clock_fired}")
     for branch, errors in sorted(outcome.branch_errors.items()):
         lines.append(f"branch {branch}: {', '.join(errors)}")
-    for branch, tests in sorted(outcome.failing_branches.items()):
-        shown = ", ".join(tests[:5]) + (f" (+{len(tests) - 5} more)" if len(tests) > 5 else "")
-        lines.append(f"branch {branch} failing: {shown}")
+    eval_json = task_dir / f"{outcome.instance_id}.eval.json" if task_dir is not None else None
+    lines.extend(_failing_lines(outcome, eval_json))
     if flagged:
         lines.append(f"integrity flags: {', '.join(outcome.flags)} (the score is official; pass --pb-allow-flags "
                      "to accept it, or --pb-strict to evaluate with the flagged files neutralised)")
