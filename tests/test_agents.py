@@ -142,3 +142,55 @@ def test_replay_preset(pytester: pytest.Pytester, testbed: Testbed) -> None:
     assert "does not exist; the submission stays empty" in (pytester.path / "run" / RPN / "agent.log").read_text()
     result = run_agent(pytester, testbed, f"replay:{TESTBED / 'solutions'}", out="run2")
     result.assert_outcomes(passed=1)
+
+
+# An agent on the host that ignores its clock: it prints more than agent.log's default cap, then ignores SIGTERM
+# (so do its children, which inherit the ignored signal), detaches one child from its process group, and sleeps far
+# past --pb-agent-timeout. Every process of it writes its pid; each is recognisable by its command line (the marker
+# in the shell's, 987654 in the sleeps').
+CLOCK_IGNORING_HOST_AGENT = (
+    'printf "HEAD-MARK\\n"; head -c 73400320 /dev/zero | tr "\\0" x; printf "\\nTAIL-MARK\\n"; trap "" TERM; '
+    'echo $$ > "$PIDS/shell"; sleep 987654 & echo $! > "$PIDS/child"; '
+    '(while :; do sleep 987654; done) & echo $! > "$PIDS/loop"; '
+    # Out of the process group the clock stops: a session of its own.
+    'setsid sleep 987654 & echo $! > "$PIDS/detached"; wait; sleep 987654'
+)
+
+
+def _alive(pid: int, markers: tuple[str, ...] = ("HEAD-MARK", "987654")) -> bool:
+    """The process is running and is the agent's (a reused pid is someone else's; a zombie is dead)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    return state not in ("Z", "X") and any(marker in cmdline for marker in markers)
+
+
+def test_host_loop_agent_that_ignores_its_clock(pytester: pytest.Pytester, testbed: Testbed,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its clock fires (the outcome says so), what it left is scored (a failure, not an error), none of its processes
+    outlives the window, and agent.log holds the documented default cap (PB_AGENT_LOG_MAX unset: 64 MiB)."""
+    from pytest_programbench.agents.agent_log import MARKER
+
+    pids = pytester.mkdir("pids")
+    monkeypatch.setenv("PIDS", str(pids))
+    monkeypatch.delenv("PB_AGENT_LOG_MAX", raising=False)
+    result = run_agent(pytester, testbed, CLOCK_IGNORING_HOST_AGENT, "--pb-agent-on-host", "--pb-agent-timeout", "20")
+    result.assert_outcomes(failed=1)
+    props = properties(pytester, RPN)
+    assert props["clock_fired"] == "agent"
+    assert float(props["score"]) == 0.0
+    result.stdout.fnmatch_lines(["*clock fired: agent*"])
+    meta = json.loads((pytester.path / "run" / RPN / "pb-meta.json").read_text())
+    assert meta["agent"]["timed_out"] is True
+    recorded = {name: int((pids / name).read_text()) for name in ("shell", "child", "loop", "detached")}
+    assert not [name for name, pid in recorded.items() if _alive(pid)], recorded
+    assert "1 process(es) the agent detached from its process group were killed" in " ".join(meta["agent"]["notes"])
+    log = (pytester.path / "run" / RPN / "agent.log").read_bytes()
+    cap = 64 << 20
+    marker = MARKER.format(limit="64.0 MiB", dropped=10 + 73400320 + 11 - cap, head=cap // 2, tail=cap - cap // 2)
+    assert len(log) <= cap + len(marker) + 2, len(log)
+    assert log.startswith(b"HEAD-MARK\n")
+    assert log.endswith(b"\nTAIL-MARK\n")
+    assert f"\n{marker}\n".encode() in log

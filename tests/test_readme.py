@@ -20,7 +20,7 @@ from tests.conftest import REPO
 
 README = (REPO / "README.md").read_text()
 # Set only by the host-loop runner (AgentRunner._on_host), which needs a live sandbox.
-HOST_ONLY = ("PB_CONTAINER_ID", "PB_SANDBOX_EXEC", "PB_AGENT_UID")
+HOST_ONLY = ("PB_CONTAINER_ID", "PB_SANDBOX_EXEC", "PB_AGENT_UID", "PB_AGENT_WINDOW")
 
 
 def section(title: str) -> str:

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +134,36 @@ def put_tree(sandbox: Sandbox, source: Path, dest: str) -> None:
         raise OSError(f"could not copy {source} into the sandbox at {dest}")
 
 
+def kill_window_processes(window: str, *, rounds: int = 5) -> list[int]:
+    """SIGKILL every process on this host whose environment says it belongs to ``window`` (``PB_AGENT_WINDOW``).
+
+    The process group catches what a host-loop agent forks; this catches what it detached from the group (``setsid``,
+    a daemon's double fork). Each round stops all it finds before killing any, so none forks a replacement meanwhile.
+    Only this user's processes can be read (and a host-loop agent runs as this user). Returns the pids killed.
+    """
+    import psutil
+
+    killed: list[int] = []
+    for _ in range(rounds):
+        found = []
+        for process in psutil.process_iter():
+            try:
+                if process.pid != os.getpid() and process.environ().get("PB_AGENT_WINDOW") == window:
+                    found.append(process)
+            except (psutil.Error, OSError):  # another user's, gone, or a zombie
+                continue
+        if not found:
+            break
+        for process in found:
+            with contextlib.suppress(psutil.Error):
+                process.suspend()
+        for process in found:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+                killed.append(process.pid)
+    return sorted(set(killed))
+
+
 def find_solution(task: Task) -> Path | None:
     """The known-good solution of a fixture task: ``<task dir>/solution/`` or ``<tasks dir>/../solutions/<id>/``."""
     candidates = [task.task_dir / name for name in SOLUTION_DIRS]
@@ -213,7 +244,7 @@ class AgentRunner:
         elif self.spec.kind == "cli":
             exit_code, timed_out = self._cli(sandbox, timeout, notes)
         elif self.spec.on_host:
-            exit_code, timed_out = self._on_host(sandbox, timeout)
+            exit_code, timed_out = self._on_host(sandbox, timeout, notes)
         else:
             result = sandbox.exec(self.spec.command, user="agent", timeout=timeout,
                                   env=self.environment(sandbox), output=self.log_path)
@@ -279,14 +310,15 @@ class AgentRunner:
         result = sandbox.exec(invocation.command, user="agent", timeout=timeout, env=env, output=self.log_path)
         return result.exit_code, result.timed_out
 
-    def _on_host(self, sandbox: Sandbox, timeout: float) -> tuple[int | None, bool]:
+    def _on_host(self, sandbox: Sandbox, timeout: float, notes: list[str]) -> tuple[int | None, bool]:
         """A host-loop agent: it gets the container id and a ready prefix for running commands as the agent."""
         layout = sandbox.layout
         prefix = (f"docker exec -i --user {layout.agent_uid}:{layout.agent_gid} --workdir {SRC_DIR} "
                   + " ".join(f"-e {shlex.quote(k)}" for k in self.environment(sandbox))
                   + f" {sandbox.id} sh -c")
+        window = uuid.uuid4().hex  # marks every process of this window, those that leave its process group too
         env = {**os.environ, **self.environment(sandbox), "PB_CONTAINER_ID": sandbox.id, "PB_SANDBOX_EXEC": prefix,
-               "PB_AGENT_UID": str(layout.agent_uid)}
+               "PB_AGENT_UID": str(layout.agent_uid), "PB_AGENT_WINDOW": window}
         engine_url = getattr(sandbox.engine.api, "_pb_url", None)
         if engine_url:  # --pb-docker-host: `docker exec` in PB_SANDBOX_EXEC must reach the sandbox's engine
             env["DOCKER_HOST"] = engine_url
@@ -318,6 +350,10 @@ class AgentRunner:
                 with contextlib.suppress(OSError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+                detached = kill_window_processes(window)  # setsid, a double fork: out of the group, still marked
+                if detached:
+                    notes.append(f"{len(detached)} process(es) the agent detached from its process group were killed "
+                                 "when its window ended")
                 reader.join(5)
                 stop.set()
                 reader.join()
