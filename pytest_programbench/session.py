@@ -61,16 +61,21 @@ TIMEOUT_MARGIN = 600
 
 
 def item_timeout(task: Task, settings: options.Settings) -> int:
-    """Every clock the item may legitimately wait on, plus a margin: the outer backstop must never fire first."""
+    """Every clock the item may legitimately wait on, plus a margin: the outer backstop must never fire first.
+    The evaluation's part counts every step's own clock (the official's per-step timeouts included), so a
+    submission that makes every step run to its clock still ends by those clocks, scored."""
+    from pytest_programbench.evaluation.container_layer import evaluation_budget
+
     try:
         branches = max(1, sum(1 for info in task.load_instance()["branches"].values() if not info.get("ignored")))
     except CatalogueError:
         branches = 1  # the pipeline reports the malformed tests.json itself
-    rounds = -(-branches // settings.branch_workers) * (1 + settings.branch_retries)
     agent = settings.agent_timeout if settings.agent else 0
+    evaluation = evaluation_budget(compile_timeout=settings.compile_timeout, test_timeout=settings.test_timeout,
+                                   branches=branches, branch_workers=settings.branch_workers,
+                                   branch_retries=settings.branch_retries)
     # The setup re-runs the pipeline once per infrastructure attempt (--pb-infra-retries): each may use every clock.
-    attempt = agent + settings.compile_timeout + rounds * settings.test_timeout
-    return (1 + settings.infra_retries) * attempt + TIMEOUT_MARGIN
+    return (1 + settings.infra_retries) * (agent + evaluation) + TIMEOUT_MARGIN
 
 
 # Settings that change what a task's result means; a resumed run must match them (selection may differ).

@@ -23,14 +23,15 @@ undecodable bytes raise :class:`UndecodableOutput` (a ``UnicodeDecodeError``), w
 Deliberate differences, each documented at its site and in README's evaluation section: a pids limit, labels, a
 self-expiring lifetime (counted from each container's start); the ``pytest-rerunfailures`` install step runs
 against a host-provided wheel directory with ``--no-index``; command output in the log is capped with a marker
-(``results_read`` never is).
+(``results_read`` never is, but a results file past ``RESULTS_MAX_BYTES`` is not read: ``results_read_failed``);
+a device or a FIFO at ``eval/results.xml`` scores the instance 0 (``EmptyTestResultError``), where the official
+scores 0, reads the host's device or hangs.
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
-import io
 import logging
 import os
 import queue
@@ -53,6 +54,16 @@ from programbench.eval import eval as official_eval
 from programbench.eval.eval import EvaluationResult, Evaluator
 from programbench.exceptions import EvalStepError
 
+from pytest_programbench.engine.archive_out import (
+    HARDLINK,
+    REGULAR,
+    SPECIAL,
+    SYMLINK,
+    Archive,
+    Member,
+    TooLarge,
+    first_member,
+)
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.exec_stream import ExecStream
 from pytest_programbench.engine.tar_in import TarIn
@@ -67,6 +78,9 @@ progress = logging.getLogger("pytest_programbench")  # the pipeline's progress l
 DEFAULT_OUTPUT_CAP = 256 * 1024
 OMITTED_MARKER = "\n[pytest-programbench: {n} bytes of {stream} omitted from this log]\n"
 PIDS_LIMIT = 32768
+# The most of eval/results.xml this harness reads (the official reads any size): a sparse file costs the container
+# nothing and would otherwise be read whole into the worker and into eval.json. Past it: results_read_failed.
+RESULTS_MAX_BYTES = 32 << 20
 # Seconds a container outlives the longest step it can run; `sleep <lifetime>` then ends and the container
 # stops by itself, so a container leaked by a crash expires even if no sweep ever runs.
 LIFETIME_MARGIN = 3600
@@ -435,6 +449,26 @@ class UpperWalk:
         return rel
 
 
+def storage_limit_option(api: Any, size: int) -> dict[str, str] | None:
+    """``storage_opt`` for a container whose writable layer may hold ``size`` bytes, when the engine's storage
+    driver enforces one (overlay2 on xfs with pquota, btrfs, zfs, devicemapper); None otherwise or for 0."""
+    if size <= 0:
+        return None
+    from pytest_programbench.sandbox.sandbox import storage_quota
+
+    return {"size": str(size)} if storage_quota(api).supported else None
+
+
+def storage_refused(api: Any, exc: Exception) -> None:
+    """The driver looked able but refused (overlay2 on xfs without pquota): remembered on the client, said once."""
+    from pytest_programbench.sandbox.sandbox import StorageQuota
+
+    reason = f"the engine refused a size limit: {_api_error_text(exc)}"
+    log.warning("evaluation containers' storage cannot be limited: %s (see docs/security.md)", reason)
+    with contextlib.suppress(AttributeError):
+        api._pb_storage_quota = StorageQuota(False, reason)
+
+
 def _parse_run_args(run_args: list[str]) -> bool:
     """The official passes ``[*DOCKER_RUN_ARGS, "--init"]``; only ``--init`` has an SDK meaning here."""
     init = False
@@ -476,6 +510,7 @@ class SdkContainerEnvironment:
         reaper: Reaper | None = None,
         network_mode: str = "default",
         start: bool = True,
+        storage: int = 0,
     ) -> None:
 
         self.cwd = cwd
@@ -499,14 +534,16 @@ class SdkContainerEnvironment:
         # Validates run_args; the official passes --init on its command line in any case.
         _parse_run_args(list(run_args or []))
         env_dict = {"PYTEST_XDIST_AUTO_NUM_WORKERS": str(cpus), **(env or {})}
-        host_config = self._api.create_host_config(
-            init=True,
-            network_mode=network_mode,
-            nano_cpus=int(cpus * 1_000_000_000),
-            pids_limit=PIDS_LIMIT,
-            mem_limit=memory,
-        )
-        with self._as_docker_run():
+
+        def create(storage_opt: dict[str, str] | None) -> str:
+            host_config = self._api.create_host_config(
+                init=True,
+                network_mode=network_mode,
+                nano_cpus=int(cpus * 1_000_000_000),
+                pids_limit=PIDS_LIMIT,
+                mem_limit=memory,
+                storage_opt=storage_opt,
+            )
             created = self._api.create_container(
                 image,
                 command=["sleep", str(int(lifetime))],
@@ -517,7 +554,21 @@ class SdkContainerEnvironment:
                 host_config=host_config,
                 detach=True,
             )
-            self.container_id = created["Id"]
+            return str(created["Id"])
+
+        # A size limit on the writable layer where the storage driver takes one (the committed image's layer is the
+        # compile container's): a submission cannot fill the host's disk. Elsewhere none (docs/security.md).
+        storage_opt = storage_limit_option(self._api, storage)
+        self.storage_limited = storage_opt is not None
+        with self._as_docker_run():
+            try:
+                self.container_id = create(storage_opt)
+            except Exception as exc:
+                if storage_opt is None or "storage" not in _api_error_text(exc).lower():
+                    raise
+                storage_refused(self._api, exc)
+                self.storage_limited = False
+                self.container_id = create(None)
         if start:
             self.start()
 
@@ -803,40 +854,62 @@ class SdkContainerEnvironment:
 
     # ----------------------------------------------------------------------------------------- files out
 
-    def read_file(self, container_path: str, *, timeout: int = 60,
-                  max_bytes: int | None = None) -> tuple[int, bytes | str]:
-        """``(0, bytes)`` of a regular file (of at most ``max_bytes``), or ``(returncode, message)``."""
+    def read_member(self, container_path: str, *, timeout: int = 60,
+                    max_bytes: int | None = None) -> tuple[int, Member | str]:
+        """What ``docker cp`` of ``container_path`` would bring out: ``(0, Member)`` (its bytes only for a regular
+        file within ``max_bytes``), or ``(returncode, message)`` like ``docker cp`` failing. Streamed, never whole:
+        at most ``max_bytes`` plus the archive's headers are read, however big the file claims to be."""
         from docker.errors import APIError, NotFound
 
-        box: list[tuple[int, bytes | str]] = []
+        box: list[tuple[int, Member | str]] = []
         failures: list[BaseException] = []
+        opened: list[Archive] = []
 
         def fetch() -> None:
             try:
-                stream, found = self._api.get_archive(self.container_id, container_path)
-                if max_bytes is not None and int(found.get("size", 0)) > max_bytes:
-                    box.append((1, f"{container_path}: larger than {max_bytes} bytes; not read"))
-                    return
-                data = b"".join(stream)
+                archive = Archive(self._api, self.container_id, container_path)
+                opened.append(archive)
+                archive.check()
+                member = first_member(archive.chunks(), max_bytes)
             except NotFound:
                 box.append((1, f"Error: No such container:path: {self.container_id}:{container_path}"))
             except APIError as exc:
                 box.append((1, f"Error response from daemon: {_api_error_text(exc)}"))
+            except TooLarge as exc:
+                box.append((1, f"{container_path}: the engine sent more than {max_bytes} bytes ({exc} read)"))
+            except (tarfile.TarError, EOFError) as exc:
+                box.append((1, f"{container_path}: unreadable archive from the engine: {exc}"))
             except BaseException as exc:
                 failures.append(exc)
             else:
-                box.append(_single_regular_file(data, container_path))
+                box.append((1, f"{container_path}: empty archive from the engine") if member is None
+                           else (0, member))
+            finally:
+                for archive in opened:
+                    with contextlib.suppress(Exception):
+                        archive.close()
 
         worker = threading.Thread(target=fetch, name="pb-read-file", daemon=True)
         worker.start()
         worker.join(timeout)
         if worker.is_alive():
+            for archive in list(opened):  # the reader stops at its next chunk
+                with contextlib.suppress(Exception):
+                    archive.close()
             return -1, f"docker cp timed out after {timeout}s"
         if failures:
             if _is_connection_failure(failures[0]):
                 raise _engine_unavailable(failures[0]) from failures[0]
             raise failures[0]
         return box[0]
+
+    def read_file(self, container_path: str, *, timeout: int = 60,
+                  max_bytes: int | None = None) -> tuple[int, bytes | str]:
+        """``(0, bytes)`` of a regular file (of at most ``max_bytes``), or ``(returncode, message)``."""
+        rc, found = self.read_member(container_path, timeout=timeout, max_bytes=max_bytes)
+        if isinstance(found, str):
+            return rc, found
+        return _regular_bytes(found, container_path, max_bytes)
 
     def diff(self, *, prune: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         """``docker diff``: the container's changes against its image, ``{"Path", "Kind"[, "Stamp"]}``."""
@@ -951,21 +1024,17 @@ class SdkContainerEnvironment:
                 self._remove_now()
 
 
-def _single_regular_file(data: bytes, container_path: str) -> tuple[int, bytes | str]:
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-        members = tar.getmembers()
-        if not members:
-            return 1, f"{container_path}: empty archive from the engine"
-        first = members[0]
-        if first.issym() or first.islnk():
-            # docker cp would copy the link itself and the official then reads whatever the link names on
-            # the host; we never follow a link out of the container.
-            return 1, f"{container_path}: is a symbolic link (to {first.linkname!r}); not followed"
-        if not first.isfile():
-            return 1, f"cannot copy {container_path}: not a regular file"
-        extracted = tar.extractfile(first)
-        assert extracted is not None
-        return 0, extracted.read()
+def _regular_bytes(member: Member, container_path: str, max_bytes: int | None) -> tuple[int, bytes | str]:
+    if member.kind in (SYMLINK, HARDLINK):
+        # docker cp would copy the link itself and the official then reads whatever the link names on
+        # the host; we never follow a link out of the container.
+        return 1, f"{container_path}: is a {member.kind} (to {member.linkname!r}); not followed"
+    if member.kind != REGULAR:
+        return 1, f"cannot copy {container_path}: not a regular file ({member.kind})"
+    if member.data is None:
+        return 1, (f"{container_path}: {member.size} bytes, more than the {max_bytes} this harness reads "
+                   f"(a deliberate difference from the official evaluator, which reads any size)")
+    return 0, member.data
 
 
 @contextlib.contextmanager
@@ -1038,6 +1107,38 @@ COMPILE_STEP = "compile"
 RUN_TESTS_STEP = "run_tests"
 INSTALL_RERUNS_STEP = "install_rerunfailures"
 
+# Every clock of the official pipeline (eval.py, container.py, internet_control.py of 1.2.5), in seconds: what one
+# step may take at most. tests/test_results_reading.py reads the official source and checks that none is missing.
+# compile and run_tests are ours (--pb-compile-timeout, --pb-test-timeout); the docker CLI's own clocks
+# (DOCKER_RUN_TIMEOUT, DOCKER_CP_TIMEOUT) stand for the SDK calls doing the same work.
+COMPILE_PHASE_CLOCKS: dict[str, int] = {
+    "docker run": DOCKER_RUN_TIMEOUT, "wipe_workspace": 300, "copy_in_tar": DOCKER_CP_TIMEOUT,
+    "remove_hashed_files": 20, "clear_stale_executable": 20, "seed_git": 20, "block_build_internet_dns": 20,
+    "restore_build_internet_dns": 20, "copy_executable": 300, "hash_executable": 300, INSTALL_RERUNS_STEP: 120,
+    "docker commit": DOCKER_RUN_TIMEOUT, "remove_image": 60,
+}
+BRANCH_CLOCKS: dict[str, int] = {
+    "docker run": DOCKER_RUN_TIMEOUT, "copy_in_tar": DOCKER_CP_TIMEOUT, "restore_executable": 300,
+    "verify_executable_hash": 300, "clean_stale_results": 120, "patch_timeout_method": 10,
+    "install_pytest_timeout_retry": 10, "copy_in": DOCKER_CP_TIMEOUT, "results_read": 60,
+}
+# The harness's own work around the steps (reference hash, compile diffs, stopping processes, --pb-strict's removal,
+# the wheel directory), and after any step that timed out: the teardown, the stream's drain, the exit status poll.
+HARNESS_CLOCKS = 120 + 120 + 60 + 2 * KILL_TIMEOUT
+STEP_OVERHEAD = KILL_TIMEOUT + int(DRAIN_GRACE) + int(EXIT_POLL_SECONDS) + 15
+
+
+def evaluation_budget(*, compile_timeout: int, test_timeout: int, branches: int, branch_workers: int,
+                      branch_retries: int) -> int:
+    """The longest one evaluation can take when every step runs to its own clock: the compile phase, then each
+    branch with every attempt the official allows (``branch_retries`` more after a failed or crashed one), the
+    branches ``branch_workers`` at a time."""
+    compile_phase = (sum(COMPILE_PHASE_CLOCKS.values()) + compile_timeout
+                     + (len(COMPILE_PHASE_CLOCKS) + 1) * STEP_OVERHEAD + HARNESS_CLOCKS)
+    attempt = sum(BRANCH_CLOCKS.values()) + test_timeout + (len(BRANCH_CLOCKS) + 1) * STEP_OVERHEAD
+    rounds = -(-max(1, branches) // max(1, branch_workers)) * (1 + max(0, branch_retries))
+    return compile_phase + rounds * attempt
+
 
 @dataclass
 class StepHooks:
@@ -1065,6 +1166,8 @@ class LayerConfig:
     # "default" = the official network behaviour (the engine's default network; DNS blackholed around
     # compile.sh by the official internet_control); "none" under --pb-strict.
     network_mode: str = "default"
+    results_max_bytes: int = RESULTS_MAX_BYTES
+    storage: int = 0  # bytes each container's writable layer may hold, where the engine can limit it (0: no limit)
 
 
 class SdkEvaluator(Evaluator):
@@ -1080,6 +1183,9 @@ class SdkEvaluator(Evaluator):
         self.compile_env_started = False
         self.timed_out: list[str] = []  # "compile" or "test:<branch>", one per timed-out window
         self.crash_log: list[dict[str, Any]] = []  # a branch step's entry that raised (its log dies with it)
+        # Per branch attempt: (branch, the JUnit text read, its run_tests log entry), for the cross-check.
+        self.attempts: list[tuple[str, str, dict[str, Any] | None]] = []
+        self.results_notes: list[str] = []  # why a results file scored what it did (a device, a FIFO)
         self.reaper = Reaper()
         self._envs_lock = threading.Lock()
         self._current = threading.local()
@@ -1115,6 +1221,7 @@ class SdkEvaluator(Evaluator):
             reaper=self.reaper,
             network_mode=self.layer.network_mode,
             start=start,
+            storage=self.layer.storage,
         )
         with self._envs_lock:
             self.envs.append(container)
@@ -1208,16 +1315,22 @@ class SdkEvaluator(Evaluator):
 
     def _run_test_branch(self, branch: str, image: str, log_buf: list[dict[str, Any]], *,
                          serial_pytest: bool = False) -> str:
-        """Pass-through that remembers which branch this thread runs (to name a timed-out clock)."""
+        """Pass-through that remembers which branch this thread runs (to name a timed-out clock) and what the
+        attempt's JUnit file and pytest's own output were (for :mod:`.results_check`)."""
         self._current.branch = branch
         # Live progress (--log-cli-level=INFO), named by task like the pipeline's phases.
         position = self.tests_branches.index(branch) + 1 if branch in self.tests_branches else 0
         progress.info("[%s] branch %d/%d: %s%s", self.instance_id, position, len(self.tests_branches), branch,
                       " (serial retry)" if serial_pytest else "")
+        n_before = len(log_buf)
         try:
-            return str(super()._run_test_branch(branch, image, log_buf, serial_pytest=serial_pytest))
+            xml = str(super()._run_test_branch(branch, image, log_buf, serial_pytest=serial_pytest))
         finally:
             self._current.branch = None
+        runs = [e for e in log_buf[n_before:] if e.get("step") == RUN_TESTS_STEP]
+        with self._envs_lock:
+            self.attempts.append((branch, xml, runs[-1] if runs else None))
+        return xml
 
     def _copy_file_from_container(  # type: ignore[override]
         self,
@@ -1228,12 +1341,30 @@ class SdkEvaluator(Evaluator):
         step_name: str,
         timeout: int = 60,
     ) -> str:
-        """SDK ``get_archive`` in place of ``docker cp``; the same log entry shape; the content never capped."""
+        """SDK ``get_archive`` in place of ``docker cp``; the same log entry shape; at most ``results_max_bytes``.
+
+        A device or a FIFO is what the official makes of it where that is a score: its ``docker cp`` copies the node
+        onto the host and ``read_text`` reads the host's device there. ``/dev/null``'s numbers give an empty text,
+        on which ``EmptyTestResultError`` escapes the pipeline: the instance's 0. Other numbers read whatever the
+        host's device gives (``/dev/zero`` never ends) and a FIFO blocks forever: we give them that same 0.
+        """
         cmd_str = f"{env.executable} cp {env.container_id}:{container_path} -"
         log.debug("Running step: %s", cmd_str)
         t0 = time.monotonic()
-        rc, payload = env.read_file(container_path, timeout=timeout)
+        rc, found = env.read_member(container_path, timeout=timeout, max_bytes=self.layer.results_max_bytes)
         wall_time = time.monotonic() - t0
+        if isinstance(found, Member) and found.kind in SPECIAL:
+            branch = getattr(self._current, "branch", None) or "?"
+            with self._envs_lock:
+                self.results_notes.append(
+                    f"branch {branch}: {container_path} is a {found.kind}; the official's docker cp copies the node "
+                    f"to the host and reads it there (empty for /dev/null's numbers: EmptyTestResultError, the "
+                    f"instance 0; other devices read the host's, a FIFO blocks forever): scored that 0")
+            payload: bytes | str = b""
+        elif isinstance(found, Member):
+            rc, payload = _regular_bytes(found, container_path, self.layer.results_max_bytes)
+        else:
+            payload = found
         if rc != 0:
             err = payload if isinstance(payload, str) else ""
             log_buf.append({"step": step_name, "command": cmd_str, "wall_time": wall_time, "output": err,

@@ -33,17 +33,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import pytest
 from programbench.eval.eval import EvaluationResult, Evaluator
 from programbench.exceptions import EvalStepError
 from programbench.utils.load_data import get_active_branches, get_ignored_branches, get_ignored_tests
 
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
-from pytest_programbench.evaluation import integrity
+from pytest_programbench.evaluation import integrity, results_check
 from pytest_programbench.evaluation.container_layer import (
     COMPILE_STEP,
     DEFAULT_OUTPUT_CAP,
     INSTALL_RERUNS_STEP,
+    RESULTS_MAX_BYTES,
     Diff,
     HarnessError,
     LayerConfig,
@@ -76,10 +78,19 @@ SOLUTION_BRANCH = "submission"  # what `programbench eval` records for run-direc
 NO_SUBMISSION = "no_submission"  # eval_batch's code for a missing archive
 INVALID_ARCHIVE = "invalid_submission_archive"
 STRICT_FAILED = "strict_neutralise_failed"
+BACKSTOP_TIMEOUT = "backstop_timeout"  # the item's pytest-timeout fired inside the submission's windows
 FIRST_FAILING = 3
 DISK_FULL = "no space left on device"
 STRICT_NETWORK_NOTE = ("--pb-strict: compile.sh and the hidden tests ran with no network at all (network_mode none); "
                        "the official runs them on the engine's default network, with DNS blackholed for compile.sh")
+
+
+def eval_storage_limit() -> int:
+    """``PB_EVAL_STORAGE``: what each evaluation container's writable layer may hold (default 30g; 0: no limit),
+    applied where the engine's storage driver enforces it (docs/security.md)."""
+    from pytest_programbench.engine.disk import need_from_env
+
+    return need_from_env("PB_EVAL_STORAGE", "30g")
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,7 @@ class EvalSettings:
     reruns: bool = True  # provide pytest-rerunfailures 16.4 offline (False: the install step fails, reruns off)
     output_cap: int = DEFAULT_OUTPUT_CAP
     cache_dir: str | None = None
+    storage: int = field(default_factory=eval_storage_limit)  # per container, where the engine can
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> EvalSettings:
@@ -472,6 +484,39 @@ def _crash_note(exc: BaseException, code: str) -> str:
             f"submission's containers: {why}")
 
 
+# --------------------------------------------------------------------------------------------- disk
+
+
+def _require_disk(workdir: Path, engine: docker.DockerClient, *, branches: int) -> None:
+    """Before the compile container: the engine's data root has ``PB_DISK_RUN_NEED`` free and the task's directory
+    room for eval.json (every attempt's results text). Hours may have passed since the check before the agent, and
+    another task's submission may have filled the disk since: then this is an error, never this task's 0."""
+    from pytest_programbench.engine import disk
+
+    root = disk.docker_root(engine.api)
+    if root is not None:
+        disk.require(root, disk.run_need(), "evaluate a submission", label="the Docker data root")
+    disk.require(workdir, (64 << 20) + 2 * branches * RESULTS_MAX_BYTES, "evaluate a submission",
+                 label="the run directory")
+
+
+def _disk_still_short(result: EvaluationResult, notes: list[str], workdir: Path, engine: docker.DockerClient, *,
+                      branches: int) -> str | None:
+    """After an evaluation that ran out of space (in an exception or a step's output), with its containers and image
+    gone: still short means the host or another task filled the disk (an error); enough means the submission did
+    (its score stands)."""
+    texts = [*notes, *(str(e.get("output", "")) for e in result.log), str(result.error_details or "")]
+    if not any(DISK_FULL in text.lower() for text in texts):
+        return None
+    try:
+        _require_disk(workdir, engine, branches=branches)
+    except EngineUnavailable as exc:
+        return f"the disk filled during the evaluation and is still short once its containers are gone: {exc}"
+    notes.append("no space left on device during the evaluation; the space was back once the submission's "
+                 "containers were removed, so the submission used it: scored")
+    return None
+
+
 # --------------------------------------------------------------------------------------------- entry point
 
 
@@ -537,13 +582,18 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
     except EngineUnavailable as exc:
         outcome.infra_error = str(exc)
         return outcome
+    try:
+        _require_disk(workdir, engine, branches=len(active))
+    except EngineUnavailable as exc:  # a DiskSpaceError: the host, not the submission
+        outcome.infra_error = str(exc)
+        return outcome
     task_labels = labels if labels.task else labels.for_task(task.instance_id)
     evaluator = SdkEvaluator(
         layer=LayerConfig(
             engine=engine, image=image, labels=task_labels.as_dict(), memory=settings.memory,
             compile_timeout=settings.compile_timeout, test_timeout=settings.test_timeout,
             output_cap=settings.output_cap, hooks=probe.hooks(),
-            network_mode="none" if settings.strict else "default",
+            network_mode="none" if settings.strict else "default", storage=settings.storage,
         ),
         image_name=task.image_name,
         solution_branch=SOLUTION_BRANCH,
@@ -587,8 +637,25 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
                                    log_entries=[*evaluator.result.log, *evaluator.crash_log])
         result.executable_hash = evaluator.result.executable_hash
         outcome.notes.append(_crash_note(exc, code))
+    except pytest.fail.Exception as exc:
+        # The item's pytest-timeout backstop (method signal) fired inside the submission's windows. It is computed
+        # above every clock of the evaluation, so only a submission that stretches what no clock bounds gets here:
+        # the instance's 0, never an error. Before the compile container ran it is not the submission's doing.
+        if not str(exc).startswith("Timeout") or not evaluator.compile_env_started:
+            raise
+        result = _official_not_run(task.instance_id, active, tests_by_branch, error_code=BACKSTOP_TIMEOUT,
+                                   error_details=str(exc),
+                                   log_entries=[*evaluator.result.log, *evaluator.crash_log])
+        result.executable_hash = evaluator.result.executable_hash
+        outcome.notes.append(f"scored 0 (error {BACKSTOP_TIMEOUT}): the item's pytest-timeout backstop ({exc}) fired "
+                             f"inside the submission's evaluation, before the evaluation's own clocks ended it")
     finally:
         evaluator.cleanup_all()
+
+    short = _disk_still_short(result, outcome.notes, workdir, engine, branches=len(active))
+    if short is not None:
+        outcome.infra_error = short
+        return outcome
 
     fill_scores(outcome, result, instance)
     if settings.strict:
@@ -599,9 +666,11 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
     outcome.reference_hash = probe.reference_hash
     outcome.neutralised = list(probe.neutralised)
     outcome.notes.extend(probe.notes)
+    outcome.notes.extend(evaluator.results_notes)
     outcome.integrity_flags = integrity.merge(
         archive.flags,
         probe.compile_flags,
         integrity.executable_flags(result.executable_hash, remove_hashes, probe.reference_hash),
+        results_check.check_attempts(evaluator.attempts),
     )
     return outcome

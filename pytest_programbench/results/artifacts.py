@@ -6,15 +6,26 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 
+def _new_temp(directory: Path, name: str) -> tuple[int, str]:
+    """A fresh temporary file next to ``name``, created with mode 0666 so the umask applies as to any other file
+    (``mkstemp`` makes 0600: the official's outputs are 0644 under the usual umask)."""
+    while True:
+        tmp = str(directory / f".{name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _new_temp(path.parent, path.name)
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
@@ -28,10 +39,10 @@ def atomic_copy(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     if source.resolve() == target.resolve():
         return
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
+    fd, tmp = _new_temp(target.parent, target.name)
     try:
-        shutil.copyfile(source, tmp)
+        with os.fdopen(fd, "wb") as out, source.open("rb") as src:
+            shutil.copyfileobj(src, out)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

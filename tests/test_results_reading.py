@@ -1,0 +1,524 @@
+"""How the evaluation reads a branch's results, its clocks, its storage and the files it writes (issues 20 §1 and
+21 §1, §3, §4), each finding as a real session or a real engine:
+
+* ``eval/results.xml`` that is a character device or a FIFO: the instance's 0 with ``EmptyTestResultError`` (the
+  official's score for a device; it hangs forever on a FIFO), never a hang; a sparse 200 MB one: that branch
+  ``results_read_failed``, never read whole;
+* a submission whose executable forges the JUnit file through a FIFO while pytest writes it: flagged, never passed;
+* a login profile that sleeps in every later step: the item's backstop fires inside the evaluation and the item is
+  scored 0, never an error;
+* the backstop counts every clock of the official pipeline (read from its source);
+* output files take the umask (0644 under 022) as the official's do;
+* evaluation containers ask for a storage limit where the engine can take one, and go on without it where it refuses.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import secrets
+import shutil
+import stat
+import textwrap
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from programbench.utils.load_data import load_all_instances
+
+from pytest_programbench.evaluation import container_layer
+from pytest_programbench.evaluation.results_check import (
+    RESULTS_MISMATCH,
+    check_branch,
+    mangled,
+    outcome_lines,
+    reported_not_passed,
+)
+from pytest_programbench.results.artifacts import atomic_copy, atomic_write_text
+from pytest_programbench.tasks.catalogue import load_tasks_dir
+from tests.conftest import Testbed
+from tests.test_evaluation_parity import official_blob_dir  # noqa: F401 - a fixture
+
+RPN = "pbfix__rpn.0b5e55e"
+TAG = "task_cleanroom_v6"
+
+
+def _umask() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Umask:"):
+            return int(line.split()[1], 8)
+    raise AssertionError("no Umask line in /proc/self/status")
+
+
+# --------------------------------------------------------------------------------------------- output modes
+
+
+def test_output_files_take_the_umask(tmp_path: Path) -> None:
+    """Atomic writes (eval.json, pb-meta.json, summary.json, report.html, the copied submission) make files as
+    any other write does: 0666 less the umask (0644 under the usual 022), like the official's outputs."""
+    expected = 0o666 & ~_umask()
+    atomic_write_text(tmp_path / "out" / "eval.json", "{}")
+    source = tmp_path / "submission.tar.gz"
+    source.write_bytes(b"\x1f\x8b")
+    source.chmod(0o600)  # the copy's mode is the umask's, not the source's
+    atomic_copy(source, tmp_path / "out" / "submission.tar.gz")
+    for name in ("eval.json", "submission.tar.gz"):
+        assert stat.S_IMODE((tmp_path / "out" / name).stat().st_mode) == expected, name
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["eval.json", "submission.tar.gz"]  # no temp left
+
+
+# --------------------------------------------------------------------------------------------- JUnit cross-check
+
+HONEST_TESTS = '''
+import os
+import pytest
+
+
+def test_passes():
+    assert True
+
+
+def test_fails():
+    assert 1 == 2
+
+
+@pytest.mark.parametrize("arg", ["a - b", "x::y", "plain"])
+def test_params(arg):
+    assert arg != "plain"
+
+
+def test_skipped():
+    pytest.skip("not today")
+
+
+@pytest.mark.xfail(reason="known")
+def test_xfail():
+    assert False
+
+
+@pytest.mark.xfail(reason="flaky", strict=False)
+def test_xpass():
+    assert True
+
+
+@pytest.fixture
+def broken_teardown():
+    yield
+    raise RuntimeError("teardown")
+
+
+def test_passes_then_teardown_errors(broken_teardown):
+    assert True
+
+
+def test_crashes_its_worker():
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os._exit(1)
+
+
+class TestGroup:
+    def test_in_class(self):
+        assert True
+'''
+
+
+def _honest_run(pytester: pytest.Pytester, *args: str) -> tuple[str, str]:
+    pytester.makepyfile(test_honest=HONEST_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--junitxml=results.xml", "-rA", *args)
+    return (pytester.path / "results.xml").read_text(), result.stdout.str()
+
+
+@pytest.mark.parametrize("args", [("-n", "2"), ("-q",), ()], ids=["xdist", "quiet", "plain"])
+def test_cross_check_agrees_with_honest_pytest_runs(pytester: pytest.Pytester, args: tuple[str, ...]) -> None:
+    """Every kind of outcome pytest has (xfail, xpass, skips, a teardown error after a pass, a crashed xdist worker,
+    parameters with `::` and ` - `): the JUnit file and pytest's own report agree, no flag."""
+    xml, output = _honest_run(pytester, *args)
+    assert outcome_lines(output), output[-2000:]
+    assert check_branch("b1", xml, {"output": output, "returncode": 1, "exception_info": ""}) is None
+
+
+def _forge(xml: str, *, passes: tuple[str, ...] = (), fails: tuple[str, ...] = ()) -> str:
+    """The JUnit file rewritten: the testcases named in ``passes`` (every one when empty) lose their failure, error
+    or skip; those in ``fails`` get a failure."""
+    root = ET.fromstring(xml)
+    for case in root.iter("testcase"):
+        name = case.get("name", "")
+        if not passes or name in passes:
+            for child in [c for c in case if c.tag in ("failure", "error", "skipped")]:
+                case.remove(child)
+        if name in fails:
+            ET.SubElement(case, "failure", message="forged")
+    return ET.tostring(root, encoding="unicode")
+
+
+def test_cross_check_flags_forged_passes(pytester: pytest.Pytester) -> None:
+    xml, output = _honest_run(pytester, "-n", "2")
+    entry = {"output": output, "returncode": 1, "exception_info": ""}
+    forged = _forge(xml)
+    flag = check_branch("b1", forged, entry)
+    assert flag is not None
+    assert flag.kind == RESULTS_MISMATCH
+    assert "pytest's own outcome line" in flag.detail, flag.detail
+    # One failure made a pass while the count stays right (a pass turned into a failure elsewhere): the short
+    # summary names it.
+    swapped = _forge(xml, passes=("test_fails",), fails=("test_in_class",))
+    assert check_branch("b1", swapped, {"output": ""}) is not None  # (the forgery is read as such)
+    flag = check_branch("b1", swapped, entry)
+    assert flag is not None
+    assert "test_honest.test_fails" in flag.detail, flag
+    # pytest's report missing (killed before its summary, or the clock fired): passes cannot be vouched for.
+    for lost in ({"output": "", "returncode": -1, "exception_info": "Command timed out after 5s"},
+                 {"output": "collected 12 items\n", "returncode": 137, "exception_info": ""}):
+        flag = check_branch("b1", xml, lost)
+        assert flag is not None
+        assert "cannot be checked" in flag.detail
+    # A forger that appends its own outcome line after pytest's: pytest's line still disagrees (shown without the
+    # short summary, which would give it away on its own).
+    unlisted = "\n".join(line for line in output.splitlines() if not line.startswith(("FAILED", "ERROR")))
+    assert check_branch("b1", forged, {"output": unlisted}) is not None
+    appended = {"output": unlisted + "\n============ 12 passed in 0.50s ============\n", "returncode": 0,
+                "exception_info": ""}
+    assert check_branch("b1", forged, appended) is not None
+
+
+def test_cross_check_reads_pytest_lines() -> None:
+    assert [dict(line.counts) for line in outcome_lines(
+        "=== 2 failed, 1 passed, 3 rerun, 1 warning in 65.43s (0:01:05) ===\n1 passed in 0.1s\nno tests ran in 0.01s\n"
+        "\x1b[31m= 1 error in 0.2s =\x1b[0m\ncollected 3 items\n")] == [
+        {"failed": 2, "passed": 1, "rerun": 3, "warning": 1}, {"passed": 1}, {}, {"error": 1}]
+    assert mangled("eval/tests/test_x.py::TestA::test_y[a - b::c]") == "eval.tests.test_x.TestA.test_y[a - b::c]"
+    output = ("FAILED eval/tests/test_x.py::test_in_captured_output\n"
+              "======= short test summary info =======\nPASSED eval/tests/test_x.py::test_ok\n"
+              "FAILED eval/tests/test_x.py::test_y[a - b] - AssertionError: x - y\nERROR eval/tests/test_x.py::test_z\n"
+              "======= 2 failed, 1 passed in 0.1s =======\nFAILED after/the_line.py::test\n")
+    assert reported_not_passed(output) == ["eval/tests/test_x.py::test_y[a - b] - AssertionError: x - y",
+                                           "eval/tests/test_x.py::test_z"]
+
+
+# --------------------------------------------------------------------------------------------- clocks
+
+
+def _official_clocks() -> dict[str, int]:
+    """Every literal timeout in the official evaluator's steps, read from its source: step name -> seconds."""
+    import programbench
+
+    root = Path(programbench.__file__).parent
+    clocks: dict[str, int] = {}
+    tree = ast.parse((root / "eval" / "eval.py").read_text())
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        if node.func.attr not in ("_run_step", "_copy_file_from_container"):
+            continue
+        keywords = {k.arg: k.value for k in node.keywords}
+        name = keywords.get("step_name")
+        if not isinstance(name, ast.Constant):
+            continue
+        timeout = keywords.get("timeout")
+        literal = timeout.value if isinstance(timeout, ast.Constant) else 20  # _run_step's default
+        assert isinstance(literal, int), ast.dump(node)
+        clocks[str(name.value)] = literal
+    control = ast.parse((root / "utils" / "internet_control.py").read_text())
+    for function in control.body:
+        if isinstance(function, ast.FunctionDef):
+            for node in ast.walk(function):
+                if isinstance(node, ast.keyword) and node.arg == "timeout" and isinstance(node.value, ast.Constant):
+                    assert isinstance(node.value.value, int)
+                    clocks[function.name] = node.value.value
+    return clocks
+
+
+def test_the_backstop_counts_every_official_clock() -> None:
+    official = _official_clocks()
+    assert {"wipe_workspace", "compile", "run_tests", "results_read", "block_build_internet_dns"} <= set(official)
+    ours = {**container_layer.COMPILE_PHASE_CLOCKS, **container_layer.BRANCH_CLOCKS}
+    for step, seconds in official.items():
+        if step in ("compile", "run_tests"):
+            continue  # ours: --pb-compile-timeout, --pb-test-timeout
+        assert ours.get(step, -1) >= seconds, (step, seconds, "missing from container_layer's clock tables")
+    budget = container_layer.evaluation_budget(compile_timeout=900, test_timeout=3600, branches=3, branch_workers=1,
+                                               branch_retries=1)
+    assert budget >= sum(official.values()) - official["run_tests"] + 3 * 2 * official["run_tests"]
+
+
+def test_item_timeout_covers_the_evaluation_budget() -> None:
+    from pytest_programbench import options
+    from pytest_programbench.session import item_timeout
+    from pytest_programbench.tasks.catalogue import load_tasks_dir
+
+    task = {t.instance_id: t for t in load_tasks_dir(Path(__file__).parent.parent / "testbed" / "tasks")}[RPN]
+    settings = options.Settings(submissions="x")  # evaluate-only: no agent clock
+    budget = container_layer.evaluation_budget(
+        compile_timeout=settings.compile_timeout, test_timeout=settings.test_timeout, branches=3,
+        branch_workers=settings.branch_workers, branch_retries=settings.branch_retries)
+    assert item_timeout(task, settings) >= (1 + settings.infra_retries) * budget
+
+
+# --------------------------------------------------------------------------------------------- hostile submissions
+
+# The submission's executable (it runs as root while the hidden tests run): on its first call it starts a detached
+# process that holds pytest's own stdout open (so the branch's `run_tests` step lasts until it is done), and
+#   forge:   replaces eval/results.xml with a FIFO before pytest writes it, reads what pytest writes, and once
+#            pytest is gone renames a copy with every failure and error removed into place;
+#   chardev: once pytest is gone, puts a character device (/dev/null's numbers) there;
+#   fifo:    a FIFO;
+#   huge:    a sparse 200 MB file.
+# The program itself prints `nope`: it solves nothing.
+HOSTILE_EXECUTABLE = r'''#!/usr/bin/env python3
+import os, stat, time
+MODE = "@MODE@"
+RESULTS = "/workspace/eval/results.xml"
+
+
+def pytest_pids():
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if b"pytest" in f.read():
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+def work():
+    held = []
+    for pid in pytest_pids():
+        try:
+            held.append(os.open(f"/proc/{pid}/fd/1", os.O_WRONLY))
+        except OSError:
+            pass
+    if MODE == "forge":
+        os.mkfifo(RESULTS)
+        with open(RESULTS, "rb") as f:  # pytest's JUnit writer opens it for writing: both go on
+            written = f.read()
+    deadline = time.time() + 120
+    while pytest_pids() and time.time() < deadline:
+        time.sleep(0.05)
+    tmp = RESULTS + ".tmp"
+    if MODE == "forge":
+        import xml.etree.ElementTree as ET
+        root = ET.fromstring(written)
+        for case in root.iter("testcase"):
+            for child in [c for c in case if c.tag in ("failure", "error")]:
+                case.remove(child)
+        with open(tmp, "wb") as f:
+            f.write(ET.tostring(root))
+    elif MODE == "chardev":
+        os.mknod(tmp, stat.S_IFCHR | 0o644, os.makedev(1, 3))
+    elif MODE == "fifo":
+        os.mkfifo(tmp)
+    elif MODE == "huge":
+        with open(tmp, "wb") as f:
+            f.write(b"<testsuites>")
+            f.truncate(200 << 20)
+    os.rename(tmp, RESULTS)
+    for fd in held:
+        os.close(fd)
+
+
+try:
+    lock = os.open("/tmp/pb-hostile.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+except FileExistsError:
+    pass
+else:
+    os.close(lock)
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            null = os.open(os.devnull, os.O_RDWR)
+            for n in (0, 1, 2):
+                os.dup2(null, n)
+            try:
+                work()
+            finally:
+                os._exit(0)
+        os._exit(0)
+    os.wait()
+print("nope")
+'''
+
+HOSTILE_COMPILE = "#!/bin/sh\nset -e\ncp hostile.py executable\nchmod +x executable\n"
+# A login profile that sleeps in every later `bash -lc` step, each time just under the shortest step clock (10 s: a
+# step that times out has every process but init killed, the container's own command too, which ends the evaluation
+# at once, the official's the same): the evaluation then lasts minutes, whatever the machine's speed.
+SLEEPY_COMPILE = (
+    "#!/bin/sh\nset -e\ngcc -O2 -o executable main.c\n"
+    "printf 'sleep 8\\n' > /etc/profile.d/zz-sleep.sh\n"
+)
+MODES = ("forge", "chardev", "fifo", "huge")
+
+# Gives one item (named by PB_TEST_BACKSTOP_ITEM) a short pytest-timeout backstop; the plugin keeps a marker it finds.
+BACKSTOP_PLUGIN = textwrap.dedent("""
+    import os
+    import pytest
+
+    def pytest_collection_modifyitems(items):
+        for item in items:
+            if item.name == os.environ.get("PB_TEST_BACKSTOP_ITEM"):
+                item.add_marker(pytest.mark.timeout(int(os.environ["PB_TEST_BACKSTOP"]), method="signal"))
+""")
+
+
+def _archive(out: Path, files: dict[str, bytes]) -> Path:
+    import io
+    import tarfile
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+    return out
+
+
+def hostile_archive(out: Path, mode: str) -> Path:
+    return _archive(out, {"compile.sh": HOSTILE_COMPILE.encode(),
+                          "hostile.py": HOSTILE_EXECUTABLE.replace("@MODE@", mode).encode()})
+
+
+@contextlib.contextmanager
+def rpn_copies(root: Path, testbed: Testbed, docker_client: Any, names: tuple[str, ...]) -> Iterator[dict[str, str]]:
+    """Copies of the rpn task under ids of this test alone (tasks/, blobs/ under ``root``), their images extra tags
+    of rpn's, removed afterwards (the tags only)."""
+    from programbench.constants import image_name_from_instance_id
+
+    org = f"pbread{secrets.token_hex(3)}"
+    image = docker_client.images.get(f"{image_name_from_instance_id(RPN)}:{TAG}")
+    ids: dict[str, str] = {}
+    tags: list[str] = []
+    try:
+        for name in names:
+            new_id = f"{org}__{name}.0b5e55e"
+            shutil.copytree(testbed.tasks_dir / RPN, root / "tasks" / new_id,
+                            ignore=shutil.ignore_patterns("Dockerfile"))
+            shutil.copytree(testbed.blob_dir / RPN, root / "blobs" / new_id)
+            repository = image_name_from_instance_id(new_id)
+            image.tag(repository, TAG)
+            tags.append(f"{repository}:{TAG}")
+            ids[name] = new_id
+        yield ids
+    finally:
+        for tag in tags:
+            with contextlib.suppress(Exception):
+                docker_client.api.remove_image(tag)
+
+
+def _leaked(docker_client: Any, run_dir: Path) -> list[str]:
+    run_ids = {h["run_id"] for h in json.loads((run_dir / "pb-run.json").read_text())["history"]}
+    found = []
+    for run_id in run_ids:
+        label = f"pytest-programbench={run_id}"
+        found += [c.id for c in docker_client.containers.list(all=True, filters={"label": label})]
+        found += [i.id for i in docker_client.images.list(all=True, filters={"label": label})]
+    return found
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("clean_env")
+def test_hostile_results_are_scored_flagged_never_errors(pytester: pytest.Pytester, testbed: Testbed,
+                                                         docker_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One session (-n 2), five hostile submissions evaluated the official way: each item failed (never passed,
+    never an error), scored as the official scores it, flagged where a flag applies, no container left."""
+    root = pytester.path
+    with rpn_copies(root, testbed, docker_client, (*MODES, "sleepy")) as ids:
+        subs = root / "subs"
+        for mode in MODES:
+            hostile_archive(subs / ids[mode] / "submission.tar.gz", mode)
+        main_c = (testbed.solutions / RPN / "main.c").read_bytes()
+        _archive(subs / ids["sleepy"] / "submission.tar.gz", {"compile.sh": SLEEPY_COMPILE.encode(), "main.c": main_c})
+        pytester.makepyfile(pb_backstop=BACKSTOP_PLUGIN)
+        monkeypatch.setenv("PB_TEST_BACKSTOP_ITEM", ids["sleepy"])
+        monkeypatch.setenv("PB_TEST_BACKSTOP", "90")
+        run_dir = root / "run"
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", "-p", "pb_backstop", "--pb-tasks-dir", str(root / "tasks"),
+            "--pb-blob-dir", str(root / "blobs"), "--pb-submissions", str(subs), "--pb-pull", "never",
+            "--pb-output", str(run_dir), "--pb-cpus", "2", "-n", "2", timeout=1500)
+        result.assert_outcomes(failed=len(ids))
+        tasks = json.loads((run_dir / "summary.json").read_text())["tasks"]
+        meta = {name: json.loads((run_dir / iid / "pb-meta.json").read_text()) for name, iid in ids.items()}
+        flags = {name: [f["kind"] for f in m["evaluation"]["integrity_flags"]] for name, m in meta.items()}
+
+        # Issue 21 §1: the forged JUnit file gives the official score (every test passes) and a flag.
+        forged = tasks[ids["forge"]]
+        assert forged["outcome"] == "failed", forged
+        assert forged["score"] == 1.0  # the official is blind to it
+        assert RESULTS_MISMATCH in flags["forge"], flags["forge"]
+        # Issue 20 §1: a device or a FIFO at eval/results.xml: the instance's 0 (EmptyTestResultError), no hang.
+        for mode in ("chardev", "fifo"):
+            assert (tasks[ids[mode]]["score"], tasks[ids[mode]]["error_code"]) == (0.0, "EmptyTestResultError"), mode
+            kind = "character device" if mode == "chardev" else "FIFO"
+            assert any(kind in note for note in meta[mode]["evaluation"]["notes"]), meta[mode]["evaluation"]["notes"]
+        # Issue 21 §3: a sparse 200 MB results file is not read: its branches results_read_failed, eval.json small.
+        huge = meta["huge"]["evaluation"]
+        assert huge["score"] == 0.0
+        assert set(huge["branch_errors"]) == {"0b5e55e01a2b", "4d3c2b1a0f9e", "9a8b7c6d5e4f"}
+        assert all(codes == ["results_read_failed"] for codes in huge["branch_errors"].values()), huge
+        assert (run_dir / ids["huge"] / f"{ids['huge']}.eval.json").stat().st_size < 1 << 20
+        # Issue 21 §4: every step made to run to its clock; the backstop fired inside the evaluation: scored 0.
+        sleepy = tasks[ids["sleepy"]]
+        assert (sleepy["outcome"], sleepy["score"], sleepy["error_code"]) == ("failed", 0.0, "backstop_timeout")
+        assert any("backstop" in note for note in meta["sleepy"]["evaluation"]["notes"])
+        # Issue 20 §1: output files take the umask, as the official's.
+        expected = 0o666 & ~_umask()
+        task_dir = run_dir / ids["forge"]
+        for path in (run_dir / "summary.json", task_dir / "pb-meta.json", task_dir / f"{ids['forge']}.eval.json",
+                     task_dir / "submission.tar.gz"):
+            assert stat.S_IMODE(path.stat().st_mode) == expected, path
+        assert _leaked(docker_client, run_dir) == []
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("official_blob_dir")
+def test_device_results_score_as_the_official(testbed: Testbed, tmp_path: Path) -> None:
+    """`programbench eval` itself on a submission that leaves a character device (/dev/null's numbers) at
+    eval/results.xml: 0, EmptyTestResultError; ours the same, with a note naming the device."""
+    from tests.test_evaluation_divergences import run_official_cli, run_ours
+
+    archive = hostile_archive(tmp_path / "s.tar.gz", "chardev")
+    task = {t.instance_id: t for t in load_tasks_dir(testbed.tasks_dir)}[RPN]
+    instance = {i["instance_id"]: i for i in load_all_instances(testbed.tasks_dir)}[RPN]
+    summary, official = run_official_cli(instance, archive, tmp_path / "official")
+    assert official is None  # it raised: no eval.json
+    assert (summary.score, summary.error_code) == (0.0, "EmptyTestResultError")
+    outcome = run_ours(task, archive, testbed.blob_dir, tmp_path / "ours")
+    assert outcome.infra_error is None, outcome.infra_error
+    assert (outcome.score, outcome.error_code) == (0.0, "EmptyTestResultError")
+    assert any("character device" in note for note in outcome.notes), outcome.notes
+
+
+@pytest.mark.docker
+def test_storage_limit_refused_by_the_engine_is_dropped(testbed: Testbed) -> None:
+    """An evaluation container asks for a size limit where the driver looks able; an engine that refuses it (overlay2
+    without xfs pquota, as here when forced) gets the container without it, and is not asked again."""
+    import docker
+
+    from pytest_programbench.sandbox.sandbox import StorageQuota
+
+    client = docker.from_env()  # its own client: the remembered answer stays with it
+    try:
+        client.api._pb_storage_quota = StorageQuota(True, "forced by the test")
+        env = container_layer.SdkContainerEnvironment(
+            image=f"programbench/pbfix_1776_rpn.0b5e55e:{TAG}", engine=client, storage=1 << 30,
+            labels={"pytest-programbench": "pb-test-storage"}, lifetime=120)
+        try:
+            opts = client.api.inspect_container(env.container_id)["HostConfig"].get("StorageOpt") or {}
+            if env.storage_limited:  # an engine that can (xfs with pquota, btrfs, zfs)
+                assert opts == {"size": str(1 << 30)}
+            else:
+                assert opts == {}
+                assert client.api._pb_storage_quota.supported is False
+                assert "refused" in client.api._pb_storage_quota.reason
+            assert env.execute("echo ok")["output"] == "ok\n"
+        finally:
+            env.cleanup()
+    finally:
+        client.close()
