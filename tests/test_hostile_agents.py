@@ -255,6 +255,25 @@ OOM_DEATH_PLUGIN = textwrap.dedent("""
         return original(self, image, command, **kwargs)
 
     ContainerCollection.create = create
+
+    # After the window's end, what of the agent's uid is left, seen from the engine's host (docker top).
+    import json, os
+    from pytest_programbench.sandbox.sandbox import Sandbox
+
+    end_window = Sandbox.end_agent_window
+
+    def probed(self):
+        ended = end_window(self)
+        state = self.engine.api.inspect_container(self.id)["State"]
+        left = []
+        if state["Running"]:
+            top = self.engine.api.top(self.id, ps_args="-eo pid,ruid,stat,args")
+            left = [row for row in top["Processes"] if row[1] == str(self.layout.agent_uid) and row[2][0] != "Z"]
+        with open(os.path.join(os.environ["PB_WINDOW_PROBE"], self.labels.task + ".json"), "w") as handle:
+            json.dump({"running": state["Running"], "agent_processes": left}, handle)
+        return ended
+
+    Sandbox.end_agent_window = probed
 """)
 
 
@@ -267,6 +286,8 @@ def test_the_window_ends_frozen_and_a_sandbox_the_agent_kills_is_scored(
     every call is recorded and the count of what was left running is right."""
     pytester.makepyfile(pb_oom_death=OOM_DEATH_PLUGIN)
     monkeypatch.setenv("PB_CHAINS", str(CHAINS))
+    probes = pytester.mkdir("window-probe")
+    monkeypatch.setenv("PB_WINDOW_PROBE", str(probes))
     run_dir = pytester.path / "run"
     result = _run(pytester, testbed, hostile_tasks, run_dir, "pbhostile__(" + "|".join(WINDOW_ATTACKS) + ")",
                   "-p", "pb_oom_death", "-n", "2", "--pb-sandbox-memory", "768m", "--pb-agent-env", "PB_CHAINS")
@@ -296,8 +317,12 @@ def test_the_window_ends_frozen_and_a_sandbox_the_agent_kills_is_scored(
     assert meta["shmbound"]["sandbox_end"]["died"] is None
 
     # §5: the chains were frozen with the sandbox (their .pth stopped nothing), counted, and every call they saw
-    # end is in the call log (a call after the log was read would be missing from it).
+    # end is in the call log (a call after the log was read would be missing from it). After the window nothing of
+    # the agent's uid is left (the sandbox is stopped; seen from the engine's host).
     assert b"CHAINS-RUNNING" in (run_dir / ids["forkpth"] / "agent.log").read_bytes()
+    for attack, iid in ids.items():
+        probe = json.loads((probes / f"{iid}.json").read_text())
+        assert probe == {"running": False, "agent_processes": []}, (attack, probe)
     survivors = meta["forkpth"]["sandbox_end"]["survivors"]
     assert survivors is not None, meta["forkpth"]["sandbox_end"]
     # Each chain: its Python, and perhaps the client and the reference of a call in flight, or a parent not yet
