@@ -91,6 +91,8 @@ _POOL_IDLE_S = 60.0
 MAX_CONNECTIONS = 256
 #: Bytes of a request's header fields (the request line has its own 64 KiB); more get a 431.
 HEADER_MAX = 64 << 10
+#: Seconds of silence after which a refused client's remaining input is no longer read (see ``_linger``).
+LINGER_S = 1.0
 #: Records kept in memory (:meth:`ModelRelay.records`): the first and the last half of this many.
 RECORDS_IN_MEMORY = 2000
 
@@ -1023,6 +1025,22 @@ class ModelRelay:
                 handler.wfile.write(body)
                 exchange.response_bytes = len(body)
             exchange.mark_first_byte()
+            self._linger(handler)
+
+    def _linger(self, handler: _Handler) -> None:
+        """Read and drop what the client still sends after an answer that closes the connection (a body refused
+        unread, headers past the cap), up to ``max_request_bytes`` and until it is silent for a second: closing a
+        socket with unread input resets the connection, and the client would lose the answer it has not read yet.
+        Memory stays at one read whatever it sends."""
+        left = self.max_request_bytes
+        with contextlib.suppress(OSError, ValueError):
+            handler.connection.shutdown(socket.SHUT_WR)  # the answer is complete: the client sees its end now
+            handler.connection.settimeout(LINGER_S)
+            while left > 0:
+                data = handler.rfile.read1(min(left, 65536))
+                if not data:
+                    break
+                left -= len(data)
 
     def _target(self, target: str) -> str:
         upstream = self.upstream

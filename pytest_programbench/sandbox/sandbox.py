@@ -723,7 +723,7 @@ class Sandbox:
         api = self.engine.api
         state = self._state()
         if state is None:
-            return WindowEnd(died=f"sandbox container {self.id[:12]} disappeared")
+            return WindowEnd(died=f"sandbox container {self.id[:12]} disappeared during the agent run")
         if not state.get("Running"):
             return self._death(state)
         # An engine that is shutting down still answers inspections on open connections while it stops the
@@ -740,7 +740,7 @@ class Sandbox:
             state = self._state()
             if state is None or not state.get("Running"):
                 return self._death(state) if state is not None else WindowEnd(
-                    died=f"sandbox container {self.id[:12]} disappeared")
+                    died=f"sandbox container {self.id[:12]} disappeared during the agent run")
             problems.append(f"a command could not run in the sandbox at the end of the agent's window ({failed}): "
                             "its memory or process limit was full")
         survivors: int | None = None
@@ -754,7 +754,7 @@ class Sandbox:
         try:
             api.kill(self.id, "SIGKILL")  # a paused container is killed too (the engine thaws it after the signal)
         except NotFound:
-            return WindowEnd(died=f"sandbox container {self.id[:12]} disappeared")
+            return WindowEnd(died=f"sandbox container {self.id[:12]} disappeared during the agent run")
         except APIError as exc:
             state = self._state()
             if state is None or state.get("Running"):
@@ -1014,7 +1014,8 @@ class CallLog:
                        "the proxy, not recorded")
         interrupted = sum(1 for r in self.records if r.get("interrupted"))
         if interrupted:
-            out.append(f"{interrupted} call(s) of the reference never ended (their proxy worker was killed)")
+            why = "their proxy worker was killed" + (", or their end could not be recorded" if self.unrecorded else "")
+            out.append(f"{interrupted} call(s) of the reference never ended ({why})")
         return out
 
 

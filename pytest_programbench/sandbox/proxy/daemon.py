@@ -50,6 +50,7 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -120,6 +121,10 @@ LOG_LIST_LIMIT = 64  # entries of a logged list (argv, stripped variables); the 
 RECORD_MAX = 16 << 10  # bytes of one call-log line, whatever the caller sent
 LOG_MAX_BYTES = 64 << 20  # past this, calls are counted (``DROPPED_LOG``), not recorded
 DROPPED_LOG = PROXY_DIR + "/calls.dropped"  # one byte per call not recorded; its size is the count
+# The master's count of calls and of calls whose record could not be written (the sandbox's storage full): one
+# fixed-width line written at start and then overwritten in place, so updating it needs no new disk space.
+COUNT_LOG = PROXY_DIR + "/calls.count"
+COUNT_LINE = "calls={:015d} unrecorded={:015d}\n"
 AUDIT_PATH_MAX = 4096  # longer arguments cannot be opened as paths (PATH_MAX), so they are matched as text only
 
 
@@ -338,6 +343,7 @@ class Config:
         self.reference: str = args.reference
         self.call_log: str = args.call_log
         self.dropped_log: str = args.dropped_log
+        self.count_log: str = args.count_log
         self.agent_uid: int = args.agent_uid
         self.agent_gid: int = args.agent_gid
         self.groups: list[int] = [int(g) for g in args.groups.split(",") if g] if args.groups else []
@@ -750,11 +756,15 @@ def _open_log(path: str) -> int:
 
 class CallLog:
     """The worker's two root-only files, opened before it drops to the agent's uid: the call log and the count of
-    calls that found it full (one byte each, so its size is the count)."""
+    calls that found it full (one byte each, so its size is the count). A call whose record cannot be written at
+    all (the sandbox's storage is full: the agent shares it) is told to the master (``notify``), which counts it in
+    memory and in ``COUNT_LOG``: a call may go unrecorded, never uncounted."""
 
-    def __init__(self, path: str, dropped_path: str) -> None:
+    def __init__(self, path: str, dropped_path: str, notify: Callable[[], None] | None = None) -> None:
         self.fd = _open_log(path)
         self.dropped_fd = _open_log(dropped_path)
+        self.notify = notify
+        self.torn = False  # a short write left a line without its end: the next one starts on a line of its own
 
     def append(self, record: dict[str, Any]) -> None:
         """One bounded JSON line, written with a single ``write`` on an ``O_APPEND`` descriptor.
@@ -762,16 +772,26 @@ class CallLog:
         Past ``LOG_MAX_BYTES`` the call is counted instead. Concurrent workers may each still append one line after
         the check: the log never exceeds ``LOG_MAX_BYTES + max_workers * RECORD_MAX`` (the host reads that much).
         """
-        if self.fd < 0:
-            return
+        final = record.get("phase") != "started"  # a call is recorded by its last line
         try:
+            if self.fd < 0:
+                raise OSError(errno.EBADF, "the call log could not be opened")
             if os.fstat(self.fd).st_size >= LOG_MAX_BYTES:
-                if self.dropped_fd >= 0 and record.get("phase") != "started":
-                    os.write(self.dropped_fd, b".")
+                if final:
+                    if self.dropped_fd < 0:
+                        raise OSError(errno.EBADF, "the count of dropped calls could not be opened")
+                    if os.write(self.dropped_fd, b".") != 1:
+                        raise OSError(errno.ENOSPC, "short write")
                 return
-            os.write(self.fd, bounded_line(record))
+            line = (b"\n" if self.torn else b"") + bounded_line(record)
+            written = os.write(self.fd, line)
+            self.torn = 0 < written < len(line)
+            if written < len(line):
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(line)} bytes)")
         except OSError as exc:
             _log_error(f"cannot write the call log: {exc}")
+            if final and self.notify is not None:
+                self.notify()
 
 
 def _clip_text(text: str) -> str:
@@ -1018,7 +1038,7 @@ def _forward(pid: int, sig: int, relay: Relay | None) -> None:
 
 # ---------------------------------------------------------------------------------------------- master
 MAX_CALLS_PER_WORKER = 1000
-NOTE_BUSY, NOTE_IDLE = 1, 0
+NOTE_BUSY, NOTE_IDLE, NOTE_UNRECORDED = 1, 0, 2
 NOTE = struct.Struct("<ii")
 
 
@@ -1035,12 +1055,17 @@ def worker_main(cfg: Config, listener: socket.socket, ref_fd: int, kind: str, no
             os.dup2(null, target, inheritable=False)
     if null > 2:
         os.close(null)
-    log = CallLog(cfg.call_log, cfg.dropped_log)
+    me = os.getpid()
+
+    def unrecorded() -> None:
+        with contextlib.suppress(OSError):
+            os.write(notify_w, NOTE.pack(me, NOTE_UNRECORDED))
+
+    log = CallLog(cfg.call_log, cfg.dropped_log, unrecorded)
     drop_privileges(cfg)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    me = os.getpid()
     for _ in range(MAX_CALLS_PER_WORKER):
         try:
             conn, _addr = listener.accept()
@@ -1092,6 +1117,7 @@ def serve(cfg: Config, ready_fd: int | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
     idle: set[int] = set()
     busy: set[int] = set()
+    counts = CallCount(cfg.count_log)
     if ready_fd is not None:
         os.write(ready_fd, b"ready %d %s\n" % (os.getpid(), kind.encode()))
         os.close(ready_fd)
@@ -1124,14 +1150,18 @@ def serve(cfg: Config, ready_fd: int | None = None) -> int:
         if notify_r in readable:
             data = os.read(notify_r, 4096 * NOTE.size)  # writes of 8 bytes are atomic: never split
             for pid, state in NOTE.iter_unpack(data[: len(data) - len(data) % NOTE.size]):
+                counts.note(state)  # every call counts, its worker reaped since or not
                 if pid not in idle and pid not in busy:
                     continue  # already reaped
+                if state == NOTE_UNRECORDED:
+                    continue
                 if state == NOTE_BUSY:
                     idle.discard(pid)
                     busy.add(pid)
                 else:
                     busy.discard(pid)
                     idle.add(pid)
+            counts.save()
         if wake_r in readable:
             with contextlib.suppress(OSError):
                 os.read(wake_r, 4096)
@@ -1149,6 +1179,36 @@ def serve(cfg: Config, ready_fd: int | None = None) -> int:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGTERM)
     return 0
+
+
+class CallCount:
+    """The master's count of calls (one ``NOTE_BUSY`` per accepted call) and of unrecorded ones, kept in memory and
+    in ``COUNT_LOG``: written whole at start, then overwritten in place (no new blocks: a full disk cannot stop it on
+    the filesystems that do not copy on write)."""
+
+    def __init__(self, path: str) -> None:
+        self.calls = 0
+        self.unrecorded = 0
+        self._saved = (-1, -1)
+        try:
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            _log_error(f"cannot open the call count: {exc}")
+            self.fd = -1
+        self.save()
+
+    def note(self, state: int) -> None:
+        self.calls += state == NOTE_BUSY
+        self.unrecorded += state == NOTE_UNRECORDED
+
+    def save(self) -> None:
+        if self.fd < 0 or self._saved == (self.calls, self.unrecorded):
+            return
+        try:
+            os.pwrite(self.fd, COUNT_LINE.format(self.calls, self.unrecorded).encode(), 0)
+            self._saved = (self.calls, self.unrecorded)
+        except OSError as exc:
+            _log_error(f"cannot write the call count: {exc}")
 
 
 def _read_text(path: str) -> str:
@@ -1391,6 +1451,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--reference", default=REFERENCE)
     v.add_argument("--call-log", default=CALL_LOG)
     v.add_argument("--dropped-log", default=DROPPED_LOG)
+    v.add_argument("--count-log", default=COUNT_LOG)
     v.add_argument("--agent-uid", type=int, required=True)
     v.add_argument("--agent-gid", type=int, required=True)
     v.add_argument("--groups", default="")
