@@ -9,7 +9,6 @@ bed's tasks (their code unchanged), since the benchmark's own tasks cannot run o
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -37,10 +36,7 @@ PRICE_IN, PRICE_OUT = 1.0, 2.0
 
 def official(testbed: Testbed, *args: str) -> subprocess.CompletedProcess[str]:
     """The official CLI (``programbench ...``) with the test bed's tasks as its catalogue."""
-    env = {**os.environ, official_catalogue.ENV: str(testbed.tasks_dir), "PROGRAMBENCH_BLOB_DIR": str(testbed.blob_dir),
-           "PROGRAMBENCH_DOCKER_CPUS": str(min(2, os.cpu_count() or 1)), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-c", official_catalogue.CLI, *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
+    return official_catalogue.run_cli(list(args), cwd=REPO, tasks_dir=testbed.tasks_dir, blob_dir=testbed.blob_dir)
 
 
 @pytest.fixture

@@ -70,7 +70,7 @@ def _bootstrap_mean(columns: tuple[tuple[float, ...], ...], *, paired: bool, see
 def mean_interval(samples: Mapping[str, Sequence[float]], *, seed: int = SEED,
                   resamples: int = RESAMPLES) -> Interval | None:
     """95% CI of the mean score over tasks (bootstrap over tasks); ``None`` below two tasks."""
-    per_task = [list(v) for v in samples.values() if len(v)]
+    per_task = [list(samples[t]) for t in sorted(samples) if len(samples[t])]  # by id: the seed's draws are stable
     if len(per_task) < 2:
         return None
     means = [sum(v) / len(v) for v in per_task]
