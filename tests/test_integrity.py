@@ -52,7 +52,8 @@ def test_flagged_paths(rel: str, kind: str) -> None:
     assert flag is not None
     assert flag.kind == kind
     # A package is flagged (and neutralised) as its directory.
-    assert flag.path == (rel.split("/")[0] if kind == integrity.MODULE_SHADOWING else rel.removeprefix("./"))
+    package = rel.split("/", maxsplit=1)[0]
+    assert flag.path == (package if kind == integrity.MODULE_SHADOWING else rel.removeprefix("./"))
 
 
 @pytest.mark.parametrize("rel", ["main.c", "compile.sh", "src/pytest.ini", "src/tox.ini", "tools/gen.py",
@@ -188,3 +189,141 @@ def test_merge_deduplicates_by_kind_and_path() -> None:
     b = IntegrityFlag(integrity.PYTEST_CONFIG, "conftest.py", "from the diff")
     c = IntegrityFlag(integrity.PYTHON_STARTUP, "x.pth", "")
     assert integrity.merge([a], [b, c]) == [a, c]
+
+
+# --------------------------------------------------------------------------------------------- issues 20 and 21
+
+
+@pytest.mark.parametrize(
+    ("rel", "kind", "path"),
+    [
+        ("pprint.pyc", integrity.MODULE_SHADOWING, "pprint.pyc"),  # sourceless bytecode is imported
+        ("json.cpython-311-x86_64-linux-gnu.so", integrity.MODULE_SHADOWING, "json.cpython-311-x86_64-linux-gnu.so"),
+        ("json.abi3.so", integrity.MODULE_SHADOWING, "json.abi3.so"),
+        ("_pytest.so", integrity.MODULE_SHADOWING, "_pytest.so"),
+        ("__pycache__/pprint.cpython-311.pyc", integrity.MODULE_SHADOWING, "__pycache__/pprint.cpython-311.pyc"),
+        ("json/__init__.pyc", integrity.MODULE_SHADOWING, "json"),
+        ("json/__init__.abi3.so", integrity.MODULE_SHADOWING, "json"),
+        ("pytest/anything.py", integrity.MODULE_SHADOWING, "pytest"),  # a namespace package named like pytest
+        ("xdist/plugin.txt", integrity.MODULE_SHADOWING, "xdist"),
+        ("sitecustomize.pyc", integrity.PYTHON_STARTUP, "sitecustomize.pyc"),
+        ("lib/sitecustomize/__init__.py", integrity.PYTHON_STARTUP, "lib/sitecustomize/__init__.py"),
+        ("lib/__pycache__/usercustomize.cpython-311.pyc", integrity.PYTHON_STARTUP,
+         "lib/__pycache__/usercustomize.cpython-311.pyc"),
+        ("usercustomize.cpython-311-x86_64-linux-gnu.so", integrity.PYTHON_STARTUP,
+         "usercustomize.cpython-311-x86_64-linux-gnu.so"),
+        ("evil.dist-info/entry_points.txt", integrity.PYTHON_STARTUP, "evil.dist-info/entry_points.txt"),
+        ("evil.egg-info/entry_points.txt", integrity.PYTHON_STARTUP, "evil.egg-info/entry_points.txt"),
+    ],
+)
+def test_python_import_forms_are_flagged(rel: str, kind: str, path: str) -> None:
+    flag = classify(rel)
+    assert flag is not None, rel
+    assert (flag.kind, flag.path) == (kind, path)
+
+
+@pytest.mark.parametrize("rel", ["json/data.txt", "test/main.c", "html/index.html", "libjson.so", "src/pprint.pyc",
+                                 "build/__pycache__/pprint.cpython-311.pyc", "lib/json.abi3.so", "pytest.txt",
+                                 "__pycache__/mytool.cpython-311.pyc", "vendor/pytest/x.py"])
+def test_what_python_would_not_import_in_place_of_a_module_is_not_flagged(rel: str) -> None:
+    assert classify(rel) is None
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"[project]\nversion = " + b"9" * 5000 + b"\n", "cannot be parsed (ValueError)"),  # int digit limit
+        (b"x = " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "cannot be parsed (RecursionError)"),
+        (b"not [valid toml\n", "cannot be parsed (TOMLDecodeError)"),
+        (None, "could not be read within"),  # past the cap, or unreadable
+    ],
+)
+def test_config_files_that_cannot_be_read_or_parsed_are_a_flag_never_an_exception(content: bytes | None,
+                                                                                  why: str) -> None:
+    flag = classify("pyproject.toml", lambda: content)
+    assert flag is not None
+    assert flag.kind == integrity.PYTEST_CONFIG
+    assert why in flag.detail
+
+
+def test_config_reads_are_capped_in_size_and_number() -> None:
+    reads: list[str] = []
+
+    def read(rel: str) -> bytes:
+        reads.append(rel)
+        return b"[project]\nname = 'x'\n" if rel == "pyproject.toml" else b"x" * (integrity.CONFIG_READ_CAP + 1)
+
+    names = ["pyproject.toml", "setup.cfg", *(f"eval/d{i}/tox.ini" for i in range(integrity.MAX_CONFIG_READS + 5))]
+    flags = {f.path: f for f in integrity.scan_paths(names, read)}
+    assert "pyproject.toml" not in flags  # read, parsed, no pytest section
+    assert "could not be read within" in flags["setup.cfg"].detail  # larger than the cap: counted, not parsed
+    assert len(reads) == integrity.MAX_CONFIG_READS
+
+
+def test_walk_bounds_are_a_flag() -> None:
+    flags = integrity.scan_paths([f"f{i}.c" for i in range(50)], lambda rel: None, max_entries=10)
+    assert [f.kind for f in flags] == [integrity.SCAN_BOUNDED]
+    assert "more than 10 entries" in flags[0].detail
+    deep = "/workspace/" + "d/" * 300
+    bounded = integrity.scan_compile([], [_change("/workspace", 0)], lambda rel: None,
+                                     bounded=[f"{deep}: deeper than 256 levels"])
+    assert [f.kind for f in bounded] == [integrity.SCAN_BOUNDED]
+    assert len(bounded[0].detail) < 400  # the path is shortened, the record bounded
+
+
+def test_undecodable_names_are_printable_and_neutralised_byte_for_byte(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    name = "lib/\udcff\udcfe.pth"  # bytes ff fe: a name that is not UTF-8, as Python decodes it
+    flag = classify(name)
+    assert flag is not None
+    assert flag.path == name  # the exact name, for neutralisation
+    assert str(flag) == "python_startup: lib/\\xff\\xfe.pth runs code at Python start-up (.pth)"
+    json.dumps(flag.as_dict(), ensure_ascii=False).encode("utf-8")  # what xdist and JUnit do: no error
+    planned = integrity.neutralise_command([flag])
+    assert planned is not None
+    commands, paths = planned
+    assert paths == ["lib/\\xff\\xfe.pth"]
+    target = tmp_path / "workspace" / "lib"
+    target.mkdir(parents=True)
+    raw = bytes(target) + b"/\xff\xfe.pth"
+    with open(raw, "wb") as f:
+        f.write(b"x")
+    (target / "keep.pth").write_text("x")
+    script = commands[0].replace("/workspace/", str(tmp_path / "workspace") + "/")
+    subprocess.run(["bash", "-c", script], check=True)
+    assert not Path(raw.decode("utf-8", "surrogateescape")).exists()
+    assert (target / "keep.pth").exists()
+
+
+def test_archive_with_undecodable_and_many_names(tmp_path: Path) -> None:
+    archive = tmp_path / "s.tar.gz"
+    with tarfile.open(archive, "w:gz", format=tarfile.PAX_FORMAT, errors="surrogateescape") as tar:
+        for name in ("./compile.sh", "./lib/\udcff.pth", "./\udcfe/conftest.py"):
+            tar.addfile(tarfile.TarInfo(name), io.BytesIO(b""))
+    flags = {f.as_dict()["path"]: str(f) for f in check_archive(archive).flags}
+    assert flags == {"lib/\\xff.pth": "python_startup: lib/\\xff.pth runs code at Python start-up (.pth)",
+                     "\\xfe/conftest.py": "pytest_config: \\xfe/conftest.py configures the hidden pytest run "
+                                          "(conftest.py)"}
+
+
+def test_merge_keeps_a_bounded_number_of_flags_per_kind() -> None:
+    many = [IntegrityFlag(integrity.PYTEST_CONFIG, f"d{i}/conftest.py", "x") for i in range(50)]
+    merged = integrity.merge(many)
+    assert len(merged) == integrity.SHOW_FLAGS + 1
+    assert merged[-1].detail == f"and {50 - integrity.SHOW_FLAGS} more pytest_config finding(s)"
+    assert integrity.neutralise_command(many) is not None  # neutralisation still sees every path
+
+
+def test_sanitise_report_makes_every_string_encodable() -> None:
+    from _pytest.reports import TestReport
+
+    from pytest_programbench.results.verdict import sanitise_report
+
+    report = TestReport("programbench::x", ("x", None, "x"), {}, "failed", "flag lib/\udcff.pth", "call",
+                        [("Captured log", "path \udcfe")], user_properties=[("integrity_flags", "a\udcff")])
+    sanitise_report(report)
+    assert report.longrepr == "flag lib/\\xff.pth"
+    assert report.user_properties == [("integrity_flags", "a\\xff")]
+    assert report.sections == [("Captured log", "path \\xfe")]

@@ -213,6 +213,7 @@ def check_archive(path: Path) -> ArchiveCheck:
     if not path.is_file():
         return ArchiveCheck(f"{path} is not a file", INVALID_ARCHIVE)
     scan: integrity.FlagScan | None = None
+    sha256: str | None = None
     try:
         with path.open("rb") as raw:
             if raw.read(2) != b"\x1f\x8b":
@@ -227,6 +228,9 @@ def check_archive(path: Path) -> ArchiveCheck:
                 pass
     except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:
         return ArchiveCheck(f"{path} is not a readable gzip tar: {type(exc).__name__}: {exc}", INVALID_ARCHIVE)
+    except Exception as exc:  # a header Python's tarfile chokes on: the container's tar decides, as the official's
+        log.warning("reading the submission archive %s for its flags failed", path, exc_info=True)
+        return ArchiveCheck(flags=[integrity.probe_failed("of the archive", exc)], sha256=sha256)
     return ArchiveCheck(flags=scan.result() if scan is not None else [], sha256=sha256)
 
 

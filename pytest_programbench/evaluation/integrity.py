@@ -422,13 +422,16 @@ def merge(*groups: Iterable[IntegrityFlag]) -> list[IntegrityFlag]:
     return kept
 
 
+_SHELL_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-")
+
+
 def _shell_path(path: str) -> str:
     """``path`` for bash, byte for byte: a name that is not UTF-8 (surrogates here) as ``$'\\xNN'`` escapes."""
     try:
         return shlex.quote(path.encode("utf-8").decode("utf-8"))
     except UnicodeEncodeError:
         raw = path.encode("utf-8", "surrogateescape")
-        return "$'" + "".join(chr(b) if chr(b).isalnum() or chr(b) in "/._-" else f"\\x{b:02x}" for b in raw) + "'"
+        return "$'" + "".join(chr(b) if chr(b) in _SHELL_SAFE else f"\\x{b:02x}" for b in raw) + "'"
 
 
 def neutralise_command(flags: Iterable[IntegrityFlag]) -> tuple[list[str], list[str]] | None:
