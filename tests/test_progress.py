@@ -218,7 +218,7 @@ def test_lines_under_xdist_show_in_flight_phases_summary_and_slow_calls(tmp_path
 class Tmux:
     """A real terminal: a tmux server of the test's own (its socket in tmp_path), one pane of a fixed size."""
 
-    WIDTH, HEIGHT = 150, 40
+    WIDTH, HEIGHT = 200, 40  # -q's one line (status and tasks) fits
 
     def __init__(self, tmp_path: Path) -> None:
         tmux = shutil.which("tmux")
@@ -257,7 +257,8 @@ def tmux(tmp_path: Path) -> Iterator[Tmux]:
         terminal.close()
 
 
-AGENT_CLOCK = re.compile(r"(pbfix__\S+)  agent (\d+:\d\d:\d\d)")
+AGENT_CLOCK = re.compile(r"(pbfix__\S+) +agent (\d+:\d\d:\d\d)")
+TASK_LINE = re.compile(r"^ +\[(gw\d+|controller)\] ", re.M)
 STATUS = re.compile(r"programbench \d+/2: .*\| ETA ")
 
 
@@ -280,7 +281,7 @@ def test_live_view_in_a_real_terminal(tmp_path: Path, testbed: Testbed, tmux: Tm
             if match is None or not re.search(STATUS.pattern + "after the first task", screen):
                 return None
             if quiet:  # one line: the status line carries the tasks
-                assert "  [" not in screen, screen
+                assert not TASK_LINE.search(screen), screen
             return match.group(1), match.group(2)
 
         task, first = wait_for("the live view with a task in its agent phase", agent_clock)
@@ -292,14 +293,14 @@ def test_live_view_in_a_real_terminal(tmp_path: Path, testbed: Testbed, tmux: Tm
     text = "\n".join(lines)
     assert lines[-1] == "[pb-exit 1]", text  # catlike's wrong answer fails
     # Nothing of the view is left: no status line, no task line, anywhere in what the terminal kept.
-    assert not [line for line in lines if STATUS.search(line) or AGENT_CLOCK.search(line)], text
+    assert not [line for line in lines if STATUS.search(line) or TASK_LINE.search(line)], text
     # pytest's own lines, whole: the header, the line of outcomes ending at [100%], the short summary, the last line.
     if not quiet:
         assert re.fullmatch(r"=+ test session starts =+", lines[0]), text
     outcomes = r"(programbench )?[.F]{2} +\[100%\]" if not quiet else r"[.F]{2} +\[100%\]"
     assert [line for line in lines if "[100%]" in line and not re.fullmatch(outcomes, line)] == [], text
     assert any(re.fullmatch(outcomes, line) for line in lines), text
-    assert any(line.startswith(f"FAILED programbench::{CATLIKE} - score 0.0000") for line in lines), text
+    assert any(line.startswith(f"FAILED programbench::{CATLIKE} - score ") for line in lines), text
     final = r"1 failed, 1 passed in [\d.]+s( \([\d:]+\))?"
     assert re.fullmatch(final if quiet else f"=+ {final} =+", lines[-2]), text
 
