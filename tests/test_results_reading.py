@@ -507,7 +507,7 @@ def test_storage_limit_refused_by_the_engine_is_dropped(testbed: Testbed) -> Non
     try:
         client.api._pb_storage_quota = StorageQuota(True, "forced by the test")
         env = container_layer.SdkContainerEnvironment(
-            image=f"programbench/pbfix_1776_rpn.0b5e55e:{TAG}", engine=client, storage=1 << 30,
+            image=f"programbench/pbfix_1776_rpn.0b5e55e:{TAG}", engine=client, storage=1 << 30, cpus=2,
             labels={"pytest-programbench": "pb-test-storage"}, lifetime=120)
         try:
             opts = client.api.inspect_container(env.container_id)["HostConfig"].get("StorageOpt") or {}
@@ -522,3 +522,36 @@ def test_storage_limit_refused_by_the_engine_is_dropped(testbed: Testbed) -> Non
             env.cleanup()
     finally:
         client.close()
+
+
+@pytest.mark.docker
+def test_disk_checked_before_and_after_an_evaluation_that_ran_out(testbed: Testbed, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short before the evaluation: an error (no container started). A compile.sh failing with "No space left on
+    device": the disk is checked again once its containers are gone; still short (another task, the host) is an
+    error, room again means the submission used it: scored 0 with a note."""
+    from pytest_programbench.engine import disk
+    from tests.test_evaluation_divergences import run_ours
+
+    task = {t.instance_id: t for t in load_tasks_dir(testbed.tasks_dir)}[RPN]
+    full = _archive(tmp_path / "full.tar.gz", {"compile.sh": b"#!/bin/sh\necho 'write error: No space left on device'"
+                                                             b" >&2\nexit 1\n"})
+    needs: list[int] = []
+    monkeypatch.setattr(disk, "run_need", lambda: needs.pop(0) if needs else 0)
+
+    needs[:] = [1 << 62]
+    before = run_ours(task, full, testbed.blob_dir, tmp_path / "before")
+    assert before.infra_error is not None
+    assert "not enough disk space" in before.infra_error
+    assert before.result is None  # nothing ran
+
+    needs[:] = [0, 1 << 62]  # room before, short after
+    after = run_ours(task, full, testbed.blob_dir, tmp_path / "after")
+    assert after.infra_error is not None
+    assert "still short" in after.infra_error, after.notes
+
+    needs[:] = [0, 0]
+    scored = run_ours(task, full, testbed.blob_dir, tmp_path / "scored")
+    assert scored.infra_error is None
+    assert (scored.score, scored.error_code) == (0.0, "compile_failed")
+    assert any("submission used it" in note for note in scored.notes), scored.notes
