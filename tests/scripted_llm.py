@@ -3,12 +3,16 @@
 It replays a fixed list of assistant turns, one per ``POST .../chat/completions``, each a ``bash`` tool call (the
 request shape of mini-swe-agent's default litellm model class) with a ``usage`` block of known token numbers, and
 records every request body so a test can check what the agent saw. Once the script is exhausted it keeps answering
-with its last turn (a well-behaved agent has stopped by then; the request count shows if it did not).
+with its last turn (a well-behaved agent has stopped by then; the request count shows if it did not). A turn with
+``hang`` seconds is answered only after that long, unless the client hangs up first (``abandoned`` records which
+requests the client gave up on: a model call that outlived no clock).
 """
 
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -26,6 +30,7 @@ class Turn:
     command: str
     prompt_tokens: int
     completion_tokens: int
+    hang: float = 0.0  # seconds before the answer (the client may hang up first)
 
     @property
     def total_tokens(self) -> int:
@@ -44,6 +49,8 @@ class ScriptedLLM:
         self.paths: list[str] = []
         self.authorizations: list[str] = []
         self.unexpected: list[str] = []
+        self.abandoned: list[int] = []  # indexes of requests whose client hung up while the server held them
+        self._closing = threading.Event()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
@@ -70,17 +77,27 @@ class ScriptedLLM:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        self._closing.set()  # held requests are let go
         self._server.shutdown()
         self._server.server_close()
 
-    def _next(self, body: dict[str, Any], path: str) -> dict[str, Any]:
+    def _hold(self, connection: socket.socket, seconds: float) -> bool:
+        """Wait ``seconds`` before answering; False when the client hung up meanwhile (or the server is closing)."""
+        deadline = time.monotonic() + seconds
+        while not self._closing.is_set() and time.monotonic() < deadline:
+            readable, _, _ = select.select([connection], [], [], 0.2)
+            if readable and not connection.recv(1, socket.MSG_PEEK):
+                return False  # EOF: the client closed the connection
+        return not self._closing.is_set()
+
+    def _next(self, body: dict[str, Any], path: str) -> tuple[int, Turn, dict[str, Any]]:
         with self._lock:
             index = len(self.requests)
             self.requests.append(body)
             self.paths.append(path)
         turn = self.turns[min(index, len(self.turns) - 1)]
         call_id = f"call_{index:03d}"
-        return {
+        return index, turn, {
             "id": f"chatcmpl-scripted-{index:03d}",
             "object": "chat.completion",
             "created": int(time.time()),
@@ -121,7 +138,14 @@ class ScriptedLLM:
                     llm.unexpected.append(f"POST {self.path}: stream=true")
                     return self._send(400, {"error": {"message": "the scripted server does not stream"}})
                 llm.authorizations.append(self.headers.get("Authorization") or "")
-                return self._send(200, llm._next(body, self.path))
+                index, turn, answer = llm._next(body, self.path)
+                if turn.hang and not llm._hold(self.connection, turn.hang):
+                    if not llm._closing.is_set():
+                        with llm._lock:
+                            llm.abandoned.append(index)
+                    self.close_connection = True
+                    return None
+                return self._send(200, answer)
 
             def do_GET(self) -> None:
                 llm.unexpected.append(f"GET {self.path}")

@@ -209,6 +209,34 @@ def test_mini_swe_agent_clock_ends_the_run_and_partial_work_is_evaluated(pyteste
     assert time.monotonic() - started < 300
 
 
+@pytest.mark.docker
+@pytest.mark.usefixtures("clean_env")
+def test_mini_swe_agent_whose_model_call_outlives_the_clock(pytester: pytest.Pytester, testbed: Testbed,
+                                                            host_env: str) -> None:
+    """The host side of the loop ignores the clock: the model holds its answer far past --pb-agent-timeout. The
+    clock cuts the call (the client hangs up at the deadline, the agent ends with TimeExceeded, not abandoned by the
+    hard stop), the outcome says the agent's clock fired, and the empty workspace is scored (a failure)."""
+    require_minisweagent()
+    # The first call hangs: the clock is long enough for mini-swe-agent's start-up on a loaded machine (which counts).
+    turns = [Turn("Thinking for a very long time.", "true", prompt_tokens=1000, completion_tokens=10, hang=3600)]
+    with ScriptedLLM(turns) as llm:
+        result = run_session(pytester, testbed, llm, "--pb-agent-timeout", "40")
+        abandoned = list(llm.abandoned)
+    log_text = agent_log(pytester)
+    detail = "\n".join(result.outlines[-60:]) + "\n--- agent.log tail ---\n" + log_text[-4000:]
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*clock fired: agent*"])
+    props = properties(pytester.path / "junit.xml", RPN)
+    assert props["clock_fired"] == "agent", detail
+    assert props["agent_exit"] == "124", detail  # TimeExceeded: the agent ended, no thread left behind
+    assert float(props["score"]) == 0.0
+    assert len(llm.requests) == 1, detail
+    assert abandoned == [0], detail  # the held call was given up by the client, none answered late
+    traj = json.loads((pytester.path / "run" / RPN / f"{RPN}.traj.json").read_text())
+    assert traj["info"]["exit_status"] == "TimeExceeded", detail
+    assert "agent thread abandoned" not in log_text
+
+
 def test_templates_keep_the_official_rules_and_our_layout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "False")  # forced to True below, restored after the test
     monkeypatch.setenv("MSWEA_SILENT_STARTUP", "1")

@@ -440,7 +440,8 @@ def litellm_workarounds(model_kwargs: dict[str, Any]) -> list[str]:
 
 def _guard_model(model: Any, deadline: float, stop: threading.Event,
                  time_exceeded: Callable[[], Exception]) -> None:
-    """No model call starts past the deadline, and none outlives it (litellm's ``timeout``); retries stop too."""
+    """No model call starts past the deadline, and none outlives it (litellm's ``timeout``, no SDK retries); retries
+    stop too."""
     original = model._query
     exc_type = type(time_exceeded())
 
@@ -449,6 +450,9 @@ def _guard_model(model: Any, deadline: float, stop: threading.Event,
         if stop.is_set() or remaining < MIN_SLICE:
             raise time_exceeded()
         kwargs.setdefault("timeout", remaining)
+        # The OpenAI SDK under litellm retries a timed-out call twice, each with the whole timeout: the call would
+        # outlive the clock threefold. One attempt per call; mini-swe-agent's own retries stop at the deadline.
+        kwargs["max_retries"] = 0
         return original(messages, **kwargs)
 
     model._query = _query
