@@ -78,10 +78,12 @@ import pytest
 
 
 def test_passes():
+    print("1 passed in 0.01s")  # a program's output may look like pytest's outcome line
     assert True
 
 
 def test_fails():
+    print("==== 1 passed in 0.01s ====")
     assert 1 == 2
 
 

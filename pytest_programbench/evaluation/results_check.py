@@ -13,8 +13,9 @@ score counts nothing else), and every way pytest's counts may legitimately excee
 ``error`` to a passed test; reruns add ``rerun``; deselected tests are not in the file). Ignored tests are in both.
 
 Residual (docs/security.md): a process of the submission that outlives pytest can also write to pytest's own
-stdout pipe, and so forge the outcome line as well (every outcome line in the output is checked, so pytest's own
-line still gives away a forger who only appends one). Never raises, never changes a score.
+stdout pipe, and so forge the outcome line as well (with ``-r``, every outcome line after pytest's short summary
+header is checked, so pytest's own line still gives away a forger who only appends one). Never raises, never changes
+a score.
 """
 
 from __future__ import annotations
@@ -74,6 +75,19 @@ def outcome_lines(output: str) -> list[OutcomeLine]:
     return found
 
 
+def _checked_lines(output: str) -> list[OutcomeLine]:
+    """The outcome lines that can only be pytest's own: its last one, and with ``-r`` every one after its last short
+    test summary header (a test's captured output, which may hold such a line too, is printed before it)."""
+    lines = output.splitlines()
+    starts = [i for i, raw in enumerate(lines) if _SHORT_SUMMARY.match(_ANSI.sub("", raw).strip())]
+    if starts:
+        after = outcome_lines("\n".join(lines[starts[-1] + 1:]))
+        if after:
+            return after
+    found = outcome_lines(output)
+    return found[-1:]
+
+
 def mangled(nodeid: str) -> str:
     """A node id as pytest's JUnit writer names the test, and the official joins it (``classname.name``)."""
     path, bracket, params = nodeid.partition("[")
@@ -124,7 +138,7 @@ def check_branch(branch: str, xml: str, run_entry: Mapping[str, Any] | None) -> 
     if not passed:
         return None
     output = str((run_entry or {}).get("output") or "")
-    lines = outcome_lines(output)
+    lines = _checked_lines(output)
     if not lines:
         why = ("its output was discarded when the test clock fired"
                if str((run_entry or {}).get("exception_info", "")).startswith("Command timed out")
