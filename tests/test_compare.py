@@ -1,13 +1,15 @@
-"""``--pb-compare``: two real evaluate-only runs of the fixture tasks that differ in one task (its submission the
-``wrong`` variant), compared at the end of the second run and then as two finished runs; the flips, the delta, the
-interval and the p-value recomputed here from the runs' own files; ``--pb-max-regression`` fails the session on
-the regression and passes on equal runs; compare.html as headless Chromium shows it."""
+"""``--pb-compare``: README's commands run as written: two real evaluate-only runs of the fixture tasks that differ in
+one task (its submission the ``wrong`` variant), compared at the end of the second run, then as two finished runs, then
+the second packaged and verified by the official CLI; the flips, the delta, the interval and the p-value recomputed
+here from the runs' own files; ``--pb-max-regression`` fails the session on the regression and passes on the
+improvement and on equal runs; compare.html as headless Chromium shows it."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import re
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,9 @@ from programbench.utils.load_data import get_active_branches, get_ignored_tests,
 from scipy.stats import bootstrap
 
 from pytest_programbench.results import statistics
+from tests import official_catalogue
 from tests.conftest import Testbed
+from tests.test_readme import fenced, section
 from tests.test_report import attr_of, chromium
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -27,12 +31,7 @@ CATLIKE = "pbfix__catlike.c47c47c"
 RPN = "pbfix__rpn.0b5e55e"
 
 
-def evaluate(pytester: pytest.Pytester, testbed: Testbed, submissions: Path, run_dir: Path,
-             *extra: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
-        "--pb-submissions", str(submissions), "--pb-filter", f"{CATLIKE}|{RPN}", "--pb-pull", "never",
-        "--pb-cpus", "2", "--pb-output", str(run_dir), "-n", "2", *extra, timeout=900)
+README_SECTION = "Comparing runs, and a leaderboard entry"
 
 
 def counted_statuses(run_dir: Path, tasks_dir: Path, iid: str) -> dict[str, str]:
@@ -49,25 +48,65 @@ def score(statuses: dict[str, str]) -> float:
 
 
 def compare_finished(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=300)
+    return pytester.runpytest_subprocess(*args, timeout=300)
 
 
-def test_two_runs_differing_in_one_task(pytester: pytest.Pytester, testbed: Testbed, tmp_path: Path) -> None:
+def readme_commands(pytester: pytest.Pytester, testbed: Testbed) -> list[tuple[str, Any]]:
+    """README's commands run as written in a directory whose pytest.ini points at the test bed (two of its tasks;
+    ``pb_min_score = 0.5``, so the partly wrong task passes its item and the regression gate alone fails a session),
+    with ``runs/baseline`` the good submissions and ``runs/candidate`` the same but one task's the wrong variant."""
     runs = testbed.submissions.parent
-    mixed = pytester.mkdir("mixed")
-    shutil.copytree(runs / "good" / RPN, mixed / RPN)
-    shutil.copytree(runs / "wrong" / CATLIKE, mixed / CATLIKE)
-    base, new = pytester.path / "base", pytester.path / "new"
+    for name, catlike in (("baseline", "good"), ("candidate", "wrong")):
+        shutil.copytree(runs / "good" / RPN, pytester.path / "runs" / name / RPN)
+        shutil.copytree(runs / catlike / CATLIKE, pytester.path / "runs" / name / CATLIKE)
+    pytester.makeini(f"""
+        [pytest]
+        addopts = -p no:cacheprovider -p tests.official_catalogue
+        pb_tasks_dir = {testbed.tasks_dir}
+        pb_blob_dir = {testbed.blob_dir}
+        pb_filter = {CATLIKE}|{RPN}
+        pb_pull = never
+        pb_cpus = 2
+        pb_min_score = 0.5
+    """)
+    done: list[tuple[str, Any]] = []
+    for command in fenced(section(README_SECTION)):
+        words = shlex.split(command)
+        if words[0] == "pytest":
+            done.append((command, pytester.runpytest_subprocess(*words[1:], timeout=900)))
+        else:
+            assert words[0] == "programbench", command
+            done.append((command, official_catalogue.run_cli(words[1:], cwd=pytester.path,
+                                                             tasks_dir=testbed.tasks_dir,
+                                                             blob_dir=testbed.blob_dir)))
+    return done
 
-    evaluate(pytester, testbed, testbed.submissions, base).assert_outcomes(passed=2)
-    # --pb-min-score 0.5: the partly wrong task passes its item, so the regression gate alone fails the session.
-    second = evaluate(pytester, testbed, mixed, new, "--pb-min-score", "0.5", "--pb-compare", str(base),
-                      "--pb-max-regression", "0.1")
+
+def test_the_readme_commands_two_runs_differing_in_one_task(pytester: pytest.Pytester, testbed: Testbed,
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(official_catalogue.ENV, str(testbed.tasks_dir))  # --pb-package's official package_run
+    done = readme_commands(pytester, testbed)
+    assert [c.split()[0] for c, _ in done] == ["pytest"] * 4 + ["programbench"], [c for c, _ in done]
+    (_, first), (_, second), (_, finished), (_, packaged), (_, verified) = done
+    base, new = pytester.path / "pb-runs" / "baseline", pytester.path / "pb-runs" / "candidate"
+    first.assert_outcomes(passed=2)
+    assert first.ret == pytest.ExitCode.OK
     second.assert_outcomes(passed=2)
-    assert second.ret == pytest.ExitCode.TESTS_FAILED
+    assert second.ret == pytest.ExitCode.TESTS_FAILED, "the regression gate alone fails the session"
     second.stdout.fnmatch_lines(["*= programbench compare =*",
                                  "programbench: regression: the 95% CI of the mean score difference reaches *"])
     result: dict[str, Any] = json.loads((new / "compare.json").read_text())
+    # Two finished runs: nothing collected, the same numbers; no gate asked, so no failure.
+    assert finished.ret == pytest.ExitCode.OK, finished.stdout.str()
+    finished.stdout.fnmatch_lines(["*= programbench compare =*", f"new  {new}", f"base {base}",
+                                   f"comparison: {new / 'compare.json'}, {new / 'compare.html'}"])
+    assert "collected" not in finished.stdout.str()
+    assert json.loads((new / "compare.json").read_text())["paired"] == result["paired"], "same files, same numbers"
+    # The package of the finished run (its recorded --pb-compare gate is re-done and fails again), verified.
+    packaged.assert_outcomes(passed=2)
+    packaged.stdout.fnmatch_lines([f"packaged 2 task(s) in {new}*"])
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "Tier-0: 2/2 checks consistent" in verified.stdout
 
     # By hand, from the two runs' files: what flipped, each task's delta.
     before = {iid: counted_statuses(base, testbed.tasks_dir, iid) for iid in (CATLIKE, RPN)}
@@ -85,7 +124,7 @@ def test_two_runs_differing_in_one_task(pytester: pytest.Pytester, testbed: Test
         assert result["tasks"][iid]["delta"] == pytest.approx(delta, abs=1e-6)
 
     # The interval: scipy's bootstrap of the per-task differences, the same seed and method; the p-value: every
-    # sign pattern of the two differences enumerated here.
+    # sign pattern of the differences enumerated here.
     diffs = np.array([deltas[iid] for iid in sorted(deltas)])
     expected = bootstrap((diffs,), np.mean, confidence_level=0.95, n_resamples=statistics.RESAMPLES,
                          method="percentile", rng=np.random.default_rng(statistics.SEED)).confidence_interval
@@ -104,8 +143,25 @@ def test_two_runs_differing_in_one_task(pytester: pytest.Pytester, testbed: Test
     assert result["gate"]["failed"] is True
     assert result["only_in_base"] == result["only_in_new"] == []
     summary_new = json.loads((new / "summary.json").read_text())
-    assert result["totals"]["task_seconds"]["new"] == pytest.approx(
-        sum(t["duration"] for t in summary_new["tasks"].values()), abs=1e-3)
+    evaluation_seconds = sum(json.loads((new / iid / "pb-meta.json").read_text())["timings"]["evaluation"]
+                             for iid in (CATLIKE, RPN))
+    assert result["totals"]["evaluation_seconds"]["new"] == pytest.approx(evaluation_seconds, abs=1e-2)
+    assert evaluation_seconds > 1, "the resumed session's reuse does not replace the evaluation's time"
+
+    # The headline's intervals in summary.json and the terminal: bootstrap over the tasks' scores (one attempt each).
+    scores = np.array([summary_new["tasks"][iid]["score"] for iid in sorted(summary_new["tasks"])])
+    head_ci = bootstrap((scores,), np.mean, confidence_level=0.95, n_resamples=statistics.RESAMPLES,
+                        method="percentile", rng=np.random.default_rng(statistics.SEED)).confidence_interval
+    ci = summary_new["headline"]["mean_over_scored_ci"]
+    assert (ci["low"], ci["high"]) == (pytest.approx(head_ci.low, abs=1e-6), pytest.approx(head_ci.high, abs=1e-6))
+    assert ci["estimate"] == pytest.approx(scores.mean(), abs=1e-6)
+    assert ci["low"] < ci["estimate"] < ci["high"]
+    assert (ci["n"], ci["over"]) == (2, statistics.OVER_TASKS)
+    assert summary_new["headline"]["mean_over_selection_ci"] == ci, "no errors: the two means are the same"
+    second.stdout.fnmatch_lines([f"mean over scored: {ci['estimate']:.3f}, 95% CI [{ci['low']:.3f}, "
+                                 f"{ci['high']:.3f}] (bootstrap percentile, {statistics.RESAMPLES} resamples, seed "
+                                 f"{statistics.SEED}, over 2 tasks (one attempt per task: the interval is over tasks "
+                                 "only))"])
 
     # The page, as a browser shows it.
     page = new / "compare.html"
@@ -121,18 +177,14 @@ def test_two_runs_differing_in_one_task(pytester: pytest.Pytester, testbed: Test
     assert re.findall(r'<li data-flip="pass_to_fail">([^<]+)</li>', row.group(0)) == broke
     assert "gate-failed" in attr_of(dom, "gate", "class")
 
-    # Two finished runs, nothing run: the improvement passes the gate, the regression fails it, equal runs pass.
-    improved = compare_finished(pytester, "--pb-compare", f"{new},{base}", "--pb-max-regression", "0.1")
+    # The other way round the improvement passes the gate; equal runs pass it.
+    improved = compare_finished(pytester, "--pb-compare", str(new), "--pb-compare", str(base),
+                                "--pb-max-regression", "0.1")
     assert improved.ret == pytest.ExitCode.OK, improved.stdout.str()
     improved.stdout.fnmatch_lines(["*= programbench compare =*", f"new  {base}", f"base {new}",
                                    "programbench: --pb-max-regression 0.1: the CI's lower bound * is within it",
                                    f"comparison: {base / 'compare.json'}, {base / 'compare.html'}"])
-    assert "collected" not in improved.stdout.str()
-    again = compare_finished(pytester, "--pb-compare", str(base), "--pb-compare", str(new), "--pb-max-regression",
-                             "0.1")
-    assert again.ret == pytest.ExitCode.TESTS_FAILED
-    assert json.loads((new / "compare.json").read_text())["paired"] == result["paired"], "same files, same numbers"
-    twin = pytester.path / "base-again"
+    twin = pytester.path / "baseline-again"
     shutil.copytree(base, twin)
     equal = compare_finished(pytester, "--pb-compare", f"{base},{twin}", "--pb-max-regression", "0.01")
     assert equal.ret == pytest.ExitCode.OK, equal.stdout.str()
@@ -169,3 +221,18 @@ def test_pass_at_k_is_the_unbiased_estimator() -> None:
             assert statistics.pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
     with pytest.raises(ValueError, match="pass@k needs"):
         statistics.pass_at_k(3, 4, 1)
+
+
+def test_intervals_say_what_they_are_over() -> None:
+    one = statistics.mean_interval({"b": [0.0], "a": [1.0], "c": [0.5]})
+    assert one is not None
+    assert (one.over, one.method, one.resamples, one.n) == (statistics.OVER_TASKS, "percentile", 9999, 3)
+    assert one.low < one.estimate == 0.5 < one.high
+    several = statistics.mean_interval({"a": [1.0, 0.0], "b": [0.5, 1.0]})
+    assert several is not None
+    assert (several.over, several.estimate) == (statistics.OVER_TASK_MEANS, 0.625)
+    assert statistics.mean_interval({"a": [1.0]}) is None, "no interval from one task"
+    same = statistics.mean_interval({"a": [1.0], "b": [1.0]})
+    assert same is not None
+    assert (same.low, same.high) == (1.0, 1.0)
+    assert statistics.paired_difference({"a": 1.0}, {"a": 0.0}) is None

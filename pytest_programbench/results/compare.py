@@ -101,7 +101,8 @@ class FinishedRun:
             "programbench_version": self.record.get("programbench_version"),
             "headline": {k: v for k, v in (self.summary.get("headline") or {}).items() if not k.endswith("_ci")},
             "tokens": self.summary.get("tokens") or {},
-            "task_seconds": round(sum(float(r.get("duration") or 0.0) for r in self.tasks.values()), 3),
+            **{f"{phase}_seconds": round(sum(_seconds(r, phase) or 0.0 for r in self.tasks.values()), 3)
+               for phase in PHASES},
         }
 
 
@@ -129,6 +130,16 @@ def _scopes(record: Mapping[str, Any], tasks: Mapping[str, Any]) -> dict[str, Ta
         scopes[iid] = None if instance is None else TaskScope(tuple(get_active_branches(instance)),
                                                                frozenset(get_ignored_tests(instance)))
     return scopes
+
+
+# Time per task from pb-meta.json's timings (summary.json's "timings"): the agent's window and the evaluation. Not
+# pytest's duration, which for a task a resumed session reused is only the reuse.
+PHASES = ("agent", "evaluation")
+
+
+def _seconds(row: Mapping[str, Any], phase: str) -> float | None:
+    value = (row.get("timings") or {}).get(phase)
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _tokens(row: Mapping[str, Any]) -> int | None:
@@ -210,7 +221,7 @@ def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = 
             **changed,
             "tokens_delta": _delta(_tokens(b), _tokens(n), 0),
             "cost_delta": _delta(b.get("cost_usd"), n.get("cost_usd")),
-            "seconds_delta": _delta(b.get("duration"), n.get("duration"), 3),
+            **{f"{phase}_seconds_delta": _delta(_seconds(b, phase), _seconds(n, phase), 3) for phase in PHASES},
         }
     base_info, new_info = base.describe(), new.describe()
     totals = {
@@ -218,8 +229,9 @@ def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = 
               "delta": _delta(base_info["tokens"].get(key), new_info["tokens"].get(key))}
         for key in ("input_tokens", "output_tokens", "total_tokens", "cost_usd")
     }
-    totals["task_seconds"] = {"base": base_info["task_seconds"], "new": new_info["task_seconds"],
-                              "delta": _delta(base_info["task_seconds"], new_info["task_seconds"], 3)}
+    for phase in PHASES:
+        key = f"{phase}_seconds"
+        totals[key] = {"base": base_info[key], "new": new_info[key], "delta": _delta(base_info[key], new_info[key], 3)}
     result: dict[str, Any] = {
         "base": base_info, "new": new_info,
         "paired": {
@@ -274,9 +286,10 @@ def terminal_lines(result: Mapping[str, Any]) -> list[str]:
         if result[side]:
             lines.append(f"{side.replace('_', ' ')}: {', '.join(result[side])}")
     totals = result["totals"]
-    tokens, cost, seconds = totals["total_tokens"], totals["cost_usd"], totals["task_seconds"]
-    lines.append(f"tokens {tokens['base']} -> {tokens['new']}; cost {cost['base']} -> {cost['new']}; task time "
-                 f"{seconds['base']:.1f} s -> {seconds['new']:.1f} s ({seconds['delta']:+.1f} s)")
+    tokens, cost = totals["total_tokens"], totals["cost_usd"]
+    times = "; ".join(f"{phase} {totals[phase + '_seconds']['base']:.1f} s -> {totals[phase + '_seconds']['new']:.1f} s"
+                      for phase in PHASES)
+    lines.append(f"tokens {tokens['base']} -> {tokens['new']}; cost {cost['base']} -> {cost['new']}; {times}")
     return lines
 
 
