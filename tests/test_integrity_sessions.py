@@ -1,0 +1,254 @@
+"""The integrity probes against hostile submissions, through real sessions (issues 20 and 21).
+
+Each submission is evaluated by a real ``pytest --pb-submissions`` session on the test bed (real containers): the
+item is scored the official way, failed (flagged where a flag applies), never passed, never an error; the
+session's exit status and summary say so; no container or image is left. What each session holds:
+
+* under ``-n 2`` and again without xdist: file names that are not UTF-8 in flagged paths (a file ``compile.sh``
+  writes outside /workspace, a ``.pth`` in the archive) reach the report, JUnit, summary.json and the terminal
+  escaped (``\\xff``), and the other tasks of the session still run;
+* a correct program with a tree 1,200 levels deep in its archive and another one made in /tmp by compile.sh scores
+  exactly what it scores without them (the walk is iterative and bounded: a ``scan_bounded`` flag, no exception);
+* a ``pyproject.toml`` with an integer past Python's 4,300-digit limit is a flag, not an infrastructure error;
+* a process ``compile.sh`` leaves behind that writes ``conftest.py`` once the executable is stashed is stopped
+  before the scan: the exploit never reaches the hidden tests;
+* a login-shell snippet that writes ``conftest.py`` while the official runs its post-compile steps is seen by the
+  scan of the frozen container right before its commit (and neutralised there under ``--pb-strict``);
+* a sourceless ``argparse.pyc`` at the workspace root (a module pytest imports) that makes ``echo nope`` pass is
+  flagged, and neutralised under ``--pb-strict``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import py_compile
+import re
+import tarfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_programbench.evaluation import integrity
+from tests.conftest import Testbed
+from tests.test_evaluate_only import leaked
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("clean_env")]
+
+CATLIKE = "pbfix__catlike.c47c47c"
+RPN = "pbfix__rpn.0b5e55e"
+TUIISH = "pbfix__tuiish.7e1a0b2"
+DEPTH = 1200
+NOPE_COMPILE = b"#!/bin/sh\nprintf '#!/bin/sh\\necho nope\\n' > executable\nchmod +x executable\n"
+# Every hidden test "passes" without running (so no rerun ever sees a failure).
+EXPLOIT_CONFTEST = (
+    "import pytest\n\n\n"
+    "@pytest.hookimpl(tryfirst=True)\n"
+    "def pytest_pyfunc_call(pyfuncitem):\n"
+    "    return True\n"
+)
+UNDECODABLE = "\udcff\udcfe"  # the bytes ff fe, as Python holds a file name that is not UTF-8
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes = b"", *, mode: int = 0o644,
+         kind: bytes = tarfile.REGTYPE) -> None:
+    info = tarfile.TarInfo(f"./{name}")
+    info.type = kind
+    info.mode = mode
+    info.size = len(data) if kind == tarfile.REGTYPE else 0
+    tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+
+
+def archive(out: Path, src: Path | None, extra: dict[str, bytes], *, deep: str | None = None) -> None:
+    """``out/submission.tar.gz``: the files of ``src`` (compile.sh replaced if ``extra`` has one), ``extra``, and a
+    directory chain ``DEPTH`` levels deep under ``deep``. Names may hold undecodable bytes (surrogates)."""
+    out.mkdir(parents=True)
+    with tarfile.open(out / "submission.tar.gz", "w:gz", format=tarfile.PAX_FORMAT,
+                      errors="surrogateescape") as tar:
+        for path in sorted(src.iterdir()) if src is not None else []:
+            if path.name not in extra:
+                _add(tar, path.name, path.read_bytes(), mode=path.stat().st_mode & 0o777)
+        for name, data in extra.items():
+            _add(tar, name, data, mode=0o755 if name.endswith(".sh") else 0o644)
+        if deep is not None:
+            # Ignored by git as a build tree would be: the official's `git add -A` (a 20 s step) never walks it.
+            _add(tar, ".gitignore", f"{deep}/\n".encode())
+            chain = deep
+            for _ in range(DEPTH):
+                chain += "/d"
+                _add(tar, chain, mode=0o755, kind=tarfile.DIRTYPE)
+            _add(tar, f"{chain}/leaf.txt", b"deep\n")
+
+
+def session(pytester: pytest.Pytester, testbed: Testbed, submissions: Path, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
+        "--pb-submissions", str(submissions), "--pb-output", str(pytester.path / "run"), "--pb-cpus", "1",
+        "--junitxml", str(pytester.path / "junit.xml"), *args,
+    )
+
+
+def junit(pytester: pytest.Pytester) -> dict[str, dict[str, str]]:
+    """Per test case name: its properties, plus ``outcome`` (passed, failure, error, skipped) and ``message``."""
+    root = ET.parse(pytester.path / "junit.xml").getroot()
+    cases: dict[str, dict[str, str]] = {}
+    for case in root.iter("testcase"):
+        props = {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
+        outcome = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
+        message = next((child.get("message", "") + "\n" + (child.text or "") for child in case
+                        if child.tag in ("failure", "error")), "")
+        cases[case.get("name", "")] = {**props, "outcome": outcome, "message": message}
+    return cases
+
+
+def meta(pytester: pytest.Pytester, instance_id: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((pytester.path / "run" / instance_id / "pb-meta.json").read_text())
+    return data
+
+
+def flags_of(pytester: pytest.Pytester, instance_id: str) -> set[tuple[str, str]]:
+    found = meta(pytester, instance_id)
+    evaluation = found.get("evaluation", found)
+    return {(f["kind"], f["path"]) for f in evaluation["integrity_flags"]}
+
+
+def _undecodable_rpn(testbed: Testbed, out: Path) -> None:
+    """The correct rpn program; compile.sh also leaves a cache file named ff fe outside /workspace, and the archive
+    has a start-up file whose name is not UTF-8."""
+    compile_sh = (testbed.solutions / RPN / "compile.sh").read_bytes() + (
+        b"\nmkdir -p /usr/local/share/pbcache && touch \"/usr/local/share/pbcache/$(printf '\\377\\376').bin\"\n")
+    archive(out, testbed.solutions / RPN, {"compile.sh": compile_sh,
+                                           f"lib/{UNDECODABLE}.pth".encode("utf-8", "surrogateescape").decode(
+                                               "utf-8", "surrogateescape"): b"import os\n"})
+
+
+def _assert_undecodable_scored(pytester: pytest.Pytester, result: pytest.RunResult) -> None:
+    case = junit(pytester)[RPN]
+    assert case["outcome"] == "failure"
+    assert float(case["score"]) == 1.0  # the official score: the program is correct
+    assert "python_startup: lib/\\xff\\xfe.pth" in case["integrity_flags"]
+    assert "/usr/local/share/pbcache/\\xff\\xfe.bin" in case["integrity_flags"]
+    assert "lib/\\xff\\xfe.pth" in case["message"]
+    result.stdout.fnmatch_lines(["*python_startup: lib/\\xff\\xfe.pth*"])
+    summary = json.loads((pytester.path / "run" / "summary.json").read_text())
+    assert summary["tasks"][RPN]["outcome"] == "failed"
+    assert summary["tasks"][RPN]["score"] == 1.0
+    assert (integrity.PYTHON_STARTUP, "lib/\\xff\\xfe.pth") in flags_of(pytester, RPN)
+
+
+def test_hostile_names_and_trees_under_xdist(pytester: pytest.Pytester, testbed: Testbed,
+                                             docker_client: Any) -> None:
+    """-n 2: names that are not UTF-8 (rpn), deep trees (catlike), a pyproject.toml tomllib refuses (tuiish)."""
+    subs = pytester.path / "subs"
+    _undecodable_rpn(testbed, subs / RPN)
+    deep_compile = (testbed.solutions / CATLIKE / "compile.sh").read_bytes() + (
+        b"\n(cd /tmp && i=0 && while [ $i -lt %d ]; do mkdir d && cd d || exit 1; i=$((i + 1)); done"
+        b" && echo deep > leaf.txt)\n" % DEPTH)
+    archive(subs / CATLIKE, testbed.solutions / CATLIKE, {"compile.sh": deep_compile}, deep="deep")
+    archive(subs / TUIISH, testbed.solutions / TUIISH, {"pyproject.toml": b"[project]\nversion = " + b"9" * 5000 +
+                                                        b"\n"})
+    result = session(pytester, testbed, subs, "-n", "2")
+
+    result.assert_outcomes(failed=3)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    _assert_undecodable_scored(pytester, result)
+    cases = junit(pytester)
+    # The deep trees: scored exactly as without them (the correct program: 1.0), the bound said as a flag.
+    assert float(cases[CATLIKE]["score"]) == 1.0
+    assert cases[CATLIKE]["outcome"] == "failure"
+    assert {kind for kind, _ in flags_of(pytester, CATLIKE)} == {integrity.SCAN_BOUNDED}
+    assert "deeper than" in cases[CATLIKE]["integrity_flags"]
+    assert "/tmp" not in cases[CATLIKE]["integrity_flags"]  # scratch space is listed, not walked
+    # The pyproject.toml: a flag (pytest itself cannot read it either), scored, not an infrastructure error.
+    assert cases[TUIISH]["outcome"] == "failure"
+    assert (integrity.PYTEST_CONFIG, "pyproject.toml") in flags_of(pytester, TUIISH)
+    assert "cannot be parsed (ValueError)" in cases[TUIISH]["integrity_flags"]
+    summary = json.loads((pytester.path / "run" / "summary.json").read_text())
+    assert summary["headline"]["errors"] == 0
+    assert leaked(docker_client, pytester.path / "run") == []
+
+
+def _pyc_shadow(tmp: Path) -> bytes:
+    """A sourceless ``argparse.pyc``: pytest imports argparse (``_pytest.config``) from /workspace first, before it
+    loads any conftest.py; it plants an exploit conftest.py where the hidden run's rootdir finds it (the workspace,
+    and ``eval/`` for a branch whose ``eval/pytest.ini`` makes that the rootdir) and hands over to the real module."""
+    source = tmp / "argparse.py"
+    source.write_text(
+        "import os, sys\n"
+        "for where in ('.', 'eval'):\n"
+        "    if os.path.isdir(where):\n"
+        f"        open(os.path.join(where, 'conftest.py'), 'w').write({EXPLOIT_CONFTEST!r})\n"
+        "here = os.path.dirname(os.path.abspath(__file__))\n"
+        "del sys.modules['argparse']\n"
+        "saved = sys.path[:]\n"
+        "sys.path[:] = [p for p in sys.path if os.path.abspath(p or '.') != here]\n"
+        "import argparse as real\n"
+        "sys.path[:] = saved\n"
+        "globals().update({k: v for k, v in vars(real).items() if not k.startswith('__')})\n"
+        "sys.modules['argparse'] = real\n")
+    compiled = tmp / "argparse.pyc"
+    py_compile.compile(str(source), cfile=str(compiled), doraise=True)
+    return compiled.read_bytes()
+
+
+# compile.sh leaves a process that waits for the evaluator to stash the executable (after the integrity scan of
+# old), then writes the exploit conftest.py: the committed image would have it.
+DETACHED_WRITER = NOPE_COMPILE + (
+    b"cat > /tmp/late.sh <<'EOF'\n"
+    b"while [ ! -e /opt/programbench-stashed-executable-do-not-modify ]; do sleep 0.05; done\n"
+    b"cat > /workspace/conftest.py <<'PY'\n" + EXPLOIT_CONFTEST.encode() + b"PY\n"
+    b"EOF\n"
+    b"setsid sh /tmp/late.sh </dev/null >/dev/null 2>&1 &\n")
+# compile.sh leaves a login-shell snippet: the official's next `bash -lc` step (after compile) writes conftest.py.
+PROFILE_WRITER = NOPE_COMPILE + (
+    b"cat > /etc/profile.d/zz-late.sh <<'EOF'\n"
+    b"if [ -e /opt/programbench-stashed-executable-do-not-modify ] && [ ! -e /workspace/eval ]; then\n"
+    b"cat > /workspace/conftest.py <<'PY'\n" + EXPLOIT_CONFTEST.encode() + b"PY\n"
+    b"fi\n"
+    b"EOF\n")
+
+
+def test_hostile_submissions_without_xdist(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> None:
+    """No xdist: names that are not UTF-8 (rpn), a process outliving compile.sh (catlike), a sourceless .pyc
+    shadowing a module pytest imports (tuiish)."""
+    subs = pytester.path / "subs"
+    _undecodable_rpn(testbed, subs / RPN)
+    archive(subs / CATLIKE, None, {"compile.sh": DETACHED_WRITER})
+    archive(subs / TUIISH, None, {"compile.sh": NOPE_COMPILE, "argparse.pyc": _pyc_shadow(pytester.path)})
+    result = session(pytester, testbed, subs)
+
+    result.assert_outcomes(failed=3)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    _assert_undecodable_scored(pytester, result)
+    cases = junit(pytester)
+    # The detached writer was stopped with compile.sh: `echo nope` scores what it deserves, and the note says so.
+    assert float(cases[CATLIKE]["score"]) < 1.0
+    assert "conftest" not in cases[CATLIKE]["integrity_flags"]
+    assert re.search(r"compile.sh left \d+ process\(es\) running; they were stopped", cases[CATLIKE]["message"])
+    # The sourceless .pyc: the official passes `echo nope` (the planted conftest.py), ours flags it.
+    assert float(cases[TUIISH]["score"]) == 1.0
+    assert cases[TUIISH]["outcome"] == "failure"
+    assert (integrity.MODULE_SHADOWING, "argparse.pyc") in flags_of(pytester, TUIISH)
+    assert leaked(docker_client, pytester.path / "run") == []
+
+
+def test_hostile_submissions_under_strict(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> None:
+    """--pb-strict: the .pyc is neutralised (tuiish); the conftest.py written by a login-shell snippet after
+    compile.sh is found by the scan before the commit and neutralised (catlike)."""
+    subs = pytester.path / "subs"
+    archive(subs / CATLIKE, None, {"compile.sh": PROFILE_WRITER})
+    archive(subs / TUIISH, None, {"compile.sh": NOPE_COMPILE, "argparse.pyc": _pyc_shadow(pytester.path)})
+    result = session(pytester, testbed, subs, "--pb-strict")
+
+    result.assert_outcomes(failed=2)
+    cases = junit(pytester)
+    assert float(cases[TUIISH]["score"]) < 1.0
+    assert "argparse.pyc" in meta(pytester, TUIISH)["evaluation"]["neutralised"]
+    catlike = flags_of(pytester, CATLIKE)
+    assert (integrity.CHANGED_AFTER_COMPILE, "") in catlike
+    assert (integrity.PYTEST_CONFIG, "conftest.py") in catlike
+    assert "conftest.py" in meta(pytester, CATLIKE)["evaluation"]["neutralised"]
+    assert float(cases[CATLIKE]["score"]) < 1.0
+    assert leaked(docker_client, pytester.path / "run") == []
