@@ -5,6 +5,7 @@ node ids do not move), node ids copied from a FAILED line as arguments, and pyte
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -84,6 +85,18 @@ def test_separate_words_leave_rootdir_run_dir_and_node_ids_alone(pytester: pytes
     assert listed.ret == pytest.ExitCode.OK, listed.stderr.str()
     assert [line for line in listed.outlines if "::" in line] == [
         "programbench::jgm__pandoc.5caad90", f"programbench::{NOIMAGE}"]
+    # Under xdist too: the workers get the same arguments and take the same selection (not the other task).
+    other = "pbinvoke__other.2222222"
+    shutil.copytree(tasks / NOIMAGE, pytester.path / "more" / other)
+    shutil.copytree(blobs / NOIMAGE, blobs / other)
+    shutil.copytree(subs / NOIMAGE, subs / other)
+    run_dir = pytester.path / "by-id"
+    by_id = pytester.runpytest_subprocess(
+        copied, "-p", "no:cacheprovider", "-n", "2", "--pb-pull", "never", "--pb-infra-retries", "0",
+        "--pb-tasks-dir", str(tasks), "--pb-tasks-dir", str(pytester.path / "more"), "--pb-blob-dir", str(blobs),
+        "--pb-submissions", str(subs), "--pb-output", str(run_dir), timeout=600)
+    by_id.assert_outcomes(errors=1)
+    assert list(json.loads((run_dir / "summary.json").read_text())["tasks"]) == [NOIMAGE]
 
     # Below a project's rootdir (its ini): the run directory is where pytest was invoked, not the rootdir.
     (proj / "pytest.ini").write_text("[pytest]\n")
