@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import json
 import secrets
 import shutil
@@ -171,6 +172,14 @@ def test_cross_check_flags_forged_passes(pytester: pytest.Pytester) -> None:
     flag = check_branch("b1", swapped, entry)
     assert flag is not None
     assert "test_honest.test_fails" in flag.detail, flag
+    # Copies of one passing testcase (each is scored): more passes than pytest counted.
+    root = ET.fromstring(xml)
+    suite = next(root.iter("testsuite"))
+    original = next(c for c in suite.iter("testcase") if c.get("name") == "test_passes")
+    suite.extend(copy.deepcopy(original) for _ in range(10))
+    flag = check_branch("b1", ET.tostring(root, encoding="unicode"), entry)
+    assert flag is not None
+    assert "pytest's own outcome line" in flag.detail
     # pytest's report missing (killed before its summary, or the clock fired): passes cannot be vouched for.
     for lost in ({"output": "", "returncode": -1, "exception_info": "Command timed out after 5s"},
                  {"output": "collected 12 items\n", "returncode": 137, "exception_info": ""}):

@@ -134,20 +134,21 @@ def check_branch(branch: str, xml: str, run_entry: Mapping[str, Any] | None) -> 
         parsed = parse_test_results(xml, branch=branch).test_results
     except Exception:  # the official scores a JUnit file it cannot read on its own; nothing to cross-check
         return None
-    passed = {t.name for t in parsed if t.status == "passed"}
-    if not passed:
+    passing = [t.name for t in parsed if t.status == "passed"]  # testcases, not names: each one is scored
+    if not passing:
         return None
+    passed = set(passing)
     output = str((run_entry or {}).get("output") or "")
     lines = _checked_lines(output)
     if not lines:
         why = ("its output was discarded when the test clock fired"
                if str((run_entry or {}).get("exception_info", "")).startswith("Command timed out")
                else "pytest printed no final outcome line")
-        return _flag(branch, f"{len(passed)} passing test(s) in {RESULTS_PATH} cannot be checked against pytest's "
+        return _flag(branch, f"{len(passing)} passing test(s) in {RESULTS_PATH} cannot be checked against pytest's "
                              f"own report ({why})")
     for line in lines:
-        if len(passed) > line.passes:
-            return _flag(branch, f"{RESULTS_PATH} has {len(passed)} passing test(s), pytest's own outcome line in "
+        if len(passing) > line.passes:
+            return _flag(branch, f"{RESULTS_PATH} has {len(passing)} passing test(s), pytest's own outcome line in "
                                  f"the same run counts {line.passes} ({line.text!r})")
     for entry in reported_not_passed(output):
         name = _named_in(entry, passed)
