@@ -159,7 +159,7 @@ _SAMPLES: dict[str, tuple[str, str]] = {
     "docker-host": ("unix:///run/pb-a.sock", "unix:///run/pb-b.sock=2"),
 }
 _KIND_SAMPLES = {"int": ("7", "9"), "float": ("0.5", "0.75"), "str": ("one", "two"), "list": ("one", "two")}
-_DIR_OPTIONS = ("tasks-dir", "submissions", "resume", "blob-dir")
+_DIR_OPTIONS = ("tasks-dir", "submissions", "resume", "blob-dir", "compare")
 
 
 def _samples(tmp: Path) -> dict[str, tuple[str, str]]:
