@@ -13,7 +13,6 @@ print what a reference sees (argv, env, ids, fds, terminal), crash, die by a sig
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import io
 import json
@@ -327,10 +326,7 @@ def probe_image(engine: Any) -> str:
                              conf={"Labels": {CACHE_LABEL: digest}, "Cmd": ["bash"], "WorkingDir": "/workspace"})
         finally:
             container.remove(force=True)
-        for stale in engine.images.list(PROBE_REPO):  # earlier versions of the probe
-            if ref not in stale.tags:
-                with contextlib.suppress(Exception):
-                    engine.images.remove(stale.id, force=False)
+    # Earlier versions of the probe are left alone: on a shared engine they may be another checkout's current one.
     return ref
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -116,16 +116,11 @@ def test_execute_caps_output_with_a_marker(docker_client: Any, testbed: Testbed)
 
 
 def test_timeout_kills_everything_but_pid_1_like_the_official(env: Any, docker_client: Any) -> None:
-    started = time.monotonic()
-    r = env.execute("sleep 60 & sleep 60", timeout=2)
-    elapsed = time.monotonic() - started
-    assert r == {"output": "", "returncode": -1, "exception_info": "Command timed out after 2s"}
-    assert elapsed < 10
+    r = env.execute("sleep 600 & sleep 600", timeout=2)
+    assert r == {"output": "", "returncode": -1, "exception_info": "Command timed out after 2s"}  # the clock fired
     # `kill -KILL -1` from inside also takes the `sleep` under docker-init: the container stops, as it does
-    # for the official ContainerEnvironment.
-    deadline = time.monotonic() + 10
-    while docker_client.api.inspect_container(env.container_id)["State"]["Running"] and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # for the official ContainerEnvironment (well before the sleeps would have ended).
+    docker_client.api.wait(env.container_id, timeout=300)
     assert not docker_client.api.inspect_container(env.container_id)["State"]["Running"]
     after = env.execute("true")
     assert after["returncode"] == 1
@@ -136,10 +131,10 @@ def test_host_kill_when_the_in_container_kill_does_not_end_it(env: Any, docker_c
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(container_layer, "KILL_ALL_BUT_INIT", "true")  # an in-container kill that kills nothing
     monkeypatch.setattr(container_layer, "DRAIN_GRACE", 1.0)
-    started = time.monotonic()
-    r = env.execute("sleep 60", timeout=1)
+    r = env.execute("sleep 600", timeout=1)
     assert r["returncode"] == -1
-    assert time.monotonic() - started < 15
+    assert r["exception_info"] == "Command timed out after 1s"
+    # The host's kill: the container is stopped when the call returns, the sleep long before its end.
     assert not docker_client.api.inspect_container(env.container_id)["State"]["Running"]
 
 
@@ -204,7 +199,7 @@ def test_commit_labels_and_sdk_removal(env: Any, docker_client: Any) -> None:
 
     install_remove_image_dispatch()
     env.execute("echo built > /workspace/out")
-    ref = "programbench-compiled/pb-test-layer:abc123"
+    ref = f"programbench-compiled/pb-test-layer:{uuid.uuid4().hex[:12]}"  # this test's own name on the shared engine
     assert env.commit(ref) == ref
     labels = docker_client.api.inspect_image(ref)["Config"]["Labels"]
     assert labels["pytest-programbench"] == "pb-test-layer"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 import textwrap
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,9 @@ RPN = "pbfix__rpn.0b5e55e"
 CATLIKE = "pbfix__catlike.c47c47c"
 TUIISH = "pbfix__tuiish.7e1a0b2"
 NOIMAGE = "pbfix__noimage.1111111"
-NOENGINE = "pbfix__noengine.2222222"
+# Its image is a tag of rpn's under this id: an id of this process's own, so the tag is this test's alone on the shared
+# engine (another session neither sees nor untags it), removed after each test.
+NOENGINE = f"pbfix__noengine.{uuid.uuid4().hex[:7]}"
 
 # Lets a test make the engine unreachable for one item only: DOCKER_HOST points nowhere during its setup.
 # A plugin module loaded with -p (a conftest.py could sit outside the confcutdir pytest infers).
@@ -48,17 +52,22 @@ BREAK_ENGINE_PLUGIN = textwrap.dedent("""
 
 
 @pytest.fixture
-def tasks_dir(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> Path:
+def tasks_dir(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> Iterator[Path]:
     """The fixture tasks plus two copies: one whose image is missing, one tagged onto rpn's image."""
+    from programbench.constants import image_name_from_instance_id
+
     root = pytester.mkdir("tasks")
     for iid in (RPN, CATLIKE, TUIISH):
         shutil.copytree(testbed.tasks_dir / iid, root / iid)
     shutil.copytree(testbed.tasks_dir / CATLIKE, root / NOIMAGE, ignore=shutil.ignore_patterns("Dockerfile"))
     shutil.copytree(testbed.tasks_dir / RPN, root / NOENGINE)
-    docker_client.images.get("programbench/pbfix_1776_rpn.0b5e55e:task_cleanroom_v6").tag(
-        "programbench/pbfix_1776_noengine.2222222", "task_cleanroom_v6")
+    tag = f"{image_name_from_instance_id(NOENGINE)}:task_cleanroom_v6"
+    docker_client.images.get("programbench/pbfix_1776_rpn.0b5e55e:task_cleanroom_v6").tag(tag)
     pytester.makepyfile(pb_break_engine=BREAK_ENGINE_PLUGIN)
-    return root
+    try:
+        yield root
+    finally:
+        docker_client.api.remove_image(tag)  # the tag only: rpn's image keeps its own
 
 
 def summary(run_dir: Path) -> dict[str, Any]:

@@ -180,6 +180,21 @@ def fresh_engine_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             current.close()
 
 
+def count_first_contacts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every first contact :func:`docker_engine.client` makes with an engine (one ``from_env``), recorded."""
+    real = docker_engine._client_class()
+    contacts: list[str] = []
+
+    class Counting(real):  # type: ignore[misc,valid-type]
+        @classmethod
+        def from_env(cls, *args: Any, **kwargs: Any) -> Any:
+            contacts.append(os.environ.get("DOCKER_HOST", ""))
+            return super().from_env(*args, **kwargs)
+
+    monkeypatch.setattr(docker_engine, "_client_class", lambda: Counting)
+    return contacts
+
+
 @pytest.fixture
 def proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_engine_state: None,
           docker_client: Any) -> Iterator[FaultProxy]:
@@ -212,17 +227,17 @@ def remove_run(docker_client: Any, run: str) -> None:
 def test_missing_engine_fails_fast_with_one_clear_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           fresh_engine_state: None) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/docker.sock")
-    started = time.monotonic()
+    probes = count_first_contacts(monkeypatch)
     with pytest.raises(EngineUnavailable) as first:
         docker_engine.client()
-    assert time.monotonic() - started < 5
+    # Fast: one attempt, nothing retried or waited out.
+    assert (len(probes), docker_engine.engine_state().retries, docker_engine.engine_state().outages) == (1, 0, 0)
     assert str(first.value) == (f"Docker engine unreachable at unix://{tmp_path}/docker.sock: there is no socket at "
                                 f"{tmp_path}/docker.sock (dockerd is not running); {HOW_TO_START}")
     # Remembered: a burst of items does not probe a dead engine one by one.
-    started = time.monotonic()
     with pytest.raises(EngineUnavailable) as second:
         docker_engine.client()
-    assert time.monotonic() - started < 5
+    assert len(probes) == 1
     assert str(second.value) == str(first.value)
     assert docker_engine.preflight() == str(first.value)
 
@@ -243,16 +258,32 @@ def test_hung_engine_fails_within_the_ping_timeout(tmp_path: Path, monkeypatch: 
     path = tmp_path / "hung.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
-    server.listen(16)  # accepts connections, never answers
+    server.listen(16)
+    held: list[socket.socket] = []  # accepted connections, never answered
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
     monkeypatch.setattr(docker_engine, "PING_TIMEOUT", 2.0)
     monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
-    started = time.monotonic()
+    probes = count_first_contacts(monkeypatch)
     try:
+        # The ping's clock fired (the message says which), on the one connection made: not retried.
         with pytest.raises(EngineUnavailable, match=r"no answer within 2 s \(the engine is hung or overloaded\)"):
             docker_engine.client()
+        assert (len(probes), len(held), docker_engine.engine_state().retries) == (1, 1, 0)
     finally:
+        stop.set()
+        acceptor.join()
+        for connection in held:
+            connection.close()
         server.close()
-    assert time.monotonic() - started < 10
 
 
 # ---------------------------------------------------------------------------------------------- outages, retries
@@ -279,17 +310,15 @@ def test_the_outage_budget_bounds_the_wait(proxy: FaultProxy, testbed: Testbed,
     started = time.monotonic()
     with pytest.raises(EngineConnectionError, match="gave up docker inspect_image after") as caught:
         api.inspect_image(testbed.base_image)
-    assert 2.0 <= time.monotonic() - started < 10
+    assert time.monotonic() - started >= 2.0  # the budget was waited out, then given up on (the message says so)
     assert isinstance(caught.value, EngineUnavailable)
     assert isinstance(caught.value, requests.exceptions.ConnectionError)
     assert HOW_TO_START in str(caught.value)
-    # Still the same outage: the next call does not wait again (no retry; under the 2 s budget however loaded).
+    # Still the same outage: the next call does not wait again (no retry).
     retries = docker_engine.engine_state().retries
-    started = time.monotonic()
     with pytest.raises(EngineConnectionError):
         api.images()
     assert docker_engine.engine_state().retries == retries
-    assert time.monotonic() - started < 2.0
 
 
 def test_exec_calls_are_never_retried(proxy: FaultProxy) -> None:

@@ -136,27 +136,30 @@ def test_exec_output_is_capped(box: Sandbox) -> None:
 
 
 def test_exec_timeout_kills_the_command(box: Sandbox) -> None:
-    started = time.monotonic()
     result = box.exec("sleep 300; echo never", timeout=2)
-    assert result.timed_out
+    assert result.timed_out  # the clock fired...
     assert result.exit_code == 124
     assert "never" not in result.text
-    assert time.monotonic() - started < 20
+    # ...and took the command with it: no `sleep 300` is left in the sandbox.
+    left = box.exec("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | "
+                    "grep -c '^sleep 300 $'", timeout=60)
+    assert left.text.strip() == "0", left.text
 
 
 def test_exec_returns_while_a_background_process_holds_the_output(box: Sandbox) -> None:
-    started = time.monotonic()
+    # Waiting for the output to close would last until the 60 s clock (the background sleep holds it for 120 s):
+    # the shell's own exit status says the call returned when the command ended.
     result = box.exec("sleep 120 & echo started", timeout=60)
+    assert not result.timed_out
     assert result.exit_code == 0
     assert "started" in result.text
-    assert time.monotonic() - started < 15
     box.kill_agent_processes()
 
 
 def test_proxy_survives_killing_every_agent_process(box: Sandbox) -> None:
     """kill_agent_processes (after an agent timeout) also kills the proxy's agent-uid workers: they come back."""
     box.kill_agent_processes()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # a bound on the wait, not a measure of speed
     while True:
         _code, text = agent(box, "echo back | /workspace/binary")
         if text == "back\n" or time.monotonic() > deadline:
