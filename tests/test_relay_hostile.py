@@ -195,7 +195,10 @@ def fill_dir(tmp_path: Path) -> Iterator[Path]:
     """A 16 MiB tmpfs on the host (the test bed runs as root, like CI): the fill task's storage."""
     mountpoint = tmp_path / "fill"
     mountpoint.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=755", "tmpfs", str(mountpoint)], check=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=755", "tmpfs", str(mountpoint)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.fail(f"this test mounts a tmpfs on the host (it runs as root, as the engine does): {mounted.stderr}")
     try:
         yield mountpoint
     finally:
