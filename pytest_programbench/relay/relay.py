@@ -712,6 +712,9 @@ class ModelRelay:
     a host environment variable whose value the relay sends upstream in place of whatever key the client sent:
     ``Authorization: Bearer`` or Anthropic's ``x-api-key`` (``key_style="auto"`` picks ``x-api-key`` when the
     request carries ``anthropic-version`` or ``x-api-key``). ``socket_mode``: the socket file's permissions.
+    ``max_request_bytes``, ``max_inflight_bytes``, ``inflight_wait_s``, ``records_limit``: the bounds of the module
+    doc (``None``: from ``PB_RELAY_REQUEST_MAX``, ``PB_RELAY_INFLIGHT_MAX``, ``PB_RELAY_BUDGET_WAIT``,
+    ``PB_MODEL_REQUESTS_MAX``); ``max_connections``: connections served at once.
 
     A request is recorded just after its last byte went to the client, so :meth:`records` and :meth:`stats` are
     complete once :meth:`close` has returned (it waits for in-flight exchanges, cutting them after a few seconds).
