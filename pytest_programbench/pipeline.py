@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.results import task_meta
 from pytest_programbench.results.artifacts import TaskArtifacts, atomic_copy
+from pytest_programbench.results.task_meta import TaskMeta
 from pytest_programbench.results.verdict import InfrastructureError, TaskOutcome
 from pytest_programbench.tasks.catalogue import CatalogueError, Task
 
@@ -33,8 +35,8 @@ if TYPE_CHECKING:
     from pytest_programbench.evaluation.evaluation import EvaluationOutcome
     from pytest_programbench.relay.relay import ModelRelay
     from pytest_programbench.relay.relay_tunnel import RelayTunnel
+    from pytest_programbench.run_context import RunContext
     from pytest_programbench.sandbox.sandbox import Sandbox
-    from pytest_programbench.session import ProgramBenchSession
     from pytest_programbench.tasks.blobs import BlobSet
 
 log = logging.getLogger("pytest_programbench")
@@ -50,7 +52,7 @@ class TaskLog(logging.LoggerAdapter[logging.Logger]):
 class TaskRun:
     """One task's run: its state across attempts and the work of each step (the fixtures call these)."""
 
-    def __init__(self, session: ProgramBenchSession, task: Task, *, artifacts_root: Path | None = None,
+    def __init__(self, session: RunContext, task: Task, *, artifacts_root: Path | None = None,
                  record: bool = True) -> None:
         self.session = session
         self.settings = session.settings
@@ -78,8 +80,7 @@ class TaskRun:
         self.sandbox: Sandbox | None = None
         self.tunnel: RelayTunnel | None = None
         self._instance: dict[str, Any] | None = None
-        self.meta: dict[str, Any] = {"instance_id": task.instance_id, "run_id": session.identity.run_id,
-                                     "worker": session.worker_id}
+        self.meta: TaskMeta = task_meta.new(task.instance_id, session.identity.run_id, session.worker_id)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -100,21 +101,21 @@ class TaskRun:
         try:
             outcome = steps()
         except EngineUnavailable as exc:
-            self.meta.update(state="error", infra_error=str(exc))
+            self.meta.update({"state": "error", "infra_error": str(exc)})
             if self.lease is not None and self.session.engines is not None:
                 # Its other tasks will fail the same way: every worker avoids it until it answers a probe again.
                 self.session.engines.mark_down(self.lease.spec, str(exc))
             raise InfrastructureError(str(exc)) from exc
         except InfrastructureError as exc:
-            self.meta.update(state="error", infra_error=str(exc))
+            self.meta.update({"state": "error", "infra_error": str(exc)})
             raise
         except BaseException as exc:
-            self.meta.update(state="interrupted", error=f"{type(exc).__name__}: {exc}")
+            self.meta.update({"state": "interrupted", "error": f"{type(exc).__name__}: {exc}"})
             raise
         else:
             if self.retried_after:
                 outcome.notes = [*outcome.notes, *(f"infrastructure retry after {r}" for r in self.retried_after)]
-            self.meta.update(state="finished", outcome=outcome.as_dict())
+            self.meta.update({"state": "finished", "outcome": outcome.as_dict()})
             return outcome
         finally:
             self.write_meta()
@@ -218,12 +219,13 @@ class TaskRun:
         if not self.session.identity.resumed or not self.record:
             return None
         previous = self.artifacts.read_meta()
-        if not previous or previous.get("state") != "finished" or "outcome" not in previous:
+        recorded = previous.get("outcome") if previous else None
+        if not previous or previous.get("state") != "finished" or not isinstance(recorded, dict):
             return None
         changed = []
         if (previous.get("image") or {}).get("id") != image.id:
             changed.append(f"image {image.ref}: {(previous.get('image') or {}).get('id')} -> {image.id}")
-        before = (previous.get("blobs") or {}).get("sha256") or {}
+        before = previous["blobs"]["sha256"] if "blobs" in previous else {}
         if dict(before) != dict(blobs.sha256):
             changed.append(f"hidden test archives: {before} -> {dict(blobs.sha256)}")
         if changed:
@@ -231,7 +233,7 @@ class TaskRun:
                                       + "; ".join(changed))
         self.reused = True
         self.log.info("reusing the finished result of the resumed run")
-        data = dict(previous["outcome"])
+        data = dict(recorded)
         data["notes"] = [*data.get("notes", []), f"result reused from the resumed run {previous.get('run_id')}"]
         return TaskOutcome(**data)
 

@@ -4,12 +4,14 @@ never leaves a half-written file that a resume or ``programbench info`` would tr
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_programbench.results.task_meta import TaskMeta
 
 
 def _new_temp(directory: Path, name: str) -> tuple[int, str]:
@@ -64,7 +66,9 @@ class TaskArtifacts:
 
     @property
     def meta_json(self) -> Path:
-        return self.dir / "pb-meta.json"
+        from pytest_programbench.results.task_meta import META_FILE
+
+        return self.dir / META_FILE
 
     @property
     def agent_log(self) -> Path:
@@ -78,12 +82,12 @@ class TaskArtifacts:
         """The official ``EvaluationResult`` as the official code dumps it: no extra fields."""
         atomic_write_text(self.eval_json, result.model_dump_json(indent=2))
 
-    def write_meta(self, meta: dict[str, Any]) -> None:
-        atomic_write_text(self.meta_json, json.dumps(meta, indent=2, sort_keys=True, default=str))
+    def write_meta(self, meta: TaskMeta) -> None:
+        from pytest_programbench.results import task_meta
 
-    def read_meta(self) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self.meta_json.read_text())
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        task_meta.write(self.dir, meta)
+
+    def read_meta(self) -> TaskMeta | None:
+        from pytest_programbench.results import task_meta
+
+        return task_meta.read(self.dir)

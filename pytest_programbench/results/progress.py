@@ -36,7 +36,7 @@ from rich.text import Text
 from pytest_programbench.results.artifacts import atomic_write_text
 
 if TYPE_CHECKING:
-    from pytest_programbench.session import ProgramBenchSession
+    from pytest_programbench.run_context import ProgressHost
 
 PROGRESS_DIR = ".progress"
 HISTORY = "progress.jsonl"  # every phase change of the run, one JSON line each (a timeline to read afterwards)
@@ -607,7 +607,7 @@ class WorkerProgress:
             self.publisher.task_finished(nodeid.removeprefix("programbench::"))
 
 
-def attach(pb_session: ProgramBenchSession, session: pytest.Session) -> Callable[[], None]:
+def attach(pb_session: ProgressHost, session: pytest.Session) -> Callable[[], None]:
     """Start publishing (a process that runs items) and viewing (the controller); returns the closer."""
     config = session.config
     settings = pb_session.settings

@@ -11,7 +11,7 @@ import io
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,7 +143,7 @@ def token_totals(records: Iterable[TaskRecord]) -> dict[str, Any]:
 
 class RunSummary:
     def __init__(self, path: Path, header: dict[str, Any], records: Iterable[TaskRecord], *,
-                 meta_loader: Callable[[str], dict[str, Any] | None] | None = None,
+                 meta_loader: Callable[[str], Mapping[str, Any] | None] | None = None,
                  token_price: tuple[float, float] | None = None,
                  before_write: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = path
@@ -192,7 +192,7 @@ class RunSummary:
         else:
             return False
         if self.meta_loader is not None:
-            rec.meta = self.meta_loader(rec.instance_id) or {}
+            rec.meta = dict(self.meta_loader(rec.instance_id) or {})
         rec.cost_usd = task_cost(self.path.parent, rec, self.token_price)
         self.in_flight.pop(rec.instance_id, None)
         self.write()

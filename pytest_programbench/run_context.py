@@ -1,0 +1,43 @@
+"""What a task's run and the progress view need of the session: small protocols, not the whole session object.
+
+``ProgramBenchSession`` satisfies both; a test or another front end can hand ``TaskRun`` anything that does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import pytest
+
+    from pytest_programbench import options
+    from pytest_programbench.agents.agent import AgentSpec
+    from pytest_programbench.engine.engines import EnginePool
+    from pytest_programbench.results.progress import Publisher
+    from pytest_programbench.results.summary import RunSummary
+    from pytest_programbench.run_identity import RunIdentity
+    from pytest_programbench.tasks.submissions import SubmissionsDir
+
+
+class RunContext(Protocol):
+    """The run a ``TaskRun`` belongs to: its settings and identity, this process's worker and live publisher, the
+    engines, the given submissions (evaluate-only) and the configured agent."""
+
+    settings: options.Settings
+    identity: RunIdentity
+    worker_id: str
+    progress: Publisher | None
+    engines: EnginePool | None
+    submissions: SubmissionsDir | None
+    agent_spec: AgentSpec | None
+    config: pytest.Config
+
+
+class ProgressHost(Protocol):
+    """What the progress view reads and sets: the publisher it installs, the summary it counts from."""
+
+    settings: options.Settings
+    identity: RunIdentity
+    worker_id: str
+    progress: Publisher | None
+    summary: RunSummary | None
