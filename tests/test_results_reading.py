@@ -566,3 +566,21 @@ def test_disk_checked_before_and_after_an_evaluation_that_ran_out(testbed: Testb
     assert scored.infra_error is None
     assert (scored.score, scored.error_code) == (0.0, "compile_failed")
     assert any("submission used it" in note for note in scored.notes), scored.notes
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("official_blob_dir")
+@pytest.mark.parametrize("content", [b"", b"definitely not gzip\n"], ids=["empty", "not-gzip"])
+def test_unreadable_archives_score_as_the_row_says(testbed: Testbed, tmp_path: Path, content: bytes) -> None:
+    """README's row: a 0-byte or non-gzip archive is RuntimeError for `programbench eval` (the container's GNU tar
+    refuses both), invalid_submission_archive for us, 0 for both."""
+    from tests.test_evaluation_divergences import run_official_cli, run_ours
+
+    archive = tmp_path / "submission.tar.gz"
+    archive.write_bytes(content)
+    task = {t.instance_id: t for t in load_tasks_dir(testbed.tasks_dir)}[RPN]
+    instance = {i["instance_id"]: i for i in load_all_instances(testbed.tasks_dir)}[RPN]
+    summary, _ = run_official_cli(instance, archive, tmp_path / "official")
+    assert (summary.score, summary.error_code) == (0.0, "RuntimeError")
+    outcome = run_ours(task, archive, testbed.blob_dir, tmp_path / "ours")
+    assert (outcome.score, outcome.error_code) == (0.0, "invalid_submission_archive")
