@@ -474,10 +474,15 @@ FORK_CHAIN = "import os, time\nwhile True:\n    time.sleep(0.01)\n    if os.fork
 
 
 def test_freeze_then_kill_leaves_no_fork_chain(rpn_box: Sandbox) -> None:
-    """Two chains of processes that fork and exit (new pids all the time) are gone after one call."""
+    """Two chains of processes that fork and exit (new pids all the time) are gone after one call, a .pth in the
+    agent's user site (any Python of its uid exits at start-up) notwithstanding: only root runs the kill."""
     quoted = shlex.quote(FORK_CHAIN)
     started = rpn_box.exec(f"python3 -c {quoted} & python3 -c {quoted} & echo started", timeout=30)
     assert "started" in started.text
+    pth = rpn_box.exec(["python3", "-c", "import site; print(site.getusersitepackages())"], timeout=30).text.strip()
+    planted = rpn_box.exec(f"mkdir -p {pth} && echo 'import os; os._exit(0)' > {pth}/zz-exit.pth && python3 -c "
+                           "'print(\"not reached\")'; echo planted", timeout=30)
+    assert planted.text.strip() == "planted", planted.text
 
     def sightings(scans: int) -> list[str]:
         script = LIST_AGENT_PROCESSES.format(uid=rpn_box.layout.agent_uid, scans=scans)
@@ -488,6 +493,7 @@ def test_freeze_then_kill_leaves_no_fork_chain(rpn_box: Sandbox) -> None:
     report = rpn_box.kill_agent_processes()
     assert report["left"] == [], report
     assert sightings(200) == []
+    rpn_box.exec(f"rm -f {pth}/zz-exit.pth", timeout=30)
     # The proxy's workers were spared (or replaced): the reference still answers.
     _code, text = agent(rpn_box, "echo '1 2 +' | /workspace/binary")
     assert text.strip() == "3"
