@@ -236,3 +236,23 @@ def test_intervals_say_what_they_are_over() -> None:
     assert same is not None
     assert (same.low, same.high) == (1.0, 1.0)
     assert statistics.paired_difference({"a": 1.0}, {"a": 0.0}) is None
+
+
+def test_the_paired_interval_resamples_tasks_not_runs() -> None:
+    """Tasks differ far more than runs do on one task: the paired interval is scipy's bootstrap of the per-task
+    differences (the same seed), much narrower than resampling each run's scores apart would give."""
+    base = {"a": 0.1, "b": 0.4, "c": 0.9, "d": 0.6, "e": 0.3}
+    new = {"a": 0.15, "b": 0.4, "c": 0.95, "d": 0.7, "e": 0.3}
+    diffs = np.array([new[t] - base[t] for t in sorted(base)])
+    expected = bootstrap((diffs,), np.mean, confidence_level=0.95, n_resamples=statistics.RESAMPLES,
+                         method="percentile", rng=np.random.default_rng(statistics.SEED)).confidence_interval
+    interval = statistics.paired_difference(base, new)
+    assert interval is not None
+    assert (interval.low, interval.high) == (pytest.approx(expected.low), pytest.approx(expected.high))
+    assert interval.low >= 0.0, "every task improved or held: the paired interval stays at or above 0"
+    test = statistics.paired_permutation_test(base, new)
+    assert test is not None
+    assert (test.exact, test.resamples) == (True, 2 ** 5)
+    observed = abs(diffs.mean())
+    patterns = [abs(np.mean(diffs * signs)) for signs in itertools.product((1, -1), repeat=len(diffs))]
+    assert test.p_value == pytest.approx(sum(p >= observed - 1e-12 for p in patterns) / len(patterns))

@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_programbench.results.artifacts import atomic_write_text
 from pytest_programbench.results.report import TaskScope
@@ -26,6 +26,9 @@ from pytest_programbench.results.statistics import (
     paired_permutation_test,
 )
 from pytest_programbench.run_identity import RUN_MARKER
+
+if TYPE_CHECKING:
+    import pytest
 
 COMPARE_JSON = "compare.json"
 COMPARE_HTML = "compare.html"
@@ -340,7 +343,7 @@ def write(base_dir: Path, new_dir: Path, *, ledger: FlakyTests | None = None,
 FINISHED_OPTIONS = frozenset({"--pb-compare", "--pb-max-regression"})
 
 
-def main_finished(config: Any) -> int:
+def main_finished(config: pytest.Config) -> int:
     """``pytest --pb-compare BASE,NEW [--pb-max-regression X]``: print and write the comparison, exit 1 when the gate
     fails. Runs before pytest configures a session: no collection, agent or engine."""
     import pytest

@@ -136,7 +136,8 @@ def interval_text(ci: Mapping[str, Any]) -> str:
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased estimator of pass@k (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), for n samples of which c correct."""
+    """Unbiased estimator of pass@k (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), for n samples of which c correct.
+    resolved@k is the same with c the attempts that resolved the task (score 1.0)."""
     if not 0 <= c <= n or not 1 <= k <= n:
         raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n (n={n}, c={c}, k={k})")
     if n - c < k:
