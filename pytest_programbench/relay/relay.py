@@ -2,40 +2,31 @@
 
 The sandbox has no network. A tiny bridge (``relay_bridge.py``, run as root inside the container) listens on the
 container's loopback and carries every connection over one ``docker exec`` stream to the host (``relay_tunnel.py``),
-which connects it to the Unix socket where a :class:`ModelRelay` accepts it. The relay speaks HTTP/1.1 and forwards
-requests to exactly one place, the configured ``--pb-model-endpoint`` URL (its path prefix included), optionally
-adding the API key from the host's environment so the key never enters the sandbox. Anything else (``CONNECT``,
-absolute URIs naming another host, paths outside the endpoint's prefix, dot segments) is refused with a 4xx before
-any connection is made. Host-loop agents get the same relay on ``127.0.0.1:<ephemeral port>``. The agent-facing
-side is a small HTTP/1.1 server of our own (it must decide, byte by byte, what it accepts); the upstream side is
-httpx (keep-alive pool, TLS, streaming, timeouts), with no proxy taken from the environment and no redirects
-followed.
+which connects it to the Unix socket where a :class:`ModelRelay` accepts it. The relay forwards requests to exactly
+one place, the configured ``--pb-model-endpoint`` URL (its path prefix included), optionally adding the API key from
+the host's environment so the key never enters the sandbox. Anything else (``CONNECT``, absolute URIs naming another
+host, paths outside the endpoint's prefix, dot segments) is refused with a 4xx before any connection is made.
+Host-loop agents get the same relay on ``127.0.0.1:<ephemeral port>``.
 
-Responses are streamed through as they arrive (server-sent events included); a tap parses them on the fly for token
-usage in every API shape the agents use:
+Its parts, one module each:
 
-* OpenAI chat completions: the body's ``usage``; streamed, the ``usage`` of the final chunk
-  (``stream_options.include_usage``);
-* OpenAI responses: the body's ``usage``; streamed, ``response.usage`` of ``response.completed`` (or
-  ``response.incomplete`` / ``response.failed``);
-* Anthropic messages: the body's ``usage``; streamed, ``message_start``'s ``message.usage`` updated by every
-  ``message_delta``'s cumulative ``usage``.
+* ``server.py``: the agent-facing HTTP/1.1 server (request line and header caps, connection cap, refusals);
+* ``upstream.py``: the endpoint and the httpx client that reaches it;
+* ``metering.py``: token usage and tool calls read from responses as they stream by (every API shape);
+* ``recording.py``: one :class:`RelayRecord` per request, in ``model-requests.jsonl`` and summed in
+  :class:`RelayStats`; no record ever contains a header value, so no key reaches the records;
+* ``records.py``, ``budget.py``: the bounds on what the agent sends. Each record's line (4 KiB) and the records file
+  (``PB_MODEL_REQUESTS_MAX``, head and tail kept), the records kept in memory (by count), a request's headers
+  (64 KiB), its body (``PB_RELAY_REQUEST_MAX``), the bodies held at once (``PB_RELAY_INFLIGHT_MAX``: beyond it a
+  request waits, then gets a 503) and the connections served at once (``MAX_CONNECTIONS``: beyond, a 503).
 
-Usage is ``None`` when the upstream gave none, never 0. Every request becomes one :class:`RelayRecord`: a line of the
-caller's JSON-lines file, and part of the in-memory :class:`RelayStats`. Neither ever contains a header value, so
-no key reaches the records.
-
-What the agent sends is bounded on the way (``records.py``, ``budget.py``): each record's line (4 KiB) and the
-records file (``PB_MODEL_REQUESTS_MAX``, head and tail kept), the records kept in memory (by count), a request's
-headers (64 KiB), its body (``PB_RELAY_REQUEST_MAX``), the bodies held at once (``PB_RELAY_INFLIGHT_MAX``: beyond it a
-request waits, then gets a 503) and the connections served at once (``MAX_CONNECTIONS``: beyond, a 503).
+This module ties them together: a request's body is read, checked, forwarded, and the response streamed back as it
+arrives (server-sent events included) through the metering tap.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
-import json
 import logging
 import os
 import shutil
@@ -46,21 +37,53 @@ import stat
 import tempfile
 import threading
 import time
-import zlib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, cast
-from urllib.parse import unquote, urlsplit
+from typing import Literal, cast
+from urllib.parse import urlsplit
 
 import httpx
 
 from pytest_programbench.relay.budget import ByteBudget, budget_wait, inflight_limit, request_limit
-from pytest_programbench.relay.records import BoundedJsonl, HeadTail, clip_text, request_fields
+from pytest_programbench.relay.metering import (
+    SSEDecoder,
+    StreamUsage,
+    Usage,
+    UsageTap,
+    api_of,
+    tool_calls_in_body,
+    usage_from_body,
+    usage_from_mapping,
+)
+from pytest_programbench.relay.recording import RECORDS_IN_MEMORY, Exchange, Recorder, RelayRecord, RelayStats
+from pytest_programbench.relay.records import request_fields
+from pytest_programbench.relay.server import (
+    HEADER_MAX,
+    LINGER_S,
+    MAX_CONNECTIONS,
+    Handler,
+    Refusal,
+    Server,
+    TCPServer,
+    UnixServer,
+    send_error,
+)
+from pytest_programbench.relay.upstream import (
+    KEY_HEADERS,
+    REQUEST_DROP,
+    RESPONSE_DROP,
+    RelayConfigError,
+    Upstream,
+    UpstreamClient,
+    bad_path,
+    content_length,
+)
 from pytest_programbench.sandbox.layout import RELAY_PORT
+
+__all__ = ["BRIDGE_SCRIPT", "HEADER_MAX", "LINGER_S", "MAX_CONNECTIONS", "PLACEHOLDER_KEY", "RECORDS_IN_MEMORY",
+           "SANDBOX_BRIDGE_PORT", "SOCKET_NAME", "ModelRelay", "RelayConfigError", "RelayRecord", "RelayStats",
+           "SSEDecoder", "StreamUsage", "Upstream", "Usage", "UsageTap", "api_of", "relay_env", "tool_calls_in_body",
+           "usage_from_body", "usage_from_mapping"]
 
 log = logging.getLogger(__name__)
 
@@ -74,468 +97,6 @@ SOCKET_NAME = "relay.sock"
 SANDBOX_BRIDGE_PORT = RELAY_PORT
 #: What SDKs get as their API key when the relay adds the real one (they refuse to start without one).
 PLACEHOLDER_KEY = "pb-relay-adds-the-key"
-
-_MiB = 1 << 20
-# Hop-by-hop headers (RFC 9110 7.6.1) and the ones the relay itself decides.
-_HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-     "transfer-encoding", "upgrade"}
-)
-_REQUEST_DROP = _HOP_BY_HOP | {"host", "content-length", "expect", "accept-encoding"}
-_KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
-_RESPONSE_DROP = _HOP_BY_HOP | {"content-length"}
-_MAX_POOLED = 8
-_POOL_IDLE_S = 60.0
-#: Connections one relay serves at once; more get a 503. (The bridge in a sandbox opens at most half as many
-#: channels, relay_bridge.MAX_CONNECTIONS: this bound is for host-loop agents, and slack for closes under way.)
-MAX_CONNECTIONS = 256
-#: Bytes of a request's header fields (the request line has its own 64 KiB); more get a 431.
-HEADER_MAX = 64 << 10
-#: Seconds of silence after which a refused client's remaining input is no longer read (see ``_linger``).
-LINGER_S = 1.0
-#: Records kept in memory (:meth:`ModelRelay.records`): the first and the last half of this many.
-RECORDS_IN_MEMORY = 2000
-
-
-class RelayConfigError(ValueError):
-    """The relay cannot be set up as asked (bad endpoint URL, missing key variable): a usage error."""
-
-
-# -- the upstream ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """The one place the relay forwards to: scheme, host, port and path prefix (no trailing slash)."""
-
-    scheme: Literal["http", "https"]
-    host: str
-    port: int
-    prefix: str
-
-    @classmethod
-    def parse(cls, url: str) -> Upstream:
-        parts = urlsplit(url.strip())
-        scheme = parts.scheme.lower()
-        if scheme not in ("http", "https"):
-            raise RelayConfigError(f"model endpoint {url!r}: the scheme must be http or https")
-        if parts.username is not None or parts.password is not None:
-            raise RelayConfigError(f"model endpoint {url!r}: credentials in the URL are not supported; "
-                                   "name an environment variable holding the key instead")
-        if parts.query or parts.fragment:
-            raise RelayConfigError(f"model endpoint {url!r}: a query or fragment is not supported")
-        if not parts.hostname:
-            raise RelayConfigError(f"model endpoint {url!r}: no host")
-        try:
-            port = parts.port
-        except ValueError as exc:
-            raise RelayConfigError(f"model endpoint {url!r}: {exc}") from exc
-        prefix = parts.path.rstrip("/")
-        if _bad_path(prefix or "/"):
-            raise RelayConfigError(f"model endpoint {url!r}: the path must not contain dot segments")
-        return cls(cast(Literal["http", "https"], scheme), parts.hostname.lower(),
-                   port or (443 if scheme == "https" else 80), prefix)
-
-    @property
-    def default_port(self) -> bool:
-        return self.port == (443 if self.scheme == "https" else 80)
-
-    @property
-    def host_header(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return host if self.default_port else f"{host}:{self.port}"
-
-    @property
-    def origin(self) -> str:
-        return f"{self.scheme}://{self.host_header}"
-
-    @property
-    def url(self) -> str:
-        return self.origin + self.prefix
-
-    def contains(self, path: str) -> bool:
-        """Whether an origin-form path (no query) lies under the endpoint's prefix."""
-        return not self.prefix or path == self.prefix or path.startswith(self.prefix + "/")
-
-
-def _content_length(headers: httpx.Headers) -> int | None:
-    """The upstream body's declared length; ``None`` when chunked or until the connection closes."""
-    if "transfer-encoding" in headers:
-        return None
-    try:
-        return int(headers["content-length"])
-    except (KeyError, ValueError):
-        return None
-
-
-def _socket_of(response: httpx.Response) -> socket.socket | None:
-    """The upstream socket under a streaming response (to cut it from another thread at close)."""
-    stream = response.extensions.get("network_stream")
-    sock = stream.get_extra_info("socket") if stream is not None else None
-    return sock if isinstance(sock, socket.socket) else None
-
-
-def _bad_path(path: str) -> bool:
-    """Dot segments, encoded slashes or backslashes: anything an upstream might normalise out of the prefix."""
-    if not path.startswith("/") or "\\" in path:
-        return True
-    for segment in path.split("/"):
-        decoded = unquote(segment)
-        if decoded in (".", "..") or "/" in decoded or "\\" in decoded:
-            return True
-    return False
-
-
-# -- usage ----------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Token usage of one response, normalised across API shapes; each field ``None`` when not reported.
-
-    ``input_tokens`` counts every prompt token: for Anthropic it adds ``cache_creation_input_tokens`` and
-    ``cache_read_input_tokens`` to ``input_tokens`` (which excludes them), so it means the same as OpenAI's
-    ``prompt_tokens``. ``raw`` is the usage object exactly as the upstream sent it (merged, for Anthropic streams).
-    """
-
-    input_tokens: int | None
-    output_tokens: int | None
-    total_tokens: int | None
-    cached_input_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "total_tokens": self.total_tokens, "cached_input_tokens": self.cached_input_tokens,
-                "reasoning_tokens": self.reasoning_tokens, "raw": dict(self.raw)}
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def _dig(mapping: Mapping[str, Any], *keys: str) -> Any:
-    value: Any = mapping
-    for key in keys:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(key)
-    return value
-
-
-def _sum(*values: int | None) -> int | None:
-    present = [value for value in values if value is not None]
-    return sum(present) if present else None
-
-
-def usage_from_mapping(usage: Mapping[str, Any]) -> Usage | None:
-    """Normalise a ``usage`` object of any supported API shape; ``None`` when it holds no token counts."""
-    if "prompt_tokens" in usage or "completion_tokens" in usage:  # chat completions, legacy completions
-        inp, out = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
-        total = _count(usage.get("total_tokens"))
-        cached = _count(_dig(usage, "prompt_tokens_details", "cached_tokens"))
-        reasoning = _count(_dig(usage, "completion_tokens_details", "reasoning_tokens"))
-    elif "input_tokens" in usage or "output_tokens" in usage:  # responses API, Anthropic messages
-        out = _count(usage.get("output_tokens"))
-        total = _count(usage.get("total_tokens"))
-        reasoning = _count(_dig(usage, "output_tokens_details", "reasoning_tokens"))
-        cache_read = _count(usage.get("cache_read_input_tokens"))
-        cache_write = _count(usage.get("cache_creation_input_tokens"))
-        if cache_read is not None or cache_write is not None:  # Anthropic: input_tokens excludes the cache
-            inp = _count(usage.get("input_tokens"))
-            inp = None if inp is None else inp + (cache_read or 0) + (cache_write or 0)
-            cached = cache_read
-        else:
-            inp = _count(usage.get("input_tokens"))
-            cached = _count(_dig(usage, "input_tokens_details", "cached_tokens"))
-    else:
-        return None
-    if inp is None and out is None and total is None:
-        return None
-    if total is None and inp is not None and out is not None:
-        total = inp + out
-    return Usage(inp, out, total, cached, reasoning, dict(usage))
-
-
-_TOOL_ITEM_TYPES = ("function_call", "local_shell_call", "custom_tool_call", "shell_call", "apply_patch_call")
-
-
-def tool_calls_in_body(body: Any) -> int:
-    """Tool calls in a complete (non-streamed) response of any supported API shape."""
-    if not isinstance(body, Mapping):
-        return 0
-    count = 0
-    for choice in body.get("choices") or []:  # chat completions
-        calls = _dig(choice, "message", "tool_calls") if isinstance(choice, Mapping) else None
-        count += len(calls) if isinstance(calls, list) else 0
-    content = body.get("content")  # Anthropic messages
-    if isinstance(content, list):
-        count += sum(1 for block in content if isinstance(block, Mapping) and block.get("type") == "tool_use")
-    output = body.get("output")  # responses
-    if isinstance(output, list):
-        count += sum(1 for item in output if isinstance(item, Mapping) and item.get("type") in _TOOL_ITEM_TYPES)
-    return count
-
-
-def usage_from_body(body: Any) -> Usage | None:
-    """Usage of a complete (non-streamed) JSON response body."""
-    if not isinstance(body, Mapping):
-        return None
-    usage = body.get("usage")
-    if isinstance(usage, Mapping):
-        return usage_from_mapping(usage)
-    response = body.get("response")  # an event or wrapper carrying a responses-API object
-    if isinstance(response, Mapping) and isinstance(response.get("usage"), Mapping):
-        return usage_from_mapping(response["usage"])
-    return None
-
-
-class StreamUsage:
-    """Usage of a streamed response, fed one decoded server-sent event payload at a time."""
-
-    def __init__(self) -> None:
-        self._raw: dict[str, Any] | None = None
-        self.tool_calls = 0
-        self._chat_calls: set[tuple[Any, Any]] = set()
-
-    def feed(self, event: Any) -> None:
-        if not isinstance(event, Mapping):
-            return
-        kind = event.get("type")
-        self._count_tool_calls(kind, event)
-        if kind == "message_start":  # Anthropic: the prompt's usage, output so far
-            usage = _dig(event, "message", "usage")
-            if isinstance(usage, Mapping):
-                self._merge(usage, replace=True)
-        elif kind == "message_delta":  # Anthropic: cumulative counts
-            usage = event.get("usage")
-            if isinstance(usage, Mapping):
-                self._merge(usage, replace=False)
-        elif isinstance(kind, str) and kind.startswith("response."):  # responses API
-            usage = _dig(event, "response", "usage")
-            if isinstance(usage, Mapping):
-                self._merge(usage, replace=True)
-        elif isinstance(event.get("usage"), Mapping):  # chat completions chunk with include_usage
-            self._merge(event["usage"], replace=True)
-
-    def _count_tool_calls(self, kind: Any, event: Mapping[str, Any]) -> None:
-        """Tool calls the model made: one per Responses output item, Anthropic tool_use block or chat call index."""
-        if kind == "response.output_item.done":
-            self.tool_calls += _dig(event, "item", "type") in _TOOL_ITEM_TYPES
-        elif kind == "content_block_start":
-            self.tool_calls += _dig(event, "content_block", "type") in ("tool_use", "server_tool_use")
-        elif kind is None and isinstance(event.get("choices"), list):
-            for choice in event["choices"]:
-                calls = _dig(choice, "delta", "tool_calls") if isinstance(choice, Mapping) else None
-                for call in calls if isinstance(calls, list) else []:
-                    if isinstance(call, Mapping):
-                        self._chat_calls.add((choice.get("index"), call.get("index", call.get("id"))))
-            self.tool_calls = len(self._chat_calls)
-
-    def _merge(self, usage: Mapping[str, Any], *, replace: bool) -> None:
-        if replace or self._raw is None:
-            self._raw = {}
-        self._raw.update({key: value for key, value in usage.items() if value is not None})
-
-    @property
-    def usage(self) -> Usage | None:
-        return None if self._raw is None else usage_from_mapping(self._raw)
-
-
-class SSEDecoder:
-    """Incremental ``text/event-stream`` decoder: bytes in, each event's ``data`` out (bounded memory)."""
-
-    def __init__(self, max_event_bytes: int = 16 * _MiB) -> None:
-        self._pending = b""
-        self._data: list[bytes] = []
-        self._size = 0
-        self._max = max_event_bytes
-        self._overflow = False
-
-    def feed(self, chunk: bytes) -> Iterator[str]:
-        buffer = self._pending + chunk
-        lines = buffer.splitlines(keepends=True)
-        self._pending = b""
-        if lines and not lines[-1].endswith((b"\n", b"\r")):
-            self._pending = lines.pop()
-        elif lines and lines[-1].endswith(b"\r"):
-            # "\r" may be the first half of "\r\n": keep it until the next byte tells.
-            self._pending = lines.pop()
-        if len(self._pending) > self._max:
-            self._pending, self._overflow = b"", True
-        for raw in lines:
-            yield from self._line(raw.rstrip(b"\r\n"))
-
-    def close(self) -> Iterator[str]:
-        pending, self._pending = self._pending, b""
-        if pending:
-            yield from self._line(pending.rstrip(b"\r\n"))
-        yield from self._line(b"")
-
-    def _line(self, line: bytes) -> Iterator[str]:
-        if not line:
-            if self._data and not self._overflow:
-                yield b"\n".join(self._data).decode("utf-8", "replace")
-            self._data, self._size, self._overflow = [], 0, False
-            return
-        name, _, value = line.partition(b":")
-        if name != b"data":
-            return
-        value = value.removeprefix(b" ")
-        self._size += len(value)
-        if self._size > self._max:
-            self._data, self._overflow = [], True
-        elif not self._overflow:
-            self._data.append(value)
-
-
-class UsageTap:
-    """Watches a response body go by and extracts usage, streamed or not, without holding a stream."""
-
-    def __init__(self, content_type: str, content_encoding: str, max_json_bytes: int = 32 * _MiB) -> None:
-        self.streamed = "text/event-stream" in content_type.lower()
-        encoding = content_encoding.strip().lower()
-        self._inflate: Any = None
-        self._unreadable = False
-        if encoding in ("gzip", "x-gzip", "deflate"):
-            self._inflate = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header, auto-detected
-        elif encoding not in ("", "identity"):
-            self._unreadable = True
-        self._sse = SSEDecoder()
-        self._stream = StreamUsage()
-        self._body = io.BytesIO()
-        self._max_json = max_json_bytes
-        self.tool_calls: int | None = None  # after finish(): how many tool calls the response made
-
-    def feed(self, chunk: bytes) -> None:
-        if self._unreadable:
-            return
-        if self._inflate is not None:
-            try:
-                chunk = self._inflate.decompress(chunk)
-            except zlib.error:
-                self._unreadable = True
-                return
-        if self.streamed:
-            for data in self._sse.feed(chunk):
-                self._event(data)
-        elif self._body.tell() + len(chunk) <= self._max_json:
-            self._body.write(chunk)
-        else:
-            self._unreadable = True
-
-    def _event(self, data: str) -> None:
-        if data.strip() == "[DONE]":
-            return
-        with contextlib.suppress(ValueError):
-            self._stream.feed(json.loads(data))
-
-    def finish(self) -> Usage | None:
-        if self._unreadable:
-            return None
-        if self.streamed:
-            for data in self._sse.close():
-                self._event(data)
-            self.tool_calls = self._stream.tool_calls
-            return self._stream.usage
-        try:
-            body = json.loads(self._body.getvalue())
-        except ValueError:
-            return None
-        self.tool_calls = tool_calls_in_body(body)
-        return usage_from_body(body)
-
-
-def api_of(path: str) -> str | None:
-    """The API shape a request path names."""
-    path = path.split("?", 1)[0].rstrip("/")
-    for suffix, api in (("/chat/completions", "chat.completions"), ("/responses", "responses"),
-                        ("/messages", "anthropic.messages"), ("/completions", "completions"),
-                        ("/embeddings", "embeddings")):
-        if path.endswith(suffix):
-            return api
-    return None
-
-
-# -- records --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RelayRecord:
-    """One request through the relay. ``status`` is what the client got (the relay's own 4xx/5xx included);
-    latencies run from the moment the request was read in full; ``first_byte_s`` is the first response body byte
-    (the headers when there is no body); ``error`` says why the exchange went wrong, ``None`` when it did not."""
-
-    started_at: str
-    listener: str
-    method: str
-    path: str
-    status: int
-    model: str | None
-    stream: bool | None
-    api: str | None
-    first_byte_s: float | None
-    total_s: float
-    request_bytes: int
-    response_bytes: int
-    usage: Usage | None
-    error: str | None
-    tool_calls: int | None = None  # in the response, when it was a readable model API response
-
-    @property
-    def failed(self) -> bool:
-        return self.error is not None or self.status >= 400
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"started_at": self.started_at, "listener": self.listener, "method": self.method, "path": self.path,
-                "status": self.status, "model": self.model, "stream": self.stream, "api": self.api,
-                "first_byte_s": self.first_byte_s, "total_s": self.total_s, "request_bytes": self.request_bytes,
-                "response_bytes": self.response_bytes, "usage": None if self.usage is None else self.usage.as_dict(),
-                "error": self.error, "tool_calls": self.tool_calls}
-
-
-_MODEL_APIS = frozenset({"chat.completions", "responses", "anthropic.messages", "completions"})
-
-
-@dataclass
-class RelayStats:
-    """The aggregate of a relay's records. Token sums are ``None`` when no request reported them."""
-
-    requests: int = 0
-    errors: int = 0
-    requests_with_usage: int = 0
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    total_tokens: int | None = None
-    latency_s: float = 0.0
-    turns: int = 0  # answered model API requests (chat, responses, messages, completions)
-    tool_calls: int = 0  # tool calls in the model's responses
-    cached_input_tokens: int | None = None
-    model_latency_s: float = 0.0  # time in answered model API requests, first byte to last
-
-    def add(self, record: RelayRecord) -> None:
-        self.requests += 1
-        self.errors += record.failed
-        self.latency_s += record.total_s
-        if record.api in _MODEL_APIS and not record.failed:
-            self.turns += 1
-            self.model_latency_s += record.total_s
-            self.tool_calls += record.tool_calls or 0
-        if record.usage is not None:
-            self.requests_with_usage += 1
-            self.input_tokens = _sum(self.input_tokens, record.usage.input_tokens)
-            self.output_tokens = _sum(self.output_tokens, record.usage.output_tokens)
-            self.total_tokens = _sum(self.total_tokens, record.usage.total_tokens)
-            self.cached_input_tokens = _sum(self.cached_input_tokens, record.usage.cached_input_tokens)
-
-    def as_dict(self) -> dict[str, int | float | None]:
-        """Plain builtins only: safe for ``user_properties`` across xdist and for pb-meta.json."""
-        return {"requests": self.requests, "errors": self.errors, "requests_with_usage": self.requests_with_usage,
-                "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "total_tokens": self.total_tokens, "latency_s": round(self.latency_s, 6), "turns": self.turns,
-                "tool_calls": self.tool_calls, "cached_input_tokens": self.cached_input_tokens,
-                "model_latency_s": round(self.model_latency_s, 6)}
 
 
 # -- env for agents -------------------------------------------------------------------------------------------
@@ -561,145 +122,6 @@ def relay_env(base_url: str, prefix: str = "", *, injects_key: bool = False) -> 
         env[name] = f"{current},{loopback}" if current else loopback
     return env
 
-
-# -- the relay ------------------------------------------------------------------------------------------------
-
-
-class _Refusal(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class _Exchange:
-    """Book-keeping of one request on its way through."""
-
-    def __init__(self, listener: str, method: str, target: str) -> None:
-        self.t0 = time.monotonic()
-        self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
-        self.listener = listener
-        self.method = method
-        self.path = target if target.startswith("/") else target[:200]
-        self.status = 0
-        self.model: str | None = None
-        self.stream: bool | None = None
-        self.first_byte_s: float | None = None
-        self.request_bytes = 0
-        self.response_bytes = 0
-        self.usage: Usage | None = None
-        self.error: str | None = None
-        self.tool_calls: int | None = None
-        self.held = 0  # bytes of the relay's budget this request holds (its body), given back when it ends
-
-    def mark_first_byte(self) -> None:
-        if self.first_byte_s is None:
-            self.first_byte_s = round(time.monotonic() - self.t0, 6)
-
-    def record(self) -> RelayRecord:
-        # The agent chose the path, the method and the model: clipped, so that no record is larger than a few KiB.
-        return RelayRecord(self.started_at, self.listener, clip_text(self.method, 64), clip_text(self.path),
-                           self.status, None if self.model is None else clip_text(self.model, 256), self.stream,
-                           api_of(self.path), self.first_byte_s, round(time.monotonic() - self.t0, 6),
-                           self.request_bytes, self.response_bytes, self.usage,
-                           None if self.error is None else clip_text(self.error), self.tool_calls)
-
-
-class _HeaderLimit:
-    """The handler's input while header fields are read: at most ``left`` bytes, then end of input."""
-
-    def __init__(self, rfile: io.BufferedIOBase, left: int) -> None:
-        self._rfile = rfile
-        self.left = left
-        self.exceeded = False
-
-    def readline(self, size: int = -1) -> bytes:
-        if self.left <= 0:
-            self.exceeded = True
-            return b""
-        line = self._rfile.readline(self.left if size < 0 else min(size, self.left))
-        self.left -= len(line)
-        return line
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "pb-model-relay"
-
-    def setup(self) -> None:
-        super().setup()
-        self.connection.settimeout(self._relay.client_idle_timeout)
-        if self.connection.family in (socket.AF_INET, socket.AF_INET6):
-            with contextlib.suppress(OSError):
-                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._admitted = self._relay._track(self.connection)
-
-    def handle(self) -> None:
-        if not self._admitted:  # one connection too many: refused before anything of it is read
-            self.command, self.path, self.request_version = "-", "-", "HTTP/1.1"
-            self._relay._refuse(self, cast(_Server, self.server).listener, 503,
-                                f"too many connections at once (at most {self._relay.max_connections})")
-            return
-        super().handle()
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self._relay._untrack(self.connection)
-
-    @property
-    def _relay(self) -> ModelRelay:
-        return cast(_Server, self.server).relay
-
-    def handle_one_request(self) -> None:
-        try:
-            self.raw_requestline = self.rfile.readline(65537)
-            if len(self.raw_requestline) > 65536:
-                self.requestline, self.request_version, self.command = "", "", ""
-                self.send_error(414)
-                return
-            if not self.raw_requestline:
-                self.close_connection = True
-                return
-            rfile = self.rfile
-            limited = _HeaderLimit(rfile, HEADER_MAX)
-            self.rfile = cast(Any, limited)
-            try:
-                parsed = self.parse_request()
-            finally:
-                self.rfile = rfile
-            if not parsed:
-                return
-            listener = cast(_Server, self.server).listener
-            if limited.exceeded:
-                self._relay._refuse(self, listener, 431, f"request header fields larger than {HEADER_MAX} bytes")
-                return
-            self._relay._exchange(self, listener)
-        except OSError:  # timeouts, resets, broken pipes: this connection is done
-            self.close_connection = True
-
-    def address_string(self) -> str:
-        return str(self.client_address[0]) if isinstance(self.client_address, tuple) else "unix"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("relay %s: " + format, self.address_string(), *args)
-
-
-class _Server(socketserver.ThreadingMixIn, socketserver.BaseServer):
-    daemon_threads = True
-    block_on_close = False
-    request_queue_size = 128  # socketserver's 5 makes a Unix connect fail with EAGAIN under a burst
-    relay: ModelRelay
-    listener: str
-
-
-class _UnixServer(_Server, socketserver.UnixStreamServer):
-    pass
-
-
-class _TCPServer(_Server, socketserver.TCPServer):
-    allow_reuse_address = True
 
 
 class ModelRelay:
@@ -766,20 +188,16 @@ class ModelRelay:
         self.budget = ByteBudget(max(inflight, 2 * self.max_request_bytes),
                                  budget_wait() if inflight_wait_s is None else inflight_wait_s)
         self.max_connections = max_connections
-        self._records_limit = records_limit
         self._ssl_context = ssl_context
         self._key: str | None = None
         self._temp_dir: Path | None = None
-        self._servers: list[_Server] = []
-        self._threads: dict[_Server, threading.Thread] = {}
+        self._servers: list[Server] = []
+        self._threads: dict[Server, threading.Thread] = {}
         self._lock = threading.Lock()
         self._clients: set[socket.socket] = set()
         self._handlers: set[threading.Thread] = set()
-        self._client: httpx.Client | None = None  # the upstream side: pooled, streaming, TLS (created by start)
-        self._inflight: set[httpx.Response] = set()
-        self._records: HeadTail[RelayRecord] = HeadTail(RECORDS_IN_MEMORY // 2, RECORDS_IN_MEMORY // 2)
-        self._stats = RelayStats()
-        self._records_file: BoundedJsonl | None = None
+        self._upstream: UpstreamClient | None = None  # pooled, streaming, TLS (created by start)
+        self._recorder = Recorder(self.records_path, records_limit)
         self._started = False
         self._closed = False
 
@@ -795,13 +213,13 @@ class ModelRelay:
                 raise RelayConfigError(f"the model relay adds the key from ${self.api_key_env}, which is not set")
             self._key = key
         try:
-            self._client = self._upstream_client()
-            if self.records_path is not None:
-                self._records_file = BoundedJsonl(self.records_path, limit=self._records_limit)
+            self._upstream = UpstreamClient(self.upstream, connect_timeout=self.connect_timeout,
+                                            read_timeout=self.upstream_timeout, ssl_context=self._ssl_context)
+            self._recorder.open()
             if self._want_unix:
                 self._servers.append(self._listen_unix())
             if self._want_tcp:
-                self._servers.append(self._adopt(_TCPServer(("127.0.0.1", self._tcp_port), _Handler), "tcp"))
+                self._servers.append(self._adopt(TCPServer(("127.0.0.1", self._tcp_port), Handler), "tcp"))
             for server in self._servers:
                 thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
                                           name=f"pb-relay-{server.listener}", daemon=True)
@@ -813,7 +231,7 @@ class ModelRelay:
         log.debug("model relay up: %s -> %s", self.describe(), self.upstream.url)
         return self
 
-    def _listen_unix(self) -> _Server:
+    def _listen_unix(self) -> Server:
         if self._socket_path is None:
             self._temp_dir = Path(tempfile.mkdtemp(prefix="pb-relay-"))
             self._socket_path = self._temp_dir / SOCKET_NAME
@@ -825,7 +243,7 @@ class ModelRelay:
                 raise RelayConfigError(f"relay socket path {path} exists and is not a socket")
             path.unlink()  # a stale socket of an earlier run
         path.parent.mkdir(parents=True, exist_ok=True)
-        server = _UnixServer(str(path), _Handler, bind_and_activate=False)
+        server = UnixServer(str(path), Handler, bind_and_activate=False)
         try:
             server.server_bind()
             os.chmod(path, self._socket_mode)
@@ -835,8 +253,8 @@ class ModelRelay:
             raise
         return self._adopt(server, "unix")
 
-    def _adopt(self, server: socketserver.BaseServer, listener: str) -> _Server:
-        adopted = cast(_Server, server)
+    def _adopt(self, server: socketserver.BaseServer, listener: str) -> Server:
+        adopted = cast(Server, server)
         adopted.relay = self
         adopted.listener = listener
         return adopted
@@ -853,8 +271,10 @@ class ModelRelay:
             if thread is not None and thread.is_alive():
                 server.shutdown()  # returns once serve_forever has left its loop
             server.server_close()
+        if self._upstream is not None:
+            self._upstream.cut()
         with self._lock:
-            live: list[Any] = [*self._clients, *filter(None, map(_socket_of, self._inflight))]
+            live = list(self._clients)
             handlers = list(self._handlers)
         for sock in live:
             with contextlib.suppress(OSError):
@@ -862,11 +282,9 @@ class ModelRelay:
         deadline = time.monotonic() + 5
         for thread in handlers:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        if self._client is not None:
-            self._client.close()
-        with self._lock:
-            if self._records_file is not None:
-                self._records_file.close()  # the tail and what was dropped; later writes are ignored
+        if self._upstream is not None:
+            self._upstream.close()
+        self._recorder.close()  # the tail and what was dropped; later writes are ignored
         if self._want_unix and self._socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 if stat.S_ISSOCK(self._socket_path.lstat().st_mode):
@@ -919,15 +337,13 @@ class ModelRelay:
 
     def records(self) -> list[RelayRecord]:
         """The records kept in memory: all of them up to ``RECORDS_IN_MEMORY``, else the first and the last half."""
-        with self._lock:
-            return self._records.items()
+        return self._recorder.records()
 
     def record_bounds(self) -> dict[str, int]:
         """What the bounds held back (for pb-meta.json): records dropped from the file, refusals for lack of room."""
-        with self._lock:
-            omitted = 0 if self._records_file is None else self._records_file.omitted
-            return {"records_omitted": omitted, "records_omitted_in_memory": self._records.omitted,
-                    "inflight_refused": self.budget.refused, "inflight_peak_bytes": self.budget.peak}
+        omitted, in_memory = self._recorder.omitted()
+        return {"records_omitted": omitted, "records_omitted_in_memory": in_memory,
+                "inflight_refused": self.budget.refused, "inflight_peak_bytes": self.budget.peak}
 
     def notes(self) -> list[str]:
         """Sentences for the item's notes (after :meth:`close`): what the bounds held back, if anything."""
@@ -942,8 +358,7 @@ class ModelRelay:
         return out
 
     def stats(self) -> RelayStats:
-        with self._lock:
-            return RelayStats(**vars(self._stats))
+        return self._recorder.stats()
 
     def describe(self) -> str:
         where = [str(self.socket_path)] if self.socket_path is not None else []
@@ -953,7 +368,7 @@ class ModelRelay:
 
     # -- internals: connection tracking
 
-    def _track(self, sock: socket.socket) -> bool:
+    def track(self, sock: socket.socket) -> bool:
         """Tracked (to be cut at close); whether it may be served (a connection beyond ``max_connections`` not)."""
         with self._lock:
             admitted = len(self._clients) < self.max_connections
@@ -961,24 +376,18 @@ class ModelRelay:
             self._handlers.add(threading.current_thread())
             return admitted
 
-    def _untrack(self, sock: socket.socket) -> None:
+    def untrack(self, sock: socket.socket) -> None:
         with self._lock:
             self._clients.discard(sock)
             self._handlers.discard(threading.current_thread())
 
-    def _record(self, exchange: _Exchange) -> None:
-        record = exchange.record()
-        with self._lock:
-            self._records.add(record)
-            self._stats.add(record)
-            if self._records_file is not None:
-                self._records_file.write(record.as_dict())  # bounded line, head and tail kept
-        log.debug("relay %s %s -> %s (%s)", record.method, record.path, record.status, record.error or "ok")
+    def _record(self, exchange: Exchange) -> None:
+        self._recorder.add(exchange)
 
     # -- internals: one exchange
 
-    def _exchange(self, handler: _Handler, listener: str) -> None:
-        exchange = _Exchange(listener, handler.command, handler.path)
+    def exchange(self, handler: Handler, listener: str) -> None:
+        exchange = Exchange(listener, handler.command, handler.path)
         try:
             if handler.command == "HEAD" and handler.path == "/" and not self.upstream.contains("/"):
                 # claude-code's connectivity probe at start: the relay itself is what it can reach, so it answers.
@@ -989,7 +398,7 @@ class ModelRelay:
                 exchange.mark_first_byte()
                 return
             self._forward(handler, exchange)
-        except _Refusal as refusal:
+        except Refusal as refusal:
             exchange.error = refusal.message
             exchange.status = refusal.status
             self._send_error(handler, exchange, refusal.status, refusal.message)
@@ -1007,43 +416,16 @@ class ModelRelay:
             self.budget.give(exchange.held)
             self._record(exchange)
 
-    def _refuse(self, handler: _Handler, listener: str, status: int, message: str) -> None:
+    def refuse(self, handler: Handler, listener: str, status: int, message: str) -> None:
         """Answer ``status`` before anything more of the request is read, and record it."""
-        exchange = _Exchange(listener, handler.command or "-", handler.path or "-")
+        exchange = Exchange(listener, handler.command or "-", handler.path or "-")
         exchange.status, exchange.error = status, message
         self._send_error(handler, exchange, status, message)
         self._record(exchange)
 
-    def _send_error(self, handler: _Handler, exchange: _Exchange, status: int, message: str) -> None:
-        handler.close_connection = True  # the request body may be unread
-        body = json.dumps({"error": {"message": f"pb model relay: {message}", "type": "pb_relay_error",
-                                     "code": status}}).encode()
-        with contextlib.suppress(OSError):
-            handler.send_response_only(status)
-            handler.send_header("Content-Type", "application/json")
-            handler.send_header("Content-Length", str(len(body)))
-            handler.send_header("Connection", "close")
-            handler.end_headers()
-            if handler.command != "HEAD":
-                handler.wfile.write(body)
-                exchange.response_bytes = len(body)
-            exchange.mark_first_byte()
-            self._linger(handler)
-
-    def _linger(self, handler: _Handler) -> None:
-        """Read and drop what the client still sends after an answer that closes the connection (a body refused
-        unread, headers past the cap), up to ``max_request_bytes`` and until it is silent for a second: closing a
-        socket with unread input resets the connection, and the client would lose the answer it has not read yet.
-        Memory stays at one read whatever it sends."""
-        left = self.max_request_bytes
-        with contextlib.suppress(OSError, ValueError):
-            handler.connection.shutdown(socket.SHUT_WR)  # the answer is complete: the client sees its end now
-            handler.connection.settimeout(LINGER_S)
-            while left > 0:
-                data = handler.rfile.read1(min(left, 65536))
-                if not data:
-                    break
-                left -= len(data)
+    def _send_error(self, handler: Handler, exchange: Exchange, status: int, message: str) -> None:
+        exchange.response_bytes = send_error(handler, status, message, self.max_request_bytes)
+        exchange.mark_first_byte()
 
     def _target(self, target: str) -> str:
         upstream = self.upstream
@@ -1055,70 +437,70 @@ class ModelRelay:
             try:
                 port = parts.port
             except ValueError as exc:
-                raise _Refusal(400, f"malformed request target {target[:200]!r}") from exc
+                raise Refusal(400, f"malformed request target {target[:200]!r}") from exc
             scheme = parts.scheme.lower()
             same = (scheme == upstream.scheme and (parts.hostname or "").lower() == upstream.host
                     and (port or (443 if scheme == "https" else 80)) == upstream.port)
             if not same:
                 where = f"{parts.scheme}://{parts.netloc}"[:200]
-                raise _Refusal(403, f"the relay forwards only to {upstream.url}; refusing a request for {where}")
+                raise Refusal(403, f"the relay forwards only to {upstream.url}; refusing a request for {where}")
             path, query = parts.path or "/", parts.query
         else:
-            raise _Refusal(400, f"malformed request target {target[:200]!r}")
-        if _bad_path(path):
-            raise _Refusal(400, f"refusing path {path[:200]!r}: dot segments, encoded slashes or backslashes")
+            raise Refusal(400, f"malformed request target {target[:200]!r}")
+        if bad_path(path):
+            raise Refusal(400, f"refusing path {path[:200]!r}: dot segments, encoded slashes or backslashes")
         if not upstream.contains(path):
-            raise _Refusal(404, f"path {path[:200]!r} is outside the model endpoint {upstream.url}; "
+            raise Refusal(404, f"path {path[:200]!r} is outside the model endpoint {upstream.url}; "
                                 f"use base URL <relay>{upstream.prefix}")
         return path + (f"?{query}" if query else "")
 
-    def _hold(self, exchange: _Exchange, size: int) -> None:
+    def _hold(self, exchange: Exchange, size: int) -> None:
         """Take ``size`` more bytes of the budget for this request's body, or refuse it (503) when there is none."""
         if not self.budget.take(size):
-            raise _Refusal(503, f"the relay holds {self.budget.limit} bytes of request bodies at once and had no "
+            raise Refusal(503, f"the relay holds {self.budget.limit} bytes of request bodies at once and had no "
                                 f"room for {exchange.held + size} more within {self.budget.wait_s:g} s; retry later")
         exchange.held += size
 
-    def _read_body(self, handler: _Handler, exchange: _Exchange) -> bytes:
+    def _read_body(self, handler: Handler, exchange: Exchange) -> bytes:
         headers = handler.headers
         encodings = [part.strip().lower() for part in ",".join(headers.get_all("Transfer-Encoding") or []).split(",")
                      if part.strip()]
         if encodings:
             if encodings != ["chunked"]:
-                raise _Refusal(501, f"unsupported request transfer coding {','.join(encodings)!r}")
+                raise Refusal(501, f"unsupported request transfer coding {','.join(encodings)!r}")
             return self._read_chunked(handler, exchange)
         lengths = headers.get_all("Content-Length") or []
         if not lengths:
             return b""
         if len(set(lengths)) != 1 or not lengths[0].strip().isdigit():
-            raise _Refusal(400, "invalid Content-Length")
+            raise Refusal(400, "invalid Content-Length")
         length = int(lengths[0])
         if length > self.max_request_bytes:
-            raise _Refusal(413, f"request body of {length} bytes exceeds the relay's limit")
+            raise Refusal(413, f"request body of {length} bytes exceeds the relay's limit")
         self._hold(exchange, length)
         body = handler.rfile.read(length)
         if len(body) != length:
             raise ConnectionResetError("the client closed before sending the whole body")
         return body
 
-    def _read_chunked(self, handler: _Handler, exchange: _Exchange) -> bytes:
+    def _read_chunked(self, handler: Handler, exchange: Exchange) -> bytes:
         body = bytearray()
         rfile = handler.rfile
         while True:
             line = rfile.readline(1026)
             if not line.endswith(b"\n"):
-                raise _Refusal(400, "malformed chunked request body")
+                raise Refusal(400, "malformed chunked request body")
             try:
                 size = int(line.split(b";", 1)[0].strip(), 16)
             except ValueError as exc:
-                raise _Refusal(400, "malformed chunk size in request body") from exc
+                raise Refusal(400, "malformed chunk size in request body") from exc
             if size == 0:
                 while rfile.readline(65537) not in (b"\r\n", b"\n", b""):  # trailers, discarded
                     pass
                 self._hold(exchange, len(body))  # the copy below exists next to the chunks for a moment
                 return bytes(body)
             if len(body) + size > self.max_request_bytes:
-                raise _Refusal(413, "request body exceeds the relay's limit")
+                raise Refusal(413, "request body exceeds the relay's limit")
             self._hold(exchange, size)
             data = rfile.read(size)
             if len(data) != size:
@@ -1126,10 +508,10 @@ class ModelRelay:
             body += data
             rfile.readline(3)
 
-    def _headers(self, handler: _Handler, body: bytes) -> list[tuple[str, str]]:
+    def _headers(self, handler: Handler, body: bytes) -> list[tuple[str, str]]:
         incoming = handler.headers
         named = {token.strip().lower() for value in incoming.get_all("Connection") or [] for token in value.split(",")}
-        drop = _REQUEST_DROP | named | (_KEY_HEADERS if self._key is not None else frozenset())
+        drop = REQUEST_DROP | named | (KEY_HEADERS if self._key is not None else frozenset())
         headers = [(name, value) for name, value in incoming.items() if name.lower() not in drop]
         headers.append(("Host", self.upstream.host_header))
         if body or handler.command in ("POST", "PUT", "PATCH"):
@@ -1144,56 +526,25 @@ class ModelRelay:
                            ("Authorization", f"Bearer {self._key}"))
         return headers
 
-    def _upstream_client(self) -> httpx.Client:
-        """httpx for the upstream side: a keep-alive pool, streaming, TLS, and a read timeout long enough for a
-        model that thinks for an hour before its first byte. No proxy from the environment, no redirects: the
-        relay goes to the configured endpoint and nowhere else."""
-        timeout = httpx.Timeout(connect=self.connect_timeout, read=self.upstream_timeout, write=self.upstream_timeout,
-                                pool=self.connect_timeout)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=_MAX_POOLED,
-                              keepalive_expiry=_POOL_IDLE_S)
-        verify: ssl.SSLContext | bool = self._ssl_context if self._ssl_context is not None else True
-        return httpx.Client(timeout=timeout, limits=limits, verify=verify, trust_env=False, follow_redirects=False)
-
-    def _send_upstream(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes) -> httpx.Response:
-        client = self._client
-        if client is None or self._closed:
-            raise _Refusal(503, "the relay is closing")
-        # The path was checked against the endpoint's prefix as sent: the URL is built from its raw bytes, so
-        # nothing is re-encoded or normalised on the way.
-        url = httpx.URL(scheme=self.upstream.scheme, host=self.upstream.host, port=self.upstream.port,
-                        raw_path=path.encode("ascii", "surrogateescape"))
-        request = client.build_request(method, url, headers=headers, content=body if body else None)
-        try:
-            response = client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            raise _Refusal(504, f"upstream {self.upstream.origin} timed out: {exc!r}") from exc
-        except (httpx.ConnectError, httpx.UnsupportedProtocol) as exc:
-            raise _Refusal(502, f"upstream {self.upstream.origin} unreachable: {exc!r}") from exc
-        except httpx.HTTPError as exc:
-            raise _Refusal(502, f"upstream {self.upstream.origin} sent no valid response: {exc!r}") from exc
-        with self._lock:
-            self._inflight.add(response)
-        return response
-
-    def _forward(self, handler: _Handler, exchange: _Exchange) -> None:
+    def _forward(self, handler: Handler, exchange: Exchange) -> None:
         if handler.command == "CONNECT":
-            raise _Refusal(405, f"CONNECT is not supported: the relay forwards only to {self.upstream.url}")
+            raise Refusal(405, f"CONNECT is not supported: the relay forwards only to {self.upstream.url}")
         path = self._target(handler.path)
         exchange.path = path
         body = self._read_body(handler, exchange)
         exchange.request_bytes = len(body)
         exchange.t0 = time.monotonic()
         exchange.model, exchange.stream = request_fields(body)  # scanned, not parsed: bounded memory
-        response = self._send_upstream(handler.command, path, self._headers(handler, body), body)
+        upstream = self._upstream
+        if upstream is None or self._closed:
+            raise Refusal(503, "the relay is closing")
+        response = upstream.send(handler.command, path, self._headers(handler, body), body)
         try:
             self._respond(handler, exchange, response)
         finally:
-            with self._lock:
-                self._inflight.discard(response)
-            response.close()  # a body read to its end returns the connection to the pool
+            upstream.done(response)
 
-    def _respond(self, handler: _Handler, exchange: _Exchange, response: httpx.Response) -> None:
+    def _respond(self, handler: Handler, exchange: Exchange, response: httpx.Response) -> None:
         status = response.status_code
         exchange.status = status
         bodyless = handler.command == "HEAD" or status in (204, 304) or 100 <= status < 200
@@ -1203,12 +554,12 @@ class ModelRelay:
         handler.send_response_only(status, response.reason_phrase)
         for name, value in headers:
             lowered = name.lower()
-            dropped = lowered in _RESPONSE_DROP or lowered in named
+            dropped = lowered in RESPONSE_DROP or lowered in named
             if dropped and not (bodyless and lowered == "content-length"):  # HEAD keeps its length
                 continue
             handler.send_header(name, value)
         chunked = False
-        length = _content_length(response.headers)
+        length = content_length(response.headers)
         if bodyless:
             pass
         elif length is not None:
