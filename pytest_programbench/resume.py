@@ -1,15 +1,14 @@
 """``--pb-resume DIR`` alone: the run's recorded settings, what the user gave on top, and the command that resumes.
 
-pb-run.json records the run's settings (``--pb-agent-env`` values never: names only). A resumed session starts from
-them; an option the user gives (command line or ini) replaces its recorded value, and the fingerprint check then
-refuses the ones that change what a result means. Workers get the controller's recorded settings through
-``workerinput``, so they collect the same selection.
+pb-run.json (``run_record.py``) records the run's settings (``--pb-agent-env`` values never: names only). A resumed
+session starts from them; an option the user gives (command line or ini) replaces its recorded value, and the
+fingerprint check then refuses the ones that change what a result means. Workers get the controller's recorded
+settings through ``workerinput``, so they collect the same selection.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,9 +17,8 @@ from typing import Any
 import pytest
 
 from pytest_programbench import options
-from pytest_programbench.run_identity import RUN_MARKER
+from pytest_programbench.run_record import recorded_settings
 
-RECORDED_KEY = "settings"  # in pb-run.json
 WORKERINPUT_KEY = "pytest_programbench_resumed_settings"
 # Where the run is, and whether this session only checks it: never taken from the record.
 NOT_REUSED = frozenset({"resume", "output", "preflight"})
@@ -30,16 +28,6 @@ def given_fields(config: pytest.Config) -> set[str]:
     """The Settings fields the user set for this session (command line or ini)."""
     return {name for opt in options.OPTIONS if options.raw_value(config, opt) is not None
             for name in opt.settings_fields}
-
-
-def recorded_settings(run_dir: Path) -> dict[str, Any] | None:
-    """The settings pb-run.json records (None: no readable record; a run from before they were recorded)."""
-    try:
-        data = json.loads((run_dir / RUN_MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    recorded = data.get(RECORDED_KEY) if isinstance(data, dict) else None
-    return recorded if isinstance(recorded, dict) else None
 
 
 def reuse(settings: options.Settings, recorded: Mapping[str, Any], given: set[str]) -> options.Settings:

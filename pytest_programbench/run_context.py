@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from pytest_programbench.engine.engines import EnginePool
     from pytest_programbench.results.progress import Publisher
     from pytest_programbench.results.summary import RunSummary
-    from pytest_programbench.run_identity import RunIdentity
+    from pytest_programbench.run_record import RunIdentity
     from pytest_programbench.tasks.submissions import SubmissionsDir
 
 

@@ -6,8 +6,6 @@ runs none of these hooks.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import warnings
@@ -25,7 +23,7 @@ from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.invocation import SUITE_NAME, is_listing, named_tasks
 from pytest_programbench.items import ProgramBenchItem
 from pytest_programbench.markers import register_languages
-from pytest_programbench.run_identity import RunIdentity
+from pytest_programbench.run_record import RunIdentity, check_resumable, fingerprint, public_settings
 from pytest_programbench.stash import WORKSTEAL_DEFAULTED
 from pytest_programbench.tasks.catalogue import Catalogue, CatalogueError, Task
 from pytest_programbench.tasks.selection import Selection, select
@@ -78,25 +76,6 @@ def item_timeout(task: Task, settings: options.Settings) -> int:
     return (1 + settings.infra_retries) * (agent + evaluation) + TIMEOUT_MARGIN
 
 
-# Settings that change what a task's result means; a resumed run must match them (selection may differ).
-RESULT_SETTINGS = (
-    "agent", "agent_setup", "agent_on_host", "agent_timeout", "prompt_template", "model", "model_endpoint",
-    "submissions", "image_tag", "cpus", "memory", "branch_workers", "branch_retries", "compile_timeout",
-    "test_timeout", "strict", "sandbox_cpus", "sandbox_memory",
-)
-
-
-def fingerprint(settings: options.Settings) -> dict[str, Any]:
-    from importlib.metadata import version
-
-    values = {name: getattr(settings, name) for name in RESULT_SETTINGS}
-    values["agent_env"] = sorted(spec.partition("=")[0] for spec in settings.agent_env)  # names, never values
-    values["plugin_version"] = version("pytest-programbench")
-    values["programbench_version"] = version("programbench")
-    plain: dict[str, Any] = json.loads(json.dumps(values, default=str))
-    return plain
-
-
 def narrow_to(selection: Selection, catalogue: Catalogue, named: tuple[str, ...]) -> Selection:
     """The selection cut to the tasks named as node ids (``pytest programbench::<id>``); an id that is no task is a
     usage error naming it."""
@@ -136,31 +115,6 @@ def validate_agent_inputs(settings: options.Settings) -> None:
         host = spec.partition(":")[0]
         if not Path(host).expanduser().exists():
             raise pytest.UsageError(f"--pb-agent-mount: {host} does not exist")
-
-
-def public_settings(settings: options.Settings) -> dict[str, Any]:
-    """The settings as written to files: ``--pb-agent-env`` values never leave the process."""
-    values = dataclasses.asdict(settings)
-    values["agent_env"] = [spec.partition("=")[0] for spec in settings.agent_env]
-    return values
-
-
-def check_resumable(identity: RunIdentity, settings: options.Settings) -> None:
-    """Refuse, saying what changed, to resume a run made with another configuration or other versions."""
-    from pytest_programbench.run_identity import RUN_MARKER
-
-    recorded = json.loads((identity.path / RUN_MARKER).read_text()).get("fingerprint")
-    if recorded is None:
-        raise pytest.UsageError(f"--pb-resume: {identity.path / RUN_MARKER} records no configuration to compare")
-    current = fingerprint(settings)
-    from pytest_programbench.resume import flag_of
-
-    changed = [f"{key}: {recorded.get(key)!r} -> {current.get(key)!r} ({flag_of(key)})"
-               for key in sorted(set(recorded) | set(current)) if recorded.get(key) != current.get(key)]
-    if changed:
-        raise pytest.UsageError("--pb-resume: refusing to resume " + str(identity.path)
-                                + ", its configuration differs: " + "; ".join(changed)
-                                + " (--pb-resume DIR alone reuses the recorded settings)")
 
 
 def agent_label(spec: AgentSpec, width: int = 80) -> str:
@@ -687,7 +641,7 @@ class ProgramBenchSession:
         from pytest_programbench.engine import docker_engine
         from pytest_programbench.engine.reaper import reap_dead_runs
         from pytest_programbench.results.package import masked_command
-        from pytest_programbench.resume import RECORDED_KEY
+        from pytest_programbench.run_record import RECORDED_KEY
 
         # Leftovers of dead runs (their controller is gone or their lifetime expired), never a live run's.
         for url in self.engine_urls():

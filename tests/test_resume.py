@@ -101,7 +101,7 @@ def test_resume_alone_reuses_the_recorded_settings(pytester: pytest.Pytester, te
 
 
 # ------------------------------------------------------------------ every setting that changes a result, refused
-# Per field of session.RESULT_SETTINGS (and --pb-agent-env's names): options that give it another value than the
+# Per field of run_record.RESULT_SETTINGS (and --pb-agent-env's names): options that give it another value than the
 # base run's below. ``{template}`` and ``{subs}`` are files the fixture makes. Evaluate-only is another agent: the
 # recorded --pb-agent is cleared with an empty one (else "--pb-agent and --pb-submissions exclude each other").
 CHANGES: dict[str, tuple[str, ...]] = {
@@ -128,7 +128,7 @@ CHANGES: dict[str, tuple[str, ...]] = {
 
 
 def test_every_result_setting_has_a_refusal_case() -> None:
-    from pytest_programbench.session import RESULT_SETTINGS
+    from pytest_programbench.run_record import RESULT_SETTINGS
 
     assert set(CHANGES) == {*RESULT_SETTINGS, "agent_env"}
 

@@ -25,7 +25,7 @@ from pytest_programbench.results.statistics import (
     paired_difference,
     paired_permutation_test,
 )
-from pytest_programbench.run_identity import RUN_MARKER
+from pytest_programbench.run_record import RUN_MARKER
 
 if TYPE_CHECKING:
     import pytest

@@ -32,7 +32,7 @@ from typing import Any
 
 from pytest_programbench.results import pb_stats
 from pytest_programbench.results.artifacts import atomic_write_text
-from pytest_programbench.run_identity import RUN_MARKER
+from pytest_programbench.run_record import RUN_MARKER
 
 TODO = "TODO"
 STATS_SCRIPT = "_scripts/pb_stats.py"

@@ -1,0 +1,142 @@
+"""The run's record, ``pb-run.json``, in one place: its identity (a run id and a run directory, made once by the
+controller and shipped to xdist workers), the settings it ran with (what ``--pb-resume DIR`` alone reuses) and the
+fingerprint of those that change what a result means (a resume must match it), plus the command and selection."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_programbench import options
+
+RUN_MARKER = "pb-run.json"
+RECORDED_KEY = "settings"  # in pb-run.json: the run's settings, what --pb-resume DIR alone reuses
+
+# Settings that change what a task's result means; a resumed run must match them (selection may differ).
+RESULT_SETTINGS = (
+    "agent", "agent_setup", "agent_on_host", "agent_timeout", "prompt_template", "model", "model_endpoint",
+    "submissions", "image_tag", "cpus", "memory", "branch_workers", "branch_retries", "compile_timeout",
+    "test_timeout", "strict", "sandbox_cpus", "sandbox_memory",
+)
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    run_id: str
+    run_dir: str
+    controller_pid: int
+    hostname: str
+    started: float
+    resumed: bool = False
+
+    @property
+    def path(self) -> Path:
+        return Path(self.run_dir)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunIdentity:
+        return cls(**data)
+
+    @classmethod
+    def create(cls, base: Path, *, output: str | None, resume: str | None) -> RunIdentity:
+        run_id = secrets.token_hex(4)
+        now = time.time()
+        if resume:
+            run_dir = Path(resume).resolve()
+            previous = run_dir / RUN_MARKER
+            if not previous.is_file():
+                raise pytest.UsageError(f"--pb-resume: {run_dir} holds no {RUN_MARKER}; it is not a run directory")
+            resumed = True
+        elif output:
+            run_dir = Path(output).expanduser().resolve()
+            if (run_dir / RUN_MARKER).exists():
+                raise pytest.UsageError(
+                    f"--pb-output: {run_dir} already holds a run; pass --pb-resume {run_dir} to continue it, "
+                    "or choose a new directory"
+                )
+            resumed = False
+        else:
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+            run_dir = (base / "pb-runs" / f"{stamp}-{run_id}").resolve()
+            resumed = False
+        return cls(run_id, str(run_dir), os.getpid(), socket.gethostname(), now, resumed)
+
+    def materialise(self, extra: dict[str, Any]) -> None:
+        """Create the directory and write its marker (the reaper reads the controller pid from it)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        marker = self.path / RUN_MARKER
+        history: list[dict[str, Any]] = []
+        if marker.exists():
+            try:
+                history = json.loads(marker.read_text()).get("history", [])
+            except ValueError:
+                history = []
+        record = {**self.as_dict(), **extra}
+        history.append({"run_id": self.run_id, "started": self.started, "controller_pid": self.controller_pid})
+        tmp = marker.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**record, "history": history}, indent=2))
+        tmp.replace(marker)
+
+
+def fingerprint(settings: options.Settings) -> dict[str, Any]:
+    """The settings that change what a result means, with the versions: a resume must find the same."""
+    from importlib.metadata import version
+
+    values = {name: getattr(settings, name) for name in RESULT_SETTINGS}
+    values["agent_env"] = sorted(spec.partition("=")[0] for spec in settings.agent_env)  # names, never values
+    values["plugin_version"] = version("pytest-programbench")
+    values["programbench_version"] = version("programbench")
+    plain: dict[str, Any] = json.loads(json.dumps(values, default=str))
+    return plain
+
+
+def public_settings(settings: options.Settings) -> dict[str, Any]:
+    """The settings as written to files: ``--pb-agent-env`` values never leave the process."""
+    values = dataclasses.asdict(settings)
+    values["agent_env"] = [spec.partition("=")[0] for spec in settings.agent_env]
+    return values
+
+
+def read_record(run_dir: Path) -> dict[str, Any] | None:
+    """pb-run.json as a dict (None: none, unreadable, or not an object)."""
+    try:
+        data = json.loads((run_dir / RUN_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def recorded_settings(run_dir: Path) -> dict[str, Any] | None:
+    """The settings pb-run.json records (None: no readable record; a run from before they were recorded)."""
+    data = read_record(run_dir)
+    recorded = data.get(RECORDED_KEY) if data is not None else None
+    return recorded if isinstance(recorded, dict) else None
+
+
+def check_resumable(identity: RunIdentity, settings: options.Settings) -> None:
+    """Refuse, saying what changed, to resume a run made with another configuration or other versions."""
+    from pytest_programbench.resume import flag_of
+
+    recorded = (read_record(identity.path) or {}).get("fingerprint")
+    if recorded is None:
+        raise pytest.UsageError(f"--pb-resume: {identity.path / RUN_MARKER} records no configuration to compare")
+    current = fingerprint(settings)
+    changed = [f"{key}: {recorded.get(key)!r} -> {current.get(key)!r} ({flag_of(key)})"
+               for key in sorted(set(recorded) | set(current)) if recorded.get(key) != current.get(key)]
+    if changed:
+        raise pytest.UsageError("--pb-resume: refusing to resume " + str(identity.path)
+                                + ", its configuration differs: " + "; ".join(changed)
+                                + " (--pb-resume DIR alone reuses the recorded settings)")
