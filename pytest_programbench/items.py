@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_programbench.invocation import ATTEMPT, GOLD, TaskKey
 from pytest_programbench.markers import SUITE, difficulty_marker, language_marker
 from pytest_programbench.results.verdict import TaskOutcome
 from pytest_programbench.stash import SESSION
@@ -21,14 +22,28 @@ if TYPE_CHECKING:
 HARNESS_LOG = "harness.log"  # in a task's directory: what pytest captured of the harness's logging, per phase
 
 
+def task_keys(task: Task, *, attempts: int, gold: int) -> list[TaskKey]:
+    """A task's items: its gold runs (``--pb-gold N``), else its attempts (one: named by the bare id)."""
+    if gold:
+        return [TaskKey(task.instance_id, GOLD, n, single=False) for n in range(1, gold + 1)]
+    return [TaskKey(task.instance_id, ATTEMPT, n, single=attempts == 1) for n in range(1, attempts + 1)]
+
+
 class ProgramBenchSuite(pytest.Collector):
-    def __init__(self, *, tasks: Sequence[Task], **kwargs: Any) -> None:
+    def __init__(self, *, tasks: Sequence[Task], attempts: int = 1, gold: int = 0,
+                 named: frozenset[str] = frozenset(), **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.tasks = tasks
+        self.attempts = attempts
+        self.gold = gold
+        self.named = named  # names given as node ids with their attempt (``<id>[attempt-2]``): only those of a task
 
     def collect(self) -> Iterator[ProgramBenchItem]:
         for task in self.tasks:
-            yield ProgramBenchItem.from_parent(self, name=task.instance_id, task=task)
+            keys = task_keys(task, attempts=self.attempts, gold=self.gold)
+            chosen = [k for k in keys if k.name in self.named]
+            for key in chosen or keys:
+                yield ProgramBenchItem.from_parent(self, name=key.name, task=task, key=key)
 
 
 def programbench_task(pb_outcome: TaskOutcome) -> None:
@@ -39,9 +54,10 @@ class ProgramBenchItem(pytest.Function):
     """One task. ``setup`` fills its fixtures, the pipeline (infrastructure failures there are errors, retried);
     ``runtest`` asserts the verdict on ``pb_outcome``."""
 
-    def __init__(self, *, task: Task, **kwargs: Any) -> None:
+    def __init__(self, *, task: Task, key: TaskKey | None = None, **kwargs: Any) -> None:
         super().__init__(callobj=programbench_task, **kwargs)
         self.task = task
+        self.key = key or TaskKey(task.instance_id)
         self.outcome: TaskOutcome | None = None
         self.add_marker(SUITE)
         self.add_marker(language_marker(task.language))
@@ -56,8 +72,9 @@ class ProgramBenchItem(pytest.Function):
 
     @property
     def task_dir(self) -> Path:
-        """This task's directory in the run directory (agent.log, submission, eval.json, pb-meta.json)."""
-        return self.pb_session.identity.path / self.task.instance_id
+        """This item's task directory in the run directory (agent.log, submission, eval.json, pb-meta.json):
+        ``<id>/`` for the first attempt, ``attempts/<n>/<id>/`` or ``gold/<n>/<id>/`` for the others."""
+        return self.key.task_dir(self.pb_session.identity.path)
 
     @property
     def task_run(self) -> TaskRun:
@@ -65,7 +82,7 @@ class ProgramBenchItem(pytest.Function):
         if self._task_run is None:
             from pytest_programbench.pipeline import TaskRun
 
-            self._task_run = TaskRun(self.pb_session, self.task)
+            self._task_run = TaskRun(self.pb_session, self.task, key=self.key)
         return self._task_run
 
     def track_fixture(self, fixturedef: Any, request: Any) -> None:
@@ -80,6 +97,8 @@ class ProgramBenchItem(pytest.Function):
         # Said for errors too (setup), so they come first; plain strings for xdist.
         self.user_properties.extend([("language", self.task.language), ("difficulty", self.task.difficulty),
                                      ("run_dir", session.identity.run_dir), ("task_dir", str(self.task_dir))])
+        if not self.key.single:
+            self.user_properties.extend([("instance_id", self.task.instance_id), (self.key.kind, self.key.n)])
         run = self.task_run
         reasons: list[str] = []
         for attempt in range(session.settings.infra_retries + 1):
@@ -90,7 +109,7 @@ class ProgramBenchItem(pytest.Function):
                 run.retried_after.append(reasons[-1])
                 self.user_properties.append((f"infra_attempt_{attempt + 1}", str(exc)[:2000]))
                 self._end_attempt()
-                session.forget_task_containers(self.task.instance_id)
+                session.forget_task_containers(self.key.name)
                 if not exc.retryable:
                     break
                 continue

@@ -166,6 +166,13 @@ def _dir(flag: str, value: Any) -> str:
     return str(existing_dir(flag, value))
 
 
+def _file(flag: str, value: Any) -> str:
+    path = Path(str(value)).expanduser()
+    if not path.is_file():
+        raise pytest.UsageError(f"{flag}: {value} is not a file")
+    return str(path.resolve())
+
+
 def _dirs(flag: str, value: Any) -> tuple[str, ...]:
     return tuple(_dir(flag, d) for d in split_list(value))
 
@@ -283,6 +290,21 @@ OPTIONS: tuple[Option, ...] = (
            "BASE[,NEW]", _run_dirs),
     Option("max-regression", "With --pb-compare: fail the session when the 95% CI of the mean score difference "
            "(new - base) reaches below -X.", "run", "float", "X", _float(*_TO_1)),
+    Option("attempts", "Independent attempts per task (own sandbox, agent run, submission, evaluation; items "
+           "<id>[attempt-N]): per task mean, best, pass@k, resolved@k; the headline's interval resamples attempts "
+           "within tasks.", "run", "int", "K", _int(1)),
+    Option("gold", "Evaluate the reference itself as the submission N times per task (items <id>[gold-N]), "
+           "through the same evaluation, and write gold-ledger.json: per hidden test passes out of N, the tests "
+           "that never pass (impossible) or only sometimes (flaky), per task the ceiling.", "run", "int", "N",
+           _int(1)),
+    Option("gold-ledger", "A gold-ledger.json (from --pb-gold): each task's ceiling beside its score, and flips "
+           "it explains marked in comparisons.", "run", metavar="FILE", parser=_file),
+    Option("ignore-flaky", "With --pb-gold-ledger: also score with the ledger's impossible and flaky tests "
+           "ignored (a deliberate difference, beside the official score, never instead of it).", "run", "bool"),
+    Option("durations", "Start the longest tasks first, by the durations of the earlier run RUN_DIR (default: "
+           "pytest's cache of the last run, else each task's hidden tests and branches).", "run",
+           metavar="RUN_DIR",
+           parser=_dir),
     Option("package", "Make the run directory a leaderboard submission at session end (programbench submit "
            "package, then the system metadata, trajectories and cost/call statistics it leaves as TODO).", "run",
            "bool"),
@@ -397,6 +419,11 @@ class Settings:
     compare: tuple[str, ...] = ()
     max_regression: float | None = None
     package: bool = False
+    durations: str | None = None
+    attempts: int = 1
+    gold: int = 0
+    gold_ledger: str | None = None
+    ignore_flaky: bool = False
 
 
 def parse(config: pytest.Config, *, environ: Sequence[tuple[str, str]] | None = None) -> Settings:

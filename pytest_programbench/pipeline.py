@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.invocation import ATTEMPT, GOLD, TaskKey
 from pytest_programbench.results import task_meta
 from pytest_programbench.results.artifacts import TaskArtifacts, atomic_copy
 from pytest_programbench.results.task_meta import TaskMeta
@@ -52,16 +53,18 @@ class TaskLog(logging.LoggerAdapter[logging.Logger]):
 class TaskRun:
     """One task's run: its state across attempts and the work of each step (the fixtures call these)."""
 
-    def __init__(self, session: RunContext, task: Task, *, artifacts_root: Path | None = None,
-                 record: bool = True) -> None:
+    def __init__(self, session: RunContext, task: Task, *, key: TaskKey | None = None,
+                 artifacts_root: Path | None = None, record: bool = True) -> None:
         self.session = session
         self.settings = session.settings
         self.task = task
+        # Which attempt (--pb-attempts) or gold run (--pb-gold): its own files, labels and live line.
+        self.key = key or TaskKey(task.instance_id)
         # record=False: a user's own test over this task (its files apart, no pb-meta.json, no live phases).
         self.record = record
-        self.artifacts = TaskArtifacts(artifacts_root or session.identity.path, task.instance_id)
-        self.labels = Labels(session.identity.run_id, session.worker_id, task.instance_id)
-        self.log = TaskLog(log, {"task": task.instance_id})
+        self.artifacts = TaskArtifacts(artifacts_root or self.key.run_root(session.identity.path), task.instance_id)
+        self.labels = Labels(session.identity.run_id, session.worker_id, self.key.name)
+        self.log = TaskLog(log, {"task": self.key.name})
         self.timings: dict[str, float] = {}
         # Kept across infrastructure retries: the agent runs once.
         self.agent_result: AgentResult | None = None
@@ -80,13 +83,16 @@ class TaskRun:
         self.sandbox: Sandbox | None = None
         self.tunnel: RelayTunnel | None = None
         self._instance: dict[str, Any] | None = None
-        self.meta: TaskMeta = task_meta.new(task.instance_id, session.identity.run_id, session.worker_id)
+        self.meta: TaskMeta = task_meta.new(
+            task.instance_id, session.identity.run_id, session.worker_id,
+            attempt=None if self.key.single or self.key.kind != ATTEMPT else self.key.n,
+            gold_run=self.key.n if self.key.kind == GOLD else None)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         self.log.info("%s ...", name)
         if self.session.progress is not None and self.record:  # the live view (--pb-progress)
-            self.session.progress.phase(self.task.instance_id, name)
+            self.session.progress.phase(self.key.name, name)
         started = time.monotonic()
         try:
             yield

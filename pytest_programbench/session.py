@@ -20,7 +20,7 @@ from _pytest.junitxml import bin_xml_escape
 
 from pytest_programbench import options
 from pytest_programbench.engine.errors import EngineUnavailable
-from pytest_programbench.invocation import SUITE_NAME, is_listing, named_tasks
+from pytest_programbench.invocation import SUITE_NAME, TaskKey, is_listing, named_tasks
 from pytest_programbench.items import ProgramBenchItem
 from pytest_programbench.markers import register_languages
 from pytest_programbench.run_record import RunIdentity, check_resumable, fingerprint, public_settings
@@ -77,9 +77,10 @@ def item_timeout(task: Task, settings: options.Settings) -> int:
 
 
 def narrow_to(selection: Selection, catalogue: Catalogue, named: tuple[str, ...]) -> Selection:
-    """The selection cut to the tasks named as node ids (``pytest programbench::<id>``); an id that is no task is a
-    usage error naming it."""
+    """The selection cut to the tasks named as node ids (``pytest programbench::<id>``, or one attempt of it:
+    ``<id>[attempt-2]``); an id that is no task is a usage error naming it."""
     known = {t.instance_id for t in catalogue}
+    named = tuple(dict.fromkeys(TaskKey.parse(n).instance_id for n in named))
     unknown = [i for i in named if i not in known]
     if unknown:
         raise pytest.UsageError(", ".join(f"{SUITE_NAME}::{i}" for i in unknown) + ": no such ProgramBench task"
@@ -224,8 +225,13 @@ class ProgramBenchSession:
             selection = narrow_to(selection, catalogue, named)
         if not selection.tasks:
             raise pytest.UsageError(f"no ProgramBench task matched: {selection.why_empty}")
-        if not is_listing(config) and not settings.agent and not settings.submissions:
+        if not is_listing(config) and not settings.agent and not settings.submissions and not settings.gold:
             raise pytest.UsageError(NOTHING_TO_RUN)
+        if settings.gold and (settings.agent or settings.submissions or settings.attempts > 1):
+            raise pytest.UsageError("--pb-gold N evaluates the reference itself: it runs no agent and takes no "
+                                    "submissions (drop --pb-agent, --pb-submissions and --pb-attempts)")
+        if settings.ignore_flaky and not settings.gold_ledger:
+            raise pytest.UsageError("--pb-ignore-flaky needs --pb-gold-ledger FILE: the ledger's tests are ignored")
         if settings.agent and settings.submissions:
             raise pytest.UsageError(AGENT_AND_SUBMISSIONS)
         if settings.max_regression is not None and not settings.compare:
@@ -266,7 +272,9 @@ class ProgramBenchSession:
             # A virtual path under the rootdir: reports then show "programbench" wherever pytest runs from.
             suite = ProgramBenchSuite.from_parent(collector, name="programbench", nodeid="programbench",
                                                   path=self.config.rootpath / "programbench",
-                                                  tasks=self.selection.tasks)
+                                                  tasks=self.selection.tasks, attempts=self.settings.attempts,
+                                                  gold=self.settings.gold,
+                                                  named=frozenset(named_tasks(self.config) or ()))
             # With no explicit path the session is the benchmark alone; with paths, the benchmark joins them.
             report.result = [*report.result, suite] if self.explicit_paths else [suite]
         return report
@@ -278,7 +286,8 @@ class ProgramBenchSession:
         for unknown in self.submissions.unknown_ids:
             warnings.warn(ProgramBenchWarning(
                 f"{self.submissions.root / unknown}: {unknown!r} is not a known task; ignored"), stacklevel=1)
-        missing = [i for i in items if isinstance(i, ProgramBenchItem) and i.name in self.without_submission]
+        missing = [i for i in items if isinstance(i, ProgramBenchItem)
+                   and i.task.instance_id in self.without_submission]
         if missing:
             drop = set(map(id, missing))
             items[:] = [i for i in items if id(i) not in drop]
@@ -312,8 +321,7 @@ class ProgramBenchSession:
         from pytest_programbench.results.summary import RunSummary, TaskRecord
 
         by_id = {t.instance_id: t for t in self.selection.tasks}
-        chosen = [by_id[i] for i in (n.removeprefix("programbench::") for n in node_ids
-                                     if n.startswith("programbench::")) if i in by_id]
+        keys = [k for k in map(TaskKey.of_nodeid, node_ids) if k is not None and k.instance_id in by_id]
         self.summary = RunSummary(
             self.identity.path / "summary.json",
             {
@@ -326,10 +334,13 @@ class ProgramBenchSession:
                 "command": shlex.join(masked_command(self.config.invocation_params.args)),
                 "settings": public_settings(self.settings),
             },
-            [TaskRecord(t.instance_id, t.language, t.difficulty, t.overridden) for t in chosen],
-            meta_loader=lambda iid: TaskArtifacts(self.identity.path, iid).read_meta(),
+            [TaskRecord(k.instance_id, by_id[k.instance_id].language, by_id[k.instance_id].difficulty,
+                        by_id[k.instance_id].overridden, key=k.name, attempt=k.n) for k in keys],
+            meta_loader=lambda name: TaskArtifacts(TaskKey.parse(name).run_root(self.identity.path),
+                                                   TaskKey.parse(name).instance_id).read_meta(),
             token_price=self.settings.token_price,
             before_write=lambda data: self.config.hook.pytest_programbench_summary(summary=data, config=self.config),
+            attempts=self.settings.gold or self.settings.attempts,
         )
         self.summary.write()
 
@@ -340,14 +351,15 @@ class ProgramBenchSession:
     @pytest.hookimpl(tryfirst=True, specname="pytest_runtest_logreport")
     def pytest_runtest_logreport_junit(self, report: pytest.TestReport) -> None:
         """JUnit ``<system-out>``: the agent.log tail, added before junitxml closes the test case (on teardown)."""
-        if report.when != "teardown" or not report.nodeid.startswith("programbench::"):
+        key = TaskKey.of_nodeid(report.nodeid)
+        if report.when != "teardown" or key is None:
             return
         xml = _junit_xml(self.config)
         if xml is None:
             return
         from pytest_programbench.results.verdict import tail_lines
 
-        tail = tail_lines(self.identity.path / report.nodeid.removeprefix("programbench::") / "agent.log")
+        tail = tail_lines(key.task_dir(self.identity.path) / "agent.log")
         if tail:
             out = ET.Element("system-out")
             out.text = bin_xml_escape("\n".join([f"last {len(tail)} lines of agent.log:", *tail, ""]))
@@ -356,9 +368,10 @@ class ProgramBenchSession:
     @pytest.hookimpl(trylast=True, specname="pytest_runtest_logreport")
     def pytest_runtest_logreport_explain(self, report: pytest.TestReport) -> None:
         """After the progress line is written: the failure header names the task; a missing agent stops the run."""
-        if not report.nodeid.startswith("programbench::"):
+        key = TaskKey.of_nodeid(report.nodeid)
+        if key is None:
             return
-        instance_id = report.nodeid.removeprefix("programbench::")
+        instance_id = key.name
         if report.failed and report.location is not None:
             # pytest titles a failure with the location's domain ("test session" when empty).
             report.location = (report.location[0], report.location[1], instance_id)
@@ -524,9 +537,10 @@ class ProgramBenchSession:
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
         """A worker died running a task: remove its containers, reschedule it within the infra budget, else error."""
-        if not crashitem.startswith("programbench::"):
+        key = TaskKey.of_nodeid(crashitem)
+        if key is None:
             return
-        instance_id = crashitem.removeprefix("programbench::")
+        instance_id = key.name
         self.forget_task_containers(instance_id)
         crashes = self.crashes.setdefault(crashitem, [])
         crashes.append(str(report.longrepr))
@@ -543,7 +557,7 @@ class ProgramBenchSession:
         # An infrastructure error, in the error column: the item's own windows did not end it.
         report.when = "setup"
         report.longrepr = (f"infrastructure error: the xdist worker crashed {len(crashes)} time(s) while running "
-                           f"it (run directory: {self.identity.path / instance_id})\n" + "\n".join(crashes))
+                           f"it (run directory: {key.task_dir(self.identity.path)})\n" + "\n".join(crashes))
 
     def engine_urls(self, *, up_only: bool = False) -> list[str | None]:
         """Every engine this run may use (``None``: the environment's); ``up_only``: not those marked down."""
@@ -553,7 +567,8 @@ class ProgramBenchSession:
         return [spec.url for spec in pool.specs if not up_only or pool.down_reason(spec) is None]
 
     def forget_task_containers(self, instance_id: str) -> None:
-        """Remove what an aborted attempt left behind, before the task runs again (on every engine of the run)."""
+        """Remove what an aborted attempt left behind, before the task runs again (on every engine of the run);
+        ``instance_id`` is the item's name (its containers' task label: one attempt's, not its siblings')."""
         from pytest_programbench.engine import docker_engine
 
         for url in self.engine_urls(up_only=True):  # a down engine's leftovers: reaped when it is used again

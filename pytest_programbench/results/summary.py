@@ -40,6 +40,11 @@ class TaskRecord:
     duration: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
     cost_usd: float | None = None
+    key: str = ""  # the item's name: the instance id, or ``<id>[attempt-N]`` under --pb-attempts
+    attempt: int = 1
+
+    def __post_init__(self) -> None:
+        self.key = self.key or self.instance_id
 
     @property
     def scored(self) -> bool:
@@ -145,11 +150,12 @@ class RunSummary:
     def __init__(self, path: Path, header: dict[str, Any], records: Iterable[TaskRecord], *,
                  meta_loader: Callable[[str], Mapping[str, Any] | None] | None = None,
                  token_price: tuple[float, float] | None = None,
-                 before_write: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 before_write: Callable[[dict[str, Any]], None] | None = None, attempts: int = 1) -> None:
         self.path = path
         self.before_write = before_write  # the pytest_programbench_summary hook: may change what is written
         self.header = header
-        self.records = {r.instance_id: r for r in records}
+        self.records = {r.key: r for r in records}  # one per item: per attempt under --pb-attempts
+        self.attempts = attempts
         self.meta_loader = meta_loader
         self.token_price = token_price
         self.in_flight: dict[str, dict[str, Any]] = {}  # task -> phase, worker, clocks (the progress view's)
@@ -167,8 +173,11 @@ class RunSummary:
             return self._record(report)
 
     def _record(self, report: pytest.TestReport) -> bool:
-        rec = self.records.get(report.nodeid.removeprefix("programbench::"))
-        if rec is None or not report.nodeid.startswith("programbench::"):
+        from pytest_programbench.invocation import TaskKey
+
+        key = TaskKey.of_nodeid(report.nodeid)
+        rec = self.records.get(key.name) if key is not None else None
+        if rec is None:
             return False
         rec.duration += report.duration
         if report.outcome == "rerun":  # type: ignore[comparison-overlap]
@@ -192,17 +201,65 @@ class RunSummary:
         else:
             return False
         if self.meta_loader is not None:
-            rec.meta = dict(self.meta_loader(rec.instance_id) or {})
+            rec.meta = dict(self.meta_loader(rec.key) or {})
         rec.cost_usd = task_cost(self.path.parent, rec, self.token_price)
-        self.in_flight.pop(rec.instance_id, None)
+        self.in_flight.pop(rec.key, None)
         self.write()
         return True
 
+    def by_task(self) -> dict[str, list[TaskRecord]]:
+        """Each task's records, by attempt."""
+        tasks: dict[str, list[TaskRecord]] = {}
+        for rec in sorted(self.records.values(), key=lambda r: (r.instance_id, r.attempt)):
+            tasks.setdefault(rec.instance_id, []).append(rec)
+        return tasks
+
+    def task_rows(self) -> list[TaskRecord]:
+        """One row per task: the record itself with one attempt; with several, their mean over the scored ones
+        (outcome: passed when every scored attempt passed, error when none scored but one errored)."""
+        if self.attempts == 1:
+            return list(self.records.values())
+        rows = []
+        for iid, recs in self.by_task().items():
+            scored = [r for r in recs if r.scored]
+            first = recs[0]
+            if scored:
+                outcome = PASSED if all(r.outcome == PASSED for r in scored) else FAILED
+            else:
+                outcome = ERROR if any(r.outcome == ERROR for r in recs) else ""
+            costs = [r.cost_usd for r in recs if r.cost_usd is not None]
+            rows.append(TaskRecord(
+                iid, first.language, first.difficulty, first.overridden, outcome,
+                sum(r.score or 0.0 for r in scored) / len(scored) if scored else None,
+                reasons=[x for r in recs for x in r.reasons], duration=sum(r.duration for r in recs),
+                cost_usd=sum(costs) if costs else None))
+        return rows
+
+    def attempt_results(self) -> dict[str, list[Any]]:
+        """Per task its attempts' results, for results/attempts.py."""
+        from pytest_programbench.results.attempts import Attempt
+
+        return {iid: [Attempt(r.score if r.scored else None, r.outcome == PASSED, ended=bool(r.outcome))
+                      for r in recs] for iid, recs in self.by_task().items()}
+
     def headline(self) -> dict[str, Any]:
-        return figures(self.records.values())
+        head = figures(self.task_rows())
+        if self.attempts > 1:  # over the selection: each task's attempts with errors counted 0, not run 0 too
+            results = self.attempt_results()
+            per_task = [sum(a.score or 0.0 for a in rows if a.ended) / max(1, sum(a.ended for a in rows))
+                        for rows in results.values()]
+            head["mean_over_selection"] = _mean(per_task, len(per_task))
+            head["attempts"] = self.attempts
+            head["attempts_ended"] = sum(r.outcome != "" for r in self.records.values())
+        return head
 
     def intervals(self) -> dict[str, Any]:
-        """95% bootstrap CIs of both headline means (results/statistics.py); per task a list of attempts' scores."""
+        """95% bootstrap CIs of both headline means (results/statistics.py, scipy, over tasks); with several
+        attempts per task a two-level bootstrap (results/attempts.py) and the attempts' numbers."""
+        if self.attempts > 1:
+            from pytest_programbench.results.attempts import headline as attempts_headline
+
+            return attempts_headline(self.attempt_results(), attempts=self.attempts)
         from pytest_programbench.results.statistics import headline_statistics
 
         scored = {iid: [r.score or 0.0] for iid, r in self.records.items() if r.scored}
@@ -213,17 +270,18 @@ class RunSummary:
         from programbench.submission import aggregate
 
         benchmark = benchmark_ids()
-        chosen = {iid for iid, r in self.records.items() if not r.overridden}
+        rows = {r.instance_id: r for r in self.task_rows()}
+        chosen = {iid for iid, r in rows.items() if not r.overridden}
         if not benchmark <= chosen:
             return None
-        scores = {iid: self.records[iid].score or 0.0 for iid in benchmark if self.records[iid].scored}
+        scores = {iid: rows[iid].score or 0.0 for iid in benchmark if rows[iid].scored}
         if not scores:
             return None
         return aggregate(scores, len(benchmark)).as_dict()
 
     def breakdown(self, key: str) -> dict[str, dict[str, Any]]:
         groups: dict[str, list[TaskRecord]] = {}
-        for rec in self.records.values():
+        for rec in self.task_rows():
             groups.setdefault(getattr(rec, key), []).append(rec)
         return {name: figures(rows) for name, rows in sorted(groups.items())}
 
@@ -252,9 +310,27 @@ class RunSummary:
             "by_engine": self.by_engine(),
             "tokens": token_totals(self.records.values()),
             "in_flight": dict(sorted(self.in_flight.items())),
-            "tasks": {iid: {**rec.as_dict(), "phase": (self.in_flight.get(iid) or {}).get("phase")}
-                      for iid, rec in sorted(self.records.items())},
+            "tasks": self.tasks_dict(),
         }
+
+    def tasks_dict(self) -> dict[str, Any]:
+        """summary.json's ``tasks``, by instance id; with several attempts each task's aggregate, its numbers over
+        the attempts and every attempt's own record (``attempts``, by attempt number)."""
+        if self.attempts == 1:
+            return {iid: {**rec.as_dict(), "phase": (self.in_flight.get(iid) or {}).get("phase")}
+                    for iid, rec in sorted(self.records.items())}
+        from pytest_programbench.results.attempts import task_statistics
+
+        results = self.attempt_results()
+        by_task = self.by_task()
+        out: dict[str, Any] = {}
+        for row in self.task_rows():
+            out[row.instance_id] = {
+                **row.as_dict(), **task_statistics(results[row.instance_id]),
+                "attempts": {str(r.attempt): {**r.as_dict(), "phase": (self.in_flight.get(r.key) or {}).get("phase")}
+                             for r in by_task[row.instance_id]},
+            }
+        return out
 
     def write(self) -> None:
         with self._lock:
@@ -287,9 +363,12 @@ class RunSummary:
                      f"({head['selected']} selected)")
         from pytest_programbench.results.statistics import interval_text
 
-        for name, interval in self.intervals().items():
-            if interval is not None:
+        intervals = self.intervals()
+        for name, interval in intervals.items():
+            if name.endswith("_ci") and interval is not None:
                 lines.append(f"{name.removesuffix('_ci').replace('_', ' ')}: {interval_text(interval)}")
+        if self.attempts > 1:
+            lines.extend(attempts_lines(intervals))
         lines.append(tokens_line(token_totals(self.records.values())))
         for engine, row in self.by_engine().items():
             lines.append(f"engine {engine}: {row['tasks']} tasks ({row['passed']} passed, {row['failed']} failed, "
@@ -304,6 +383,21 @@ class RunSummary:
             lines.extend(f"  {r.instance_id}: {_first_line(r.reasons[-1]) if r.reasons else 'unknown'}"
                          for r in errors)
         return lines
+
+
+def attempts_lines(numbers: dict[str, Any]) -> list[str]:
+    """--pb-attempts: the spread across attempts and the mean over tasks of pass@k, resolved@k, near-resolved@k."""
+    std = numbers.get("std_across_attempts")
+    means = ", ".join(f"{m:.3f}" for m in numbers.get("attempt_means") or [])
+    lines = [f"attempts per task: {numbers['attempts']}; each complete attempt's mean over the selection: "
+             f"{means or '-'}; standard deviation across attempts: {'-' if std is None else f'{std:.3f}'}"]
+    for name, label in (("pass_at_k", "pass@k"), ("resolved_at_k", "resolved@k"),
+                        ("near_resolved_at_k", "near-resolved@k")):
+        values = numbers.get(name) or {}
+        if values:
+            lines.append(f"{label} (unbiased, mean over tasks): "
+                         + ", ".join(f"k={k} {v:.3f}" for k, v in values.items()))
+    return lines
 
 
 def tokens_line(totals: dict[str, Any]) -> str:
