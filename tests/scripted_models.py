@@ -8,6 +8,10 @@ shift it), each step a shell command through whichever shell tool the request of
 ``bash``, ``Bash``...), the last one plain text. A request that offers no tools (a title, a topic) gets a short
 text. Every response carries usage; :attr:`ScriptedModels.sent` totals exactly what was sent, normalised the way the
 relay counts (``input`` includes cached tokens).
+
+:class:`Faults` make it the failing provider of a real run: 429 with ``Retry-After`` for the first N model requests
+or the first seconds, 503 (or any status) for a while, a rejected key, a stream cut half-way, a delay before every
+answer. The server counts the model requests it answered with each status and the most it had in flight at once.
 """
 
 from __future__ import annotations
@@ -37,6 +41,20 @@ class Step:
     cached_tokens: int = 0
 
 
+@dataclass
+class Faults:
+    """What the server does wrong to model requests (POSTs to a model API), counted from the first one."""
+
+    rate_limit_first: int = 0  # the first N model requests answered 429
+    rate_limit_for: float = 0.0  # ... and every one in the first this many seconds
+    retry_after: str | None = "1"  # the 429s' Retry-After (None: none)
+    unavailable_for: float = 0.0  # every model request in the first this many seconds answered `unavailable_status`
+    unavailable_status: int = 503
+    reject_key: bool = False  # every model request answered 401
+    break_stream: tuple[int, ...] = ()  # these model requests (1-based) have their stream cut half-way
+    delay: float = 0.0  # seconds before every model answer (in flight meanwhile)
+
+
 SIDE_USAGE = Step("ok", None, 11, 2, 0)  # what a tool-less side request (a title, a probe) is answered with
 
 
@@ -63,11 +81,16 @@ class ScriptedModels:
     ``withhold_first``: seconds the agent's first turn (the first request offering tools) waits before any byte of
     its response (not even headers)."""
 
-    def __init__(self, steps: Sequence[Step], *, withhold_first: float = 0.0) -> None:
+    def __init__(self, steps: Sequence[Step], *, withhold_first: float = 0.0, faults: Faults | None = None) -> None:
         if not steps or steps[-1].command is not None:
             raise ValueError("a script ends with a text step")
         self.steps = list(steps)
         self.withhold_first = withhold_first
+        self.faults = faults or Faults()
+        self.statuses: list[int] = []  # the status of every model request, in order
+        self.in_flight = 0
+        self.peak_in_flight = 0  # model requests in flight at once, at most
+        self._first_model_request: float | None = None
         self.sent = Totals()
         self.log: list[str] = []  # "METHOD path" of every request
         self.bodies: list[dict[str, Any]] = []  # every model request's JSON body
@@ -125,6 +148,26 @@ class ScriptedModels:
         if first and self.withhold_first:
             self._closing.wait(self.withhold_first)  # the scripted silence (ends early only at shutdown)
 
+    def _fault(self) -> tuple[int, int | None]:
+        """(the 1-based number of this model request, the status it is answered with instead, if any)."""
+        faults = self.faults
+        with self._lock:
+            now = time.monotonic()
+            if self._first_model_request is None:
+                self._first_model_request = now
+            since = now - self._first_model_request
+            number = len(self.statuses) + 1
+            if faults.reject_key:
+                status: int | None = 401
+            elif number <= faults.rate_limit_first or since < faults.rate_limit_for:
+                status = 429
+            elif since < faults.unavailable_for:
+                status = faults.unavailable_status
+            else:
+                status = None
+            self.statuses.append(status or 200)
+        return number, status
+
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         models = self
 
@@ -169,6 +212,26 @@ class ScriptedModels:
                 if api is None:
                     models.unexpected.append(f"POST {self.path}")
                     return self._json(404, {"error": {"message": f"no route {self.path}"}})
+                with models._lock:
+                    models.in_flight += 1
+                    models.peak_in_flight = max(models.peak_in_flight, models.in_flight)
+                try:
+                    self._model(api, body)
+                finally:
+                    with models._lock:
+                        models.in_flight -= 1
+
+            def _model(self, api: str, body: dict[str, Any]) -> None:
+                faults = models.faults
+                if faults.delay:
+                    models._closing.wait(faults.delay)
+                number, status = models._fault()
+                if status is not None:
+                    headers = {"Retry-After": faults.retry_after} if status == 429 and faults.retry_after else {}
+                    kind = {401: "authentication_error", 429: "rate_limit_error"}.get(status, "overloaded_error")
+                    return self._json(status, {"type": "error", "error": {"type": kind, "message": "scripted"}},
+                                      headers)
+                self.cut_at = number in faults.break_stream
                 models.bodies.append(body)
                 models.keys.append(self.headers.get("x-api-key")
                                    or (self.headers.get("Authorization") or "").removeprefix("Bearer "))
@@ -187,9 +250,11 @@ class ScriptedModels:
                     return self._sse(_anthropic_events(model, step, call))
                 return self._json(200, _anthropic_body(model, step, call))
 
-            def _json(self, status: int, payload: Any) -> None:
+            def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(payload).encode()
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -200,12 +265,17 @@ class ScriptedModels:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Cache-Control", "no-cache")
                 self.send_header("Connection", "close")
+                frames = [((f"event: {name}\n" if name else "")
+                           + f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n").encode()
+                          for name, payload in events]
+                if getattr(self, "cut_at", False):
+                    # The whole stream's length announced, half of it sent, then the connection closes: a break.
+                    self.send_header("Content-Length", str(sum(map(len, frames))))
+                    frames = frames[:len(frames) // 2]
                 self.end_headers()
                 self.close_connection = True
-                for name, payload in events:
-                    data = payload if isinstance(payload, str) else json.dumps(payload)
-                    frame = (f"event: {name}\n" if name else "") + f"data: {data}\n\n"
-                    self.wfile.write(frame.encode())
+                for frame in frames:
+                    self.wfile.write(frame)
                     self.wfile.flush()
 
         return Handler

@@ -28,6 +28,7 @@ from pytest_programbench.relay.relay import (
     RelayConfigError,
     RelayRecord,
     RelayStats,
+    RetryPolicy,
     SSEDecoder,
     Upstream,
     relay_env,
@@ -573,16 +574,28 @@ def test_host_header_and_absolute_uri_to_the_upstream(upstream: ScriptedUpstream
 
 
 def test_upstream_down_is_a_recorded_502(tmp_path: Path) -> None:
+    """Refused connections are tried again within the retry budget; once it is spent, the agent gets a 502 and the
+    relay says the model API was unavailable."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     records = tmp_path / "r.jsonl"
-    with ModelRelay(f"http://127.0.0.1:{port}/v1", records_path=records, tcp=True) as relay:
+    with ModelRelay(f"http://127.0.0.1:{port}/v1", records_path=records, tcp=True,
+                    retry=RetryPolicy(budget_s=1.5, base_s=0.05, max_backoff_s=0.2)) as relay:
         status, body, _ = post_json(tcp_client(relay), "/v1/chat/completions", {"model": "gpt", "stream": True})
         [record] = settled(relay, 1)
         stats = relay.stats()
+        unavailable = relay.unavailable()
     assert status == 502
     assert "unreachable" in json.loads(body)["error"]["message"]
+    assert record.gave_up
+    assert len(record.retried) >= 2
+    assert all(t["status"] is None and "unreachable" in t["error"] for t in record.retried)
+    assert stats.retries == len(record.retried)
+    assert stats.gave_up == 1
+    assert unavailable is not None
+    assert "1 request(s) given up" in unavailable
+    assert "unreachable" in unavailable
     assert record.status == 502
     assert record.error is not None
     assert "unreachable" in record.error

@@ -15,6 +15,7 @@ from typing import Any
 
 from pytest_programbench.relay.metering import Usage, api_of
 from pytest_programbench.relay.records import BoundedJsonl, HeadTail, clip_text
+from pytest_programbench.relay.upstream import Attempts
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,12 @@ class RelayRecord:
     usage: Usage | None
     error: str | None
     tool_calls: int | None = None  # in the response, when it was a readable model API response
+    # The tries before the answer (upstream.Attempts): {"attempt", "status", "error", "wait_s"} each.
+    retried: tuple[dict[str, Any], ...] = ()
+    retry_wait_s: float = 0.0
+    gave_up: bool = False  # the retry budget ran out: the last transient failure went to the agent
+    rejected: bool = False  # the upstream answered 401/403: the key is not accepted
+    stream_broken: bool = False  # the upstream broke off after bytes went to the agent (not retryable)
 
     @property
     def failed(self) -> bool:
@@ -58,7 +65,9 @@ class RelayRecord:
                 "status": self.status, "model": self.model, "stream": self.stream, "api": self.api,
                 "first_byte_s": self.first_byte_s, "total_s": self.total_s, "request_bytes": self.request_bytes,
                 "response_bytes": self.response_bytes, "usage": None if self.usage is None else self.usage.as_dict(),
-                "error": self.error, "tool_calls": self.tool_calls}
+                "error": self.error, "tool_calls": self.tool_calls, "retries": list(self.retried),
+                "retry_wait_s": self.retry_wait_s, "gave_up": self.gave_up, "rejected": self.rejected,
+                "stream_broken": self.stream_broken}
 
 
 _MODEL_APIS = frozenset({"chat.completions", "responses", "anthropic.messages", "completions"})
@@ -79,11 +88,21 @@ class RelayStats:
     tool_calls: int = 0  # tool calls in the model's responses
     cached_input_tokens: int | None = None
     model_latency_s: float = 0.0  # time in answered model API requests, first byte to last
+    retries: int = 0  # tries again after a transient failure, before the answer went to the agent
+    retry_wait_s: float = 0.0  # seconds spent waiting between those tries
+    gave_up: int = 0  # requests whose retry budget ran out
+    rejected: int = 0  # requests the upstream answered 401/403
+    stream_breaks: int = 0  # responses the upstream broke off after bytes went to the agent
 
     def add(self, record: RelayRecord) -> None:
         self.requests += 1
         self.errors += record.failed
         self.latency_s += record.total_s
+        self.retries += len(record.retried)
+        self.retry_wait_s += record.retry_wait_s
+        self.gave_up += record.gave_up
+        self.rejected += record.rejected
+        self.stream_breaks += record.stream_broken
         if record.api in _MODEL_APIS and not record.failed:
             self.turns += 1
             self.model_latency_s += record.total_s
@@ -101,7 +120,9 @@ class RelayStats:
                 "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
                 "total_tokens": self.total_tokens, "latency_s": round(self.latency_s, 6), "turns": self.turns,
                 "tool_calls": self.tool_calls, "cached_input_tokens": self.cached_input_tokens,
-                "model_latency_s": round(self.model_latency_s, 6)}
+                "model_latency_s": round(self.model_latency_s, 6), "retries": self.retries,
+                "retry_wait_s": round(self.retry_wait_s, 3), "gave_up": self.gave_up, "rejected": self.rejected,
+                "stream_breaks": self.stream_breaks}
 
 
 class Exchange:
@@ -123,6 +144,9 @@ class Exchange:
         self.error: str | None = None
         self.tool_calls: int | None = None
         self.held = 0  # bytes of the relay's budget this request holds (its body), given back when it ends
+        self.attempts = Attempts()
+        self.rejected = False
+        self.stream_broken = False
 
     def mark_first_byte(self) -> None:
         if self.first_byte_s is None:
@@ -134,7 +158,9 @@ class Exchange:
                            self.status, None if self.model is None else clip_text(self.model, 256), self.stream,
                            api_of(self.path), self.first_byte_s, round(time.monotonic() - self.t0, 6),
                            self.request_bytes, self.response_bytes, self.usage,
-                           None if self.error is None else clip_text(self.error), self.tool_calls)
+                           None if self.error is None else clip_text(self.error), self.tool_calls,
+                           tuple(self.attempts.tries), self.attempts.waited_s, self.attempts.gave_up, self.rejected,
+                           self.stream_broken)
 
 
 

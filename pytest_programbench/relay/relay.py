@@ -26,6 +26,7 @@ arrives (server-sent events included) through the metering tap.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -37,6 +38,7 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, cast
@@ -69,10 +71,13 @@ from pytest_programbench.relay.server import (
     send_error,
 )
 from pytest_programbench.relay.upstream import (
+    DEFAULT_RETRY_BUDGET_S,
     KEY_HEADERS,
+    REJECTED_STATUSES,
     REQUEST_DROP,
     RESPONSE_DROP,
     RelayConfigError,
+    RetryPolicy,
     Upstream,
     UpstreamClient,
     bad_path,
@@ -80,10 +85,32 @@ from pytest_programbench.relay.upstream import (
 )
 from pytest_programbench.sandbox.layout import RELAY_PORT
 
-__all__ = ["BRIDGE_SCRIPT", "HEADER_MAX", "LINGER_S", "MAX_CONNECTIONS", "PLACEHOLDER_KEY", "RECORDS_IN_MEMORY",
-           "SANDBOX_BRIDGE_PORT", "SOCKET_NAME", "ModelRelay", "RelayConfigError", "RelayRecord", "RelayStats",
-           "SSEDecoder", "StreamUsage", "Upstream", "Usage", "UsageTap", "api_of", "relay_env", "tool_calls_in_body",
-           "usage_from_body", "usage_from_mapping"]
+__all__ = [
+    "BRIDGE_SCRIPT",
+    "DEFAULT_RETRY_BUDGET_S",
+    "HEADER_MAX",
+    "LINGER_S",
+    "MAX_CONNECTIONS",
+    "PLACEHOLDER_KEY",
+    "RECORDS_IN_MEMORY",
+    "SANDBOX_BRIDGE_PORT",
+    "SOCKET_NAME",
+    "ModelRelay",
+    "RelayConfigError",
+    "RelayRecord",
+    "RelayStats",
+    "RetryPolicy",
+    "SSEDecoder",
+    "StreamUsage",
+    "Upstream",
+    "Usage",
+    "UsageTap",
+    "api_of",
+    "relay_env",
+    "tool_calls_in_body",
+    "usage_from_body",
+    "usage_from_mapping",
+]
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +191,8 @@ class ModelRelay:
         max_connections: int = MAX_CONNECTIONS,
         records_limit: int | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        retry: RetryPolicy | None = None,
+        on_wait: Callable[[float], None] | None = None,
     ) -> None:
         if not unix and not tcp:
             raise RelayConfigError("the relay needs a Unix socket, a TCP listener, or both")
@@ -180,6 +209,9 @@ class ModelRelay:
         self.key_style: KeyStyle = key_style
         self.connect_timeout = connect_timeout
         self.upstream_timeout = upstream_timeout
+        self.retry = retry or RetryPolicy()
+        self._on_wait = on_wait
+        self._outages: collections.Counter[str] = collections.Counter()  # what gave up or was rejected, by answer
         self.client_idle_timeout = client_idle_timeout
         self.max_request_bytes = request_limit() if max_request_bytes is None else max_request_bytes
         inflight = inflight_limit() if max_inflight_bytes is None else max_inflight_bytes
@@ -214,7 +246,8 @@ class ModelRelay:
             self._key = key
         try:
             self._upstream = UpstreamClient(self.upstream, connect_timeout=self.connect_timeout,
-                                            read_timeout=self.upstream_timeout, ssl_context=self._ssl_context)
+                                            read_timeout=self.upstream_timeout, ssl_context=self._ssl_context,
+                                            policy=self.retry, on_wait=self._on_wait)
             self._recorder.open()
             if self._want_unix:
                 self._servers.append(self._listen_unix())
@@ -352,10 +385,36 @@ class ModelRelay:
         if bounds["records_omitted"] and self.records_path is not None:
             out.append(f"{self.records_path.name} reached its cap: {bounds['records_omitted']} model request "
                        "record(s) dropped (counted in pb-meta.json's relay stats; the first and the last kept)")
+        stats = self.stats()
+        if stats.retries:
+            out.append(f"the model relay retried {stats.retries} transient failure(s) upstream, waiting "
+                       f"{stats.retry_wait_s:.0f} s in all")
+        if stats.stream_breaks:
+            out.append(f"the upstream broke off {stats.stream_breaks} response(s) after bytes reached the agent")
         if bounds["inflight_refused"]:
             out.append(f"the model relay refused {bounds['inflight_refused']} request(s) with a 503: the request "
                        f"bodies in flight reached {self.budget.limit} bytes")
         return out
+
+    def _note_outage(self, answer: str) -> None:
+        with self._lock:
+            self._outages[answer] += 1
+
+    def unavailable(self) -> str | None:
+        """Why the model API could not be used in this window, ``None`` when it could: requests answered 401/403
+        (the key rejected) or given up after the whole retry budget. The caller makes the task an error of it."""
+        with self._lock:
+            outages = dict(self._outages)
+        if not outages:
+            return None
+        rejected = {answer: n for answer, n in outages.items() if answer in ("401", "403")}
+        if rejected:
+            what = ", ".join(f"{n} answered {answer}" for answer, n in sorted(rejected.items()))
+            return f"model API rejected the key: {sum(rejected.values())} request(s) ({what})"
+        what = ", ".join(f"{n} answered {answer}" if answer[:1].isdigit() else f"{n} {answer}"
+                         for answer, n in sorted(outages.items()))
+        return (f"model API unavailable: {sum(outages.values())} request(s) given up after the retry budget of "
+                f"{self.retry.budget_s:g} s ({what})")
 
     def stats(self) -> RelayStats:
         return self._recorder.stats()
@@ -538,7 +597,12 @@ class ModelRelay:
         upstream = self._upstream
         if upstream is None or self._closed:
             raise Refusal(503, "the relay is closing")
-        response = upstream.send(handler.command, path, self._headers(handler, body), body)
+        try:
+            response = upstream.send(handler.command, path, self._headers(handler, body), body, exchange.attempts)
+        except Refusal:
+            if exchange.attempts.gave_up:  # no answer within the whole budget
+                self._note_outage("no answer (unreachable)")
+            raise
         try:
             self._respond(handler, exchange, response)
         finally:
@@ -547,6 +611,11 @@ class ModelRelay:
     def _respond(self, handler: Handler, exchange: Exchange, response: httpx.Response) -> None:
         status = response.status_code
         exchange.status = status
+        if status in REJECTED_STATUSES:
+            exchange.rejected = True
+            self._note_outage(f"{status}")
+        elif exchange.attempts.gave_up:
+            self._note_outage(f"{status}")
         bodyless = handler.command == "HEAD" or status in (204, 304) or 100 <= status < 200
         headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in response.headers.raw]
         named = {token.strip().lower() for name, value in headers if name.lower() == "connection"
@@ -585,6 +654,7 @@ class ModelRelay:
                 chunk = next(chunks, b"")
             except (httpx.HTTPError, OSError) as exc:  # a cut stream, or a body short of its Content-Length
                 exchange.error = f"upstream broke off the response: {exc!r}"
+                exchange.stream_broken = True
                 handler.close_connection = True  # no terminating chunk: the client sees a truncated body
                 break
             if not chunk:

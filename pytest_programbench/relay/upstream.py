@@ -1,18 +1,34 @@
 """The upstream side of the relay: the one place it forwards to (:class:`Upstream`) and the httpx client that reaches
-it (:class:`UpstreamClient`: keep-alive pool, TLS, streaming, timeouts; no proxy from the environment, no redirects).
+it (:class:`UpstreamClient`: keep-alive pool, TLS, streaming, timeouts; no proxy from the environment, no redirects),
+with the retry policy.
+
+Retries (:class:`RetryPolicy`, run by tenacity): before any byte of a response has gone to the agent, an answer of
+``RETRY_STATUSES`` (408, 409, 429, 500, 502, 503, 504, 529), a connection refused or reset before an answer, or a
+connect timeout is tried again after a wait: the provider's hint when it gives one (``retry-after-ms``,
+``Retry-After`` in seconds or as a date, OpenAI's ``x-ratelimit-reset-*`` or Anthropic's
+``anthropic-ratelimit-*-reset`` of the exhausted limit), else exponential backoff with full jitter; all within the
+request's budget (``--pb-model-retry-budget``, default 10 minutes). The agent sees a slower answer. When the budget
+is spent (the next wait would pass it), the last answer goes to the agent as it came and the request is marked given
+up (:attr:`Attempts.gave_up`): the relay's caller decides what an outage means for the task.
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
+import re
 import socket
 import ssl
 import threading
-from dataclasses import dataclass
-from typing import Literal, cast
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Literal, cast
 from urllib.parse import unquote, urlsplit
 
 import httpx
+import tenacity
 
 from pytest_programbench.relay.server import Refusal
 
@@ -26,6 +42,12 @@ KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
 RESPONSE_DROP = HOP_BY_HOP | {"content-length"}
 _MAX_POOLED = 8
 _POOL_IDLE_S = 60.0
+
+#: Answers tried again before the first byte reaches the agent: timeouts, conflicts, rate limits, overloads.
+RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+#: Upstream statuses that say the key is not accepted: no retry helps.
+REJECTED_STATUSES = frozenset({401, 403})
+DEFAULT_RETRY_BUDGET_S = 600.0
 
 
 class RelayConfigError(ValueError):
@@ -115,14 +137,123 @@ def bad_path(path: str) -> bool:
 
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long one request may be tried for (``budget_s``, from its first attempt) and the backoff without a hint:
+    ``base_s`` doubling per attempt up to ``max_backoff_s``, full jitter."""
+
+    budget_s: float = DEFAULT_RETRY_BUDGET_S
+    base_s: float = 1.0
+    max_backoff_s: float = 30.0
+
+
+@dataclass
+class Attempts:
+    """What one request's tries went through: one entry per retried answer, and whether the budget ran out."""
+
+    tries: list[dict[str, Any]] = field(default_factory=list)  # {"attempt", "status", "error", "wait_s"}
+    waited_s: float = 0.0
+    gave_up: bool = False  # the budget ran out on a transient failure: the last one went to the agent
+
+    @property
+    def retries(self) -> int:
+        return len(self.tries)
+
+
+class _Transient(Exception):
+    """No answer from the upstream, of a kind worth another try (refused, reset, connect timeout)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+_GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_GO_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def _seconds_until(value: str, now: datetime) -> float | None:
+    """A reset header's value: seconds (``12``, ``1.5``), a Go duration (``6m0s``, ``20ms``) or a date."""
+    value = value.strip()
+    if not value:
+        return None
+    with contextlib.suppress(ValueError):
+        return max(0.0, float(value))
+    parts = _GO_DURATION.findall(value)
+    if parts and "".join(number + unit for number, unit in parts) == value:
+        return sum(float(number) * _GO_UNITS[unit] for number, unit in parts)
+    when: datetime | None = None
+    with contextlib.suppress(ValueError):
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if when is None:
+        with contextlib.suppress(TypeError, ValueError, IndexError):
+            when = parsedate_to_datetime(value)
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - now).total_seconds())
+
+
+_RESET_KINDS = ("requests", "tokens", "input-tokens", "output-tokens")
+
+
+def retry_hint(headers: httpx.Headers, now: datetime | None = None) -> float | None:
+    """Seconds the provider asks to wait before trying again, ``None`` when it says nothing usable.
+
+    ``retry-after-ms``, then ``Retry-After`` (seconds or an HTTP date); else the reset of a limit whose remaining
+    count is 0 (OpenAI ``x-ratelimit-{remaining,reset}-requests|tokens``, Anthropic
+    ``anthropic-ratelimit-*-{remaining,reset}``), the latest of those; else the earliest reset given."""
+    now = now or datetime.now(UTC)
+    with contextlib.suppress(KeyError, ValueError):
+        return max(0.0, float(headers["retry-after-ms"]) / 1000)
+    if "retry-after" in headers:
+        hint = _seconds_until(headers["retry-after"], now)
+        if hint is not None:
+            return hint
+    exhausted: list[float] = []
+    resets: list[float] = []
+    for kind in _RESET_KINDS:
+        for remaining, reset in ((f"x-ratelimit-remaining-{kind}", f"x-ratelimit-reset-{kind}"),
+                                 (f"anthropic-ratelimit-{kind}-remaining", f"anthropic-ratelimit-{kind}-reset")):
+            if reset not in headers:
+                continue
+            seconds = _seconds_until(headers[reset], now)
+            if seconds is None:
+                continue
+            resets.append(seconds)
+            if headers.get(remaining, "").strip() == "0":
+                exhausted.append(seconds)
+    if exhausted:
+        return max(exhausted)
+    return min(resets) if resets else None
+
+
+def _caused_by_tls(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class UpstreamClient:
     """httpx for the upstream side: a keep-alive pool, streaming, TLS, and a read timeout long enough for a model
     that thinks for an hour before its first byte. No proxy from the environment, no redirects: the relay goes to
-    the configured endpoint and nowhere else. Responses in flight are tracked so that :meth:`close` can cut them."""
+    the configured endpoint and nowhere else. Responses in flight are tracked so that :meth:`cut` can end them.
+
+    ``on_wait(seconds)`` is told each wait before it starts (the live view shows it)."""
 
     def __init__(self, upstream: Upstream, *, connect_timeout: float, read_timeout: float,
-                 ssl_context: ssl.SSLContext | None) -> None:
+                 ssl_context: ssl.SSLContext | None, policy: RetryPolicy | None = None,
+                 on_wait: Callable[[float], None] | None = None) -> None:
         self.upstream = upstream
+        self.policy = policy or RetryPolicy()
+        self._on_wait = on_wait
         timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=_MAX_POOLED,
                               keepalive_expiry=_POOL_IDLE_S)
@@ -131,24 +262,85 @@ class UpstreamClient:
                                     follow_redirects=False)
         self._lock = threading.Lock()
         self._inflight: set[httpx.Response] = set()
-        self._closed = False
+        self._closing = threading.Event()  # also ends every wait between tries at once
 
-    def send(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes) -> httpx.Response:
-        """One request, streamed: the response's headers read, its body not yet. A failure to get an answer is a
-        :class:`Refusal` (502, 504) the agent receives."""
-        if self._closed:
-            raise Refusal(503, "the relay is closing")
+    def send(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes,
+             attempts: Attempts | None = None) -> httpx.Response:
+        """One request, streamed (headers read, body not yet), tried again per the policy; ``attempts`` gets what
+        the tries went through. A failure with no answer is a :class:`Refusal` (502, 504) the agent receives."""
         # The path was checked against the endpoint's prefix as sent: the URL is built from its raw bytes, so
         # nothing is re-encoded or normalised on the way.
         url = httpx.URL(scheme=self.upstream.scheme, host=self.upstream.host, port=self.upstream.port,
                         raw_path=path.encode("ascii", "surrogateescape"))
+        log = attempts if attempts is not None else Attempts()
+        policy = self.policy
+
+        def wait(state: tenacity.RetryCallState) -> float:
+            outcome = state.outcome
+            hint = None
+            if outcome is not None and not outcome.failed:
+                hint = retry_hint(cast(httpx.Response, outcome.result()).headers)
+            if hint is None:
+                return float(tenacity.wait_random_exponential(multiplier=policy.base_s,
+                                                              max=policy.max_backoff_s)(state))
+            return hint + random.uniform(0, min(1.0, hint / 10))  # noqa: S311 (jitter, so waiters do not stampede)
+
+        def stop(state: tenacity.RetryCallState) -> bool:
+            return self._closing.is_set() or (state.seconds_since_start or 0.0) + state.upcoming_sleep > policy.budget_s
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            outcome = state.outcome
+            assert outcome is not None
+            status, error = None, None
+            if outcome.failed:
+                exc = cast(_Transient, outcome.exception())
+                error = exc.message
+            else:
+                response = cast(httpx.Response, outcome.result())
+                status = response.status_code
+                self.done(response)  # its body is not wanted: the connection goes
+            waited = round(state.upcoming_sleep, 3)
+            log.tries.append({"attempt": state.attempt_number, "status": status, "error": error, "wait_s": waited})
+            log.waited_s = round(log.waited_s + waited, 3)
+            if self._on_wait is not None:
+                self._on_wait(waited)
+
+        def give_up(state: tenacity.RetryCallState) -> httpx.Response:
+            outcome = state.outcome
+            assert outcome is not None
+            log.gave_up = not self._closing.is_set()
+            if outcome.failed:
+                exc = cast(_Transient, outcome.exception())
+                raise Refusal(exc.status, f"{exc.message} (tried {state.attempt_number} times over "
+                                          f"{state.seconds_since_start or 0.0:.0f} s)")
+            return cast(httpx.Response, outcome.result())  # the last answer, as it came
+
+        retrying = tenacity.Retrying(
+            retry=(tenacity.retry_if_exception_type(_Transient)
+                   | tenacity.retry_if_result(lambda r: r.status_code in RETRY_STATUSES)),
+            wait=wait, stop=stop, before_sleep=before_sleep, retry_error_callback=give_up,
+            sleep=self._sleep)
+        return retrying(self._attempt, method, url, headers, body)
+
+    def _sleep(self, seconds: float) -> None:
+        self._closing.wait(seconds)  # closing the relay ends the wait
+
+    def _attempt(self, method: str, url: httpx.URL, headers: list[tuple[str, str]], body: bytes) -> httpx.Response:
+        if self._closing.is_set():
+            raise Refusal(503, "the relay is closing")
         request = self._client.build_request(method, url, headers=headers, content=body if body else None)
         origin = self.upstream.origin
         try:
             response = self._client.send(request, stream=True)
+        except httpx.ConnectTimeout as exc:
+            raise _Transient(504, f"upstream {origin} did not accept a connection in time: {exc!r}") from exc
         except httpx.TimeoutException as exc:
             raise Refusal(504, f"upstream {origin} timed out: {exc!r}") from exc
-        except (httpx.ConnectError, httpx.UnsupportedProtocol) as exc:
+        except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:  # refused, reset, closed before answering
+            if _caused_by_tls(exc):  # a certificate the relay does not trust stays untrusted: no retry
+                raise Refusal(502, f"upstream {origin} unreachable: {exc!r}") from exc
+            raise _Transient(502, f"upstream {origin} unreachable: {exc!r}") from exc
+        except httpx.UnsupportedProtocol as exc:
             raise Refusal(502, f"upstream {origin} unreachable: {exc!r}") from exc
         except httpx.HTTPError as exc:
             raise Refusal(502, f"upstream {origin} sent no valid response: {exc!r}") from exc
@@ -164,8 +356,8 @@ class UpstreamClient:
 
     def cut(self) -> None:
         """Shut the sockets of responses in flight (from another thread): their readers see the end at once."""
+        self._closing.set()
         with self._lock:
-            self._closed = True
             sockets = [sock for sock in map(socket_of, self._inflight) if sock is not None]
         for sock in sockets:
             with contextlib.suppress(OSError):

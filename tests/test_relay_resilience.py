@@ -1,0 +1,155 @@
+"""The relay against a failing provider (the scripted model server's faults): transient failures absorbed before the
+agent sees a byte, what could not be absorbed said plainly, a broken stream passed on and counted.
+
+Each test speaks to the relay's TCP listener the way an SDK does (one streamed model request) and checks what the
+agent got, what the server saw, and the record the relay kept (``model-requests.jsonl``).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from pytest_programbench.relay.relay import ModelRelay, RetryPolicy
+from pytest_programbench.relay.upstream import retry_hint
+from tests.scripted_models import Faults, ScriptedModels, Step
+
+STEPS = [Step("done", None, 10, 2)]
+CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}],
+        "stream_options": {"include_usage": True}}
+FAST = RetryPolicy(budget_s=30, base_s=0.05, max_backoff_s=0.2)  # backoff without a hint: short
+
+
+def ask(relay: ModelRelay) -> tuple[int, bytes]:
+    assert relay.tcp_address is not None
+    conn = http.client.HTTPConnection(*relay.tcp_address, timeout=120)
+    try:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(CHAT),
+                     headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        try:
+            body = response.read()
+        except http.client.IncompleteRead as exc:  # a stream the upstream cut
+            body = exc.partial
+        return response.status, body
+    finally:
+        conn.close()
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_rate_limit_absorbed_honouring_retry_after(tmp_path: Path) -> None:
+    """Three 429s with Retry-After: 1: the agent gets the 200, one request recorded with three retries waiting at
+    least the second asked each, metered; the wait was told to the live view."""
+    waits: list[float] = []
+    with ScriptedModels(STEPS, faults=Faults(rate_limit_first=3, retry_after="1")) as server, \
+            ModelRelay(server.base_url, tcp=True, unix=False, records_path=tmp_path / "r.jsonl",
+                       retry=FAST, on_wait=waits.append) as relay:
+        status, body = ask(relay)
+        unavailable = relay.unavailable()
+    stats = relay.stats()
+    assert status == 200
+    assert b"[DONE]" in body
+    assert server.statuses == [429, 429, 429, 200]
+    [record] = records(tmp_path / "r.jsonl")
+    assert record["status"] == 200
+    assert not record["gave_up"]
+    assert [(t["attempt"], t["status"]) for t in record["retries"]] == [(1, 429), (2, 429), (3, 429)]
+    assert all(1.0 <= t["wait_s"] <= 1.1 for t in record["retries"])  # Retry-After, plus at most 10% jitter
+    assert record["retry_wait_s"] == pytest.approx(sum(t["wait_s"] for t in record["retries"]), abs=0.01)
+    assert stats.retries == 3
+    assert stats.retry_wait_s == pytest.approx(record["retry_wait_s"], abs=0.01)
+    assert stats.turns == 1
+    assert stats.input_tokens == server.sent.input_tokens == 11
+    assert waits == [t["wait_s"] for t in record["retries"]]
+    assert unavailable is None
+    assert any("retried 3 transient failure(s)" in note for note in relay.notes())
+
+
+def test_overload_absorbed_within_the_budget(tmp_path: Path) -> None:
+    """503 for two seconds (no hint: exponential backoff with jitter): the agent never sees the 503."""
+    with ScriptedModels(STEPS, faults=Faults(unavailable_for=2.0)) as server, \
+            ModelRelay(server.base_url, tcp=True, unix=False, retry=FAST) as relay:
+        status, _ = ask(relay)
+    assert status == 200
+    assert server.statuses[-1] == 200
+    assert set(server.statuses[:-1]) == {503}
+    assert relay.stats().retries == len(server.statuses) - 1 >= 2
+    assert relay.unavailable() is None
+
+
+def test_outage_longer_than_the_budget_is_given_up_and_named(tmp_path: Path) -> None:
+    """529 for longer than the budget: the last answer goes to the agent as it came, the record says it gave up,
+    and the relay names the outage (the task becomes an error of it)."""
+    policy = RetryPolicy(budget_s=1.5, base_s=0.1, max_backoff_s=0.3)
+    with ScriptedModels(STEPS, faults=Faults(unavailable_for=600, unavailable_status=529)) as server, \
+            ModelRelay(server.base_url, tcp=True, unix=False, retry=policy,
+                       records_path=tmp_path / "r.jsonl") as relay:
+        first, _ = ask(relay)
+        second, _ = ask(relay)
+        unavailable = relay.unavailable()
+    assert (first, second) == (529, 529)
+    assert len(server.statuses) >= 4
+    assert set(server.statuses) == {529}
+    lines = records(tmp_path / "r.jsonl")
+    assert [line["gave_up"] for line in lines] == [True, True]
+    assert all(sum(t["wait_s"] for t in line["retries"]) <= 1.5 for line in lines)  # within the budget
+    assert relay.stats().gave_up == 2
+    assert unavailable == ("model API unavailable: 2 request(s) given up after the retry budget of 1.5 s "
+                           "(2 answered 529)")
+
+
+def test_rejected_key_is_not_retried_and_named(tmp_path: Path) -> None:
+    with ScriptedModels(STEPS, faults=Faults(reject_key=True)) as server, \
+            ModelRelay(server.base_url, tcp=True, unix=False, retry=FAST) as relay:
+        status, body = ask(relay)
+    assert status == 401
+    assert b"authentication_error" in body
+    assert server.statuses == [401]
+    assert relay.stats().rejected == 1
+    assert relay.stats().retries == 0
+    assert relay.unavailable() == "model API rejected the key: 1 request(s) (1 answered 401)"
+
+
+def test_stream_broken_after_bytes_went_out_is_passed_on_and_counted(tmp_path: Path) -> None:
+    with ScriptedModels(STEPS, faults=Faults(break_stream=(1,))) as server, \
+            ModelRelay(server.base_url, tcp=True, unix=False, retry=FAST,
+                       records_path=tmp_path / "r.jsonl") as relay:
+        status, body = ask(relay)
+        again, _ = ask(relay)
+    assert status == 200
+    assert b"[DONE]" not in body
+    assert again == 200
+    assert server.statuses == [200, 200]  # never retried by the relay: bytes had gone out
+    first = records(tmp_path / "r.jsonl")[0]
+    assert first["stream_broken"]
+    assert first["retries"] == []
+    assert relay.stats().stream_breaks == 1
+    assert relay.unavailable() is None
+
+
+def test_retry_hints() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert retry_hint(httpx.Headers({"retry-after": "7"}), now) == 7
+    assert retry_hint(httpx.Headers({"retry-after-ms": "250", "retry-after": "7"}), now) == 0.25
+    date = format_datetime(now + timedelta(seconds=40), usegmt=True)
+    assert retry_hint(httpx.Headers({"retry-after": date}), now) == 40
+    openai = {"x-ratelimit-remaining-requests": "10", "x-ratelimit-reset-requests": "1s",
+              "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "6m0.5s"}
+    assert retry_hint(httpx.Headers(openai), now) == 360.5  # the exhausted limit's reset
+    anthropic = {"anthropic-ratelimit-requests-remaining": "0",
+                 "anthropic-ratelimit-requests-reset": (now + timedelta(seconds=12)).isoformat().replace("+00:00",
+                                                                                                        "Z")}
+    assert retry_hint(httpx.Headers(anthropic), now) == 12
+    assert retry_hint(httpx.Headers({"x-ratelimit-reset-requests": "20ms"}), now) == 0.02
+    assert retry_hint(httpx.Headers({"retry-after": "soon"}), now) is None
+    assert retry_hint(httpx.Headers({}), now) is None
