@@ -8,6 +8,7 @@ from pytest_programbench import invocation, options
 from pytest_programbench.stash import SESSION, WORKSTEAL_DEFAULTED
 
 SESSION_PLUGIN = "programbench-session"  # the session object is also a plugin: its hooks run only when opted in
+SCHEDULING_PLUGIN = "programbench-scheduling"  # scheduling/plugin.py: longest first
 FIXTURES_PLUGIN = "programbench-fixtures"  # fixtures.py: one fixture per pipeline step
 
 
@@ -74,6 +75,9 @@ def pytest_configure(config: pytest.Config) -> None:
     session = ProgramBenchSession.from_config(config)
     config.stash[SESSION] = session
     config.pluginmanager.register(session, SESSION_PLUGIN)
+    from pytest_programbench.scheduling.plugin import SchedulingPlugin
+
+    config.pluginmanager.register(SchedulingPlugin(session), SCHEDULING_PLUGIN)  # the order tasks start in
 
 
 def opted_in(config: pytest.Config) -> bool:
