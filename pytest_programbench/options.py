@@ -238,6 +238,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("model-endpoint", "The only address the agent may reach, through a relay.", "model", metavar="URL"),
     Option("model-key-env", "Host environment variable whose value the relay adds as the API key (the sandbox "
            "never sees it).", "model", metavar="NAME"),
+    Option("model-retry-budget", "Seconds one model request may be retried for (429, 5xx, 529, connection "
+           "errors, before any byte reaches the agent); a request still failing then makes the task an error "
+           "(model API unavailable).", "model", "float", "SECONDS", _float(0.0)),
+    Option("model-failures-scored", "Score tasks whose model API was unavailable or rejected the key (the "
+           "agent's half-finished work) instead of making them errors.", "model", "bool"),
     Option("submissions", "Evaluate existing submissions (<id>/submission.tar.gz) instead of running an agent.",
            "agent", metavar="DIR", parser=_dir),
     Option("require-all", "With --pb-submissions, selected tasks without a submission fail with score 0.",
@@ -387,6 +392,8 @@ class Settings:
     model: str | None = None
     model_endpoint: str | None = None
     model_key_env: str | None = None
+    model_retry_budget: float = 600.0
+    model_failures_scored: bool = False
     submissions: str | None = None
     require_all: bool = False
     sandbox_cpus: float = field(default_factory=lambda: float(min(20, cores())))

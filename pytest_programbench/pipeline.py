@@ -80,6 +80,8 @@ class TaskRun:
         self.reused = False
         self.relay: ModelRelay | None = None
         self.relay_stats: dict[str, Any] | None = None
+        self.model_unavailable: str | None = None  # ModelRelay.unavailable() of the agent's window
+        self.model_waited_s = 0.0  # seconds the relay waited to retry model requests (the live view)
         self.sandbox: Sandbox | None = None
         self.tunnel: RelayTunnel | None = None
         self._instance: dict[str, Any] | None = None
@@ -249,10 +251,11 @@ class TaskRun:
         """--pb-model-endpoint: the agent's only way out, recorded per task."""
         if not self.settings.model_endpoint:
             return None
-        from pytest_programbench.relay.relay import ModelRelay, RelayConfigError
+        from pytest_programbench.relay.relay import ModelRelay, RelayConfigError, RetryPolicy
 
         relay = ModelRelay(self.settings.model_endpoint, records_path=self.artifacts.dir / "model-requests.jsonl",
-                           api_key_env=self.settings.model_key_env, unix=not on_host, tcp=on_host)
+                           api_key_env=self.settings.model_key_env, unix=not on_host, tcp=on_host,
+                           retry=RetryPolicy(budget_s=self.settings.model_retry_budget), on_wait=self._model_wait)
         try:
             self.relay = relay.start()
         except (RelayConfigError, OSError) as exc:
@@ -268,6 +271,27 @@ class TaskRun:
             self.meta["relay"] = self.relay_stats
             self.meta["relay_bounds"] = relay.record_bounds()
             self.agent_notes += relay.notes()  # records dropped past the cap, requests refused for lack of room
+            self.model_unavailable = relay.unavailable()
+            if self.model_unavailable is not None:
+                self.meta["model_unavailable"] = self.model_unavailable
+
+    def _model_wait(self, seconds: float) -> None:
+        """The relay waits to retry a model request: the live view says so ("agent (rate-limited 40 s)")."""
+        self.model_waited_s += seconds
+        if self.session.progress is not None and self.record:
+            self.session.progress.note(self.task.instance_id, f"rate-limited {self.model_waited_s:.0f} s")
+
+    def require_model_available(self) -> None:
+        """A model API that rejected the key or stayed down for a whole retry budget is not the agent's failure:
+        the task is an error (resumable), not a score of its half-finished work, unless --pb-model-failures-scored."""
+        reason = self.model_unavailable
+        if reason is None:
+            return
+        if self.settings.model_failures_scored:
+            self.agent_notes.append(f"{reason} (scored anyway: --pb-model-failures-scored)")
+            return
+        raise InfrastructureError(f"{reason}; the agent's files are kept in {self.artifacts.dir} "
+                                  "(--pb-resume runs the task again)", retryable=False)
 
     def relay_env(self, *, on_host: bool) -> dict[str, str]:
         if self.relay is None:
@@ -304,11 +328,13 @@ class TaskRun:
                 sandbox.close()
 
     def end_agent_window(self) -> None:
-        """The agent's window is over once its work is packed: its sandbox and relay go before the evaluation."""
+        """The agent's window is over once its work is packed: its sandbox and relay go before the evaluation;
+        then a model API that was unavailable makes the task an error (``require_model_available``)."""
         try:
             self.close_sandbox()
         finally:
             self.close_relay()
+        self.require_model_available()
 
     def write_prompt(self, sandbox: Sandbox, *, on_host: bool) -> str:
         """The prompt (task docs + rules, the prompt hook applied), written to the sandbox's prompt file."""

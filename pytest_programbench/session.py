@@ -134,6 +134,8 @@ def is_worker(config: pytest.Config) -> bool:
 
 # Tasks whose agent all exited 127/126 (never ran) before the session stops; --pb-keep-going turns it off.
 STOP_AFTER_AGENT_NOT_RUN = 3
+# Tasks whose model API rejected the key (401/403) before any task was scored, before the session stops.
+STOP_AFTER_MODEL_REJECTED = 2
 
 
 def _junit_xml(config: pytest.Config) -> Any:
@@ -173,6 +175,8 @@ class ProgramBenchSession:
         # The agent's exit statuses of the first tasks, while none of them ran (127/126): see _watch_agent_exit.
         self.agent_not_run: list[tuple[str, int]] = []
         self.agent_ran = False
+        self.model_rejected: list[str] = []  # the first tasks whose key was rejected, while none was scored
+        self.scored_any = False
         self.stop_reason = ""
         self.preflight: PreflightReport | None = None
         self.agent_spec: AgentSpec | None = None
@@ -376,7 +380,28 @@ class ProgramBenchSession:
             # pytest titles a failure with the location's domain ("test session" when empty).
             report.location = (report.location[0], report.location[1], instance_id)
         if report.when == "call":
+            self.scored_any = True
             self._watch_agent_exit(instance_id, dict(report.user_properties).get("agent_exit"))
+        elif report.when == "setup" and report.failed:
+            self._watch_model_rejected(instance_id, report.user_properties)
+
+    def _watch_model_rejected(self, instance_id: str, properties: list[tuple[str, object]]) -> None:
+        """Stop the session when the model API rejected the key on the first tasks: every task would do the same."""
+        from pytest_programbench.relay.relay import MODEL_REJECTED
+
+        if self.settings.keep_going or self.stop_reason or self.scored_any:
+            return
+        reasons = [str(value) for name, value in properties
+                   if str(name).startswith("infra_attempt_") and str(value).startswith(MODEL_REJECTED)]
+        if not reasons:
+            return
+        self.model_rejected.append(instance_id)
+        if len(self.model_rejected) < STOP_AFTER_MODEL_REJECTED:
+            return
+        self._stop(f"programbench: stopping: {reasons[0].split(';')[0]} on each of the first "
+                   f"{len(self.model_rejected)} tasks; check --pb-model-key-env {self.settings.model_key_env!r} "
+                   f"and --pb-model-endpoint {self.settings.model_endpoint!r} (--pb-resume runs the tasks once the "
+                   "key works); --pb-keep-going runs every task anyway")
 
     def _watch_agent_exit(self, instance_id: str, agent_exit: Any) -> None:
         """Stop the session when the first tasks' agents all exited 127/126: every other task would do the same."""
@@ -398,6 +423,11 @@ class ProgramBenchSession:
             f"programbench: stopping: the agent of each of the first {len(self.agent_not_run)} tasks exited "
             f"{'/'.join(map(str, codes))} ({what}); check --pb-agent {self.settings.agent!r} (the shell's message "
             f"is in {self.identity.path / first / 'agent.log'}); --pb-keep-going runs every task anyway")
+        self._stop(self.stop_reason)
+
+    def _stop(self, reason: str) -> None:
+        """No new task starts; the session ends with ``reason`` (under xdist too)."""
+        self.stop_reason = reason
         dsession = self.config.pluginmanager.get_plugin("dsession")
         if dsession is not None:
             dsession.shouldstop = self.stop_reason  # xdist's controller loop reads its own flag

@@ -91,6 +91,7 @@ __all__ = [
     "HEADER_MAX",
     "LINGER_S",
     "MAX_CONNECTIONS",
+    "MODEL_REJECTED",
     "PLACEHOLDER_KEY",
     "RECORDS_IN_MEMORY",
     "SANDBOX_BRIDGE_PORT",
@@ -124,6 +125,8 @@ SOCKET_NAME = "relay.sock"
 SANDBOX_BRIDGE_PORT = RELAY_PORT
 #: What SDKs get as their API key when the relay adds the real one (they refuse to start without one).
 PLACEHOLDER_KEY = "pb-relay-adds-the-key"
+#: How :meth:`ModelRelay.unavailable` begins when the upstream rejected the key (the session stops on it).
+MODEL_REJECTED = "model API rejected the key"
 
 
 # -- env for agents -------------------------------------------------------------------------------------------
@@ -410,7 +413,7 @@ class ModelRelay:
         rejected = {answer: n for answer, n in outages.items() if answer in ("401", "403")}
         if rejected:
             what = ", ".join(f"{n} answered {answer}" for answer, n in sorted(rejected.items()))
-            return f"model API rejected the key: {sum(rejected.values())} request(s) ({what})"
+            return f"{MODEL_REJECTED}: {sum(rejected.values())} request(s) ({what})"
         what = ", ".join(f"{n} answered {answer}" if answer[:1].isdigit() else f"{n} {answer}"
                          for answer, n in sorted(outages.items()))
         return (f"model API unavailable: {sum(outages.values())} request(s) given up after the retry budget of "

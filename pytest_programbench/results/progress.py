@@ -78,14 +78,22 @@ class Publisher:
         with self._lock:
             if self._state["task"] != instance_id:  # a late record of a task that already ended
                 return
-            self._state.update(phase=name, phase_started=time.time())
+            self._state.update(phase=name, phase_started=time.time(), note=None)
             self._write(event=name)
+
+    def note(self, instance_id: str, text: str) -> None:
+        """A word on the current phase shown beside it ("rate-limited 40 s"); a new phase clears it."""
+        with self._lock:
+            if self._state["task"] != instance_id:
+                return
+            self._state["note"] = text
+            self._write()
 
     def task_finished(self, instance_id: str) -> None:
         with self._lock:
             if self._state["task"] == instance_id:
                 self._write(event="finished")
-                self._state.update(task=None, phase=None, task_started=None, phase_started=None)
+                self._state.update(task=None, phase=None, task_started=None, phase_started=None, note=None)
                 self._write()
 
     def slow_call(self, call: str, seconds: float) -> None:
@@ -183,10 +191,11 @@ class InFlight:
     task_elapsed: float
     phase_elapsed: float
     tokens: int | None = None
+    note: str | None = None  # beside the phase: "rate-limited 40 s"
 
     def as_dict(self) -> dict[str, Any]:
         return {"worker": self.worker, "phase": self.phase, "task_elapsed": round(self.task_elapsed, 1),
-                "phase_elapsed": round(self.phase_elapsed, 1), "tokens": self.tokens}
+                "phase_elapsed": round(self.phase_elapsed, 1), "tokens": self.tokens, "note": self.note}
 
 
 def _alive(pid: Any) -> bool:
@@ -266,8 +275,10 @@ def read_snapshot(run_dir: Path, meter: TokenMeter, now: float | None = None) ->
             continue
         task_started = float(state.get("task_started") or now)
         phase_started = float(state.get("phase_started") or now)
+        note = state.get("note")
         in_flight.append(InFlight(str(task), worker, str(state.get("phase") or "?"), now - task_started,
-                                  now - phase_started, meter.tokens(str(task))))
+                                  now - phase_started, meter.tokens(str(task)),
+                                  str(note)[:80] if note else None))
     return Snapshot(sorted(in_flight, key=lambda f: f.worker), slow, max(1, workers))
 
 
@@ -302,7 +313,8 @@ def status_line(counts: Counts, snapshot: Snapshot, elapsed: float) -> str:
 
 def task_line(flight: InFlight) -> str:
     tokens = "" if flight.tokens is None else f"  {flight.tokens:,} tokens"
-    return (f"  [{flight.worker}] {flight.task}  {flight.phase} {clock(flight.phase_elapsed)}"
+    phase = f"{flight.phase} ({flight.note})" if flight.note else flight.phase
+    return (f"  [{flight.worker}] {flight.task}  {phase} {clock(flight.phase_elapsed)}"
             f"  (task {clock(flight.task_elapsed)}){tokens}")
 
 

@@ -105,6 +105,8 @@ def figures(records: Iterable[TaskRecord]) -> dict[str, Any]:
         "passed": sum(r.outcome == PASSED for r in rows),
         "failed": sum(r.outcome == FAILED for r in rows),
         "errors": sum(r.outcome == ERROR for r in rows),
+        # Errors because the model API rejected the key or stayed down past the retry budget (pb-meta.json).
+        "model_unavailable": sum(r.outcome == ERROR and bool(r.meta.get("model_unavailable")) for r in rows),
         "not_run": sum(not r.outcome for r in rows),
     }
 
@@ -129,13 +131,18 @@ def task_cost(run_dir: Path, rec: TaskRecord, token_price: tuple[float, float] |
 
 
 _METERED = ("cached_input_tokens", "turns", "tool_calls")  # the relay's counts summed besides the tokens
+_RETRIES = ("retries", "retry_wait_s", "stream_breaks")  # the relay's retry meter, summed over every task
 
 
 def token_totals(records: Iterable[TaskRecord]) -> dict[str, Any]:
     totals: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "tasks_with_tokens": 0,
-                              "cost_usd": None, "tasks_with_cost": 0, **dict.fromkeys(_METERED, 0)}
+                              "cost_usd": None, "tasks_with_cost": 0, **dict.fromkeys(_METERED, 0),
+                              **dict.fromkeys(_RETRIES, 0)}
     for rec in records:
         tokens = rec.tokens
+        for key in _RETRIES:
+            value = (tokens or {}).get(key)
+            totals[key] = round(totals[key] + (value if isinstance(value, int | float) else 0), 3)
         if tokens is not None and any(isinstance(tokens.get(k), int) for k in ("input_tokens", "output_tokens")):
             totals["tasks_with_tokens"] += 1
             for key in ("input_tokens", "output_tokens", "total_tokens", *_METERED):
@@ -410,7 +417,9 @@ def tokens_line(totals: dict[str, Any]) -> str:
         cost = "cost: unknown (--pb-token-price IN,OUT prices metered tokens)"
     else:
         cost = f"cost: ${totals['cost_usd']:,.4f} ({totals['tasks_with_cost']} tasks)"
-    return f"{tokens}   {cost}"
+    retries = (f"   model API retries: {totals['retries']} ({totals['retry_wait_s']:.0f} s waited)"
+               if totals.get("retries") else "")
+    return f"{tokens}   {cost}{retries}"
 
 
 def _first_line(text: str) -> str:

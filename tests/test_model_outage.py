@@ -1,0 +1,100 @@
+"""Outage is not a score: real sessions on the test bed whose agent talks to the scripted model server through the
+relay while the server fails.
+
+* an outage longer than ``--pb-model-retry-budget``: the task is an error naming the status and count, never a 0,
+  its files kept, counted apart in summary.json; ``--pb-resume`` runs it again once the server is back and it passes;
+* a rejected key: the session stops after the first two tasks with one message, the third is not run.
+
+The agent is a host-loop Python script: one chat request to the relay (``OPENAI_BASE_URL``), then rpn's solution into
+the sandbox, so that every task it touches would pass if it were scored.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import TESTBED, Testbed
+from tests.scripted_models import Faults, ScriptedModels, Step
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+RPN = "pbfix__rpn.0b5e55e"
+AGENT = '''
+import json, os, subprocess, sys, urllib.error, urllib.request
+body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(request, timeout=120) as response:
+        print("model answered", response.status)
+except urllib.error.HTTPError as exc:
+    print("model answered", exc.code)
+task = os.environ["PB_TASK_ID"]
+subprocess.run(f"tar -C {sys.argv[1]}/{task} -c . | {os.environ['PB_SANDBOX_EXEC']} 'tar -x -C /workspace/src'",
+               shell=True, check=True)
+'''
+
+
+def _session(pytester: pytest.Pytester, testbed: Testbed, server: ScriptedModels, run_dir: Path, pattern: str,
+             *extra: str) -> pytest.RunResult:
+    agent = pytester.path / "agent.py"
+    agent.write_text(AGENT)
+    return pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
+        "--pb-filter", pattern, "--pb-pull", "never", "--pb-agent", f"{sys.executable} {agent} {TESTBED}/solutions",
+        "--pb-agent-on-host", "--pb-agent-timeout", "300", "--pb-cpus", "2", "--pb-infra-retries", "1",
+        "--pb-model-endpoint", server.base_url, "--pb-output", str(run_dir), *extra, timeout=600)
+
+
+def test_outage_past_the_budget_is_an_error_then_resumed(pytester: pytest.Pytester, testbed: Testbed,
+                                                         docker_client: Any) -> None:
+    run_dir = pytester.path / "run"
+    with ScriptedModels([Step("done", None, 10, 2)], faults=Faults(unavailable_for=1e9)) as server:
+        first = _session(pytester, testbed, server, run_dir, "pbfix__rpn", "--pb-model-retry-budget", "2")
+        first.assert_outcomes(errors=1)
+        reason = "model API unavailable: 1 request(s) given up after the retry budget of 2 s (1 answered 503)"
+        first.stdout.fnmatch_lines([f"*{reason}*", "*to resume*"])
+        assert "infrastructure retry" not in first.stdout.str()  # the agent ran once: never run a second time
+        summary = json.loads((run_dir / "summary.json").read_text())
+        task = summary["tasks"][RPN]
+        assert task["outcome"] == "error"
+        assert task["score"] is None  # not a 0
+        assert summary["headline"]["model_unavailable"] == 1
+        assert summary["headline"]["errors"] == 1
+        assert summary["headline"]["scored"] == 0
+        meta = json.loads((run_dir / RPN / "pb-meta.json").read_text())
+        assert meta["state"] == "error"
+        assert meta["model_unavailable"] == reason
+        assert meta["relay"]["gave_up"] == 1
+        assert meta["relay"]["retries"] >= 1
+        assert (run_dir / RPN / "submission.tar.gz").is_file(), "the agent's files are kept for inspection"
+        [record] = [json.loads(line) for line in (run_dir / RPN / "model-requests.jsonl").read_text().splitlines()]
+        assert record["status"] == 503
+        assert record["gave_up"]
+        assert [t["status"] for t in record["retries"]] == [503] * len(record["retries"])
+
+        server.faults = Faults()  # the provider is back
+        second = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pb-resume", str(run_dir), timeout=600)
+    second.assert_outcomes(passed=1)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["tasks"][RPN]["outcome"] == "passed"
+    assert summary["headline"]["model_unavailable"] == 0
+
+
+def test_rejected_key_stops_the_session(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> None:
+    run_dir = pytester.path / "run"
+    with ScriptedModels([Step("done", None, 10, 2)], faults=Faults(reject_key=True)) as server:
+        result = _session(pytester, testbed, server, run_dir, "pbfix__")
+    result.assert_outcomes(errors=2)
+    out = result.stdout.str()
+    assert out.count("programbench: stopping: model API rejected the key: 1 request(s) (1 answered 401) on each "
+                     "of the first 2 tasks") >= 1, out[-3000:]
+    assert server.statuses == [401, 401], "the third task never started"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["headline"]["model_unavailable"] == 2
+    assert summary["headline"]["not_run"] == 1
