@@ -71,7 +71,8 @@ class ConfiguredAgent:
 
         run = self.task_run
         runner = AgentRunner(self.spec, run.task, run.settings, log_path=run.artifacts.agent_log,
-                             extra_env=run.relay_env(on_host=self.on_host), config=run.session.config)
+                             extra_env={**run.relay_env(on_host=self.on_host), "PB_ATTEMPT": str(run.key.n)},
+                             config=run.session.config)
         return runner.run(sandbox, prompt)
 
 
@@ -235,6 +236,8 @@ def pb_submission(request: pytest.FixtureRequest, pb_session: ProgramBenchSessio
     Built in: with ``--pb-submissions`` the given archive (evaluate-only), else the agent's ``/workspace/src``
     packed after ``pb_agent_run`` (which ends the agent's window: sandbox and relay closed). Override it to
     evaluate a submission taken from elsewhere (copy it to ``pb_run.artifacts.submission``)."""
+    if pb_session.settings.gold:  # the reference itself (results/gold.py)
+        return pb_run.gold_submission(request.getfixturevalue("pb_image"))
     if pb_session.submissions is not None:
         return pb_run.given_submission()
     if pb_run.submission is not None:  # packed by an earlier attempt: the agent is not run again

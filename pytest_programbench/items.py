@@ -148,14 +148,37 @@ class ProgramBenchItem(pytest.Function):
 
         settings = self.pb_session.settings
         assert self.outcome is not None, "setup ran the pipeline"
+        self._gold_ledger_properties()
         passed = False
         try:
-            assert_verdict(self, self.outcome, min_score=settings.min_score, allow_flags=settings.allow_flags,
+            # A gold run measures the reference: any score passes, and its flags (the hash check's) are by design.
+            gold = self.key.kind == GOLD
+            assert_verdict(self, self.outcome, min_score=0.0 if gold else settings.min_score,
+                           allow_flags=settings.allow_flags or gold,
                            junit_tests=settings.junit_tests, task_dir=self.task_dir)
             passed = True
         finally:  # scored either way: the pytest_programbench_task_outcome hook sees every verdict
             self.config.hook.pytest_programbench_task_outcome(item=self, outcome=self.outcome, passed=passed,
                                                               task_dir=str(self.task_dir))
+
+    def _gold_ledger_properties(self) -> None:
+        """--pb-gold-ledger: the task's ceiling beside its score; --pb-ignore-flaky: the score with the ledger's
+        impossible and flaky tests also ignored (beside the official one, which the verdict keeps)."""
+        ledger = self.pb_session.ledger
+        if ledger is None:
+            return
+        iid = self.task.instance_id
+        ceiling = ledger.ceiling(iid)
+        self.user_properties.append(("gold_ceiling", "" if ceiling is None else ceiling))
+        if self.pb_session.settings.ignore_flaky:
+            from pytest_programbench.tasks.catalogue import CatalogueError
+
+            try:
+                value = ledger.score_without_unreliable(iid, self.task_dir / f"{iid}.eval.json",
+                                                        self.task.load_instance())
+            except CatalogueError:
+                value = None
+            self.user_properties.append(("score_ignoring_gold_flaky", "" if value is None else value))
 
     def move_captured_log(self, report: pytest.TestReport) -> None:
         """The harness's log of this phase (each step's start and time) goes to ``harness.log`` in the task's

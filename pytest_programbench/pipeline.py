@@ -158,7 +158,8 @@ class TaskRun:
         try:
             # A DiskSpaceError is an EngineUnavailable: an error. An agent run also needs its sandbox's storage.
             engine = self.engine or docker_engine.client()
-            sandbox_need = sandbox_storage_need(engine.api) if self.session.submissions is None else 0
+            runs_agent = self.session.submissions is None and not self.settings.gold
+            sandbox_need = sandbox_storage_need(engine.api) if runs_agent else 0
             disk.require_for_run(self.artifacts.dir.parent, engine_api=engine.api, run_dir_need=run_dir_need(),
                                  sandbox_need=sandbox_need)
         except EngineUnavailable as exc:
@@ -451,6 +452,23 @@ class TaskRun:
         self.artifacts.dir.mkdir(parents=True, exist_ok=True)
         atomic_copy(submissions.archive(self.task.instance_id), self.artifacts.submission)
         self.meta["submission_source"] = str(submissions.archive(self.task.instance_id))
+        self.submission = self.artifacts.submission
+        return self.submission
+
+    def gold_submission(self, image: ResolvedImage) -> Path:
+        """--pb-gold: the reference's own bytes as the submission (results/gold.py), read from the task image."""
+        from pytest_programbench.engine import docker_engine
+        from pytest_programbench.results.gold import GoldError, reference_bytes, write_submission
+
+        engine = self.engine or docker_engine.client()
+        with self.phase("gold"):
+            try:
+                data = reference_bytes(engine.api, image.id, self.labels.as_dict())
+            except GoldError as exc:
+                raise InfrastructureError(f"--pb-gold: {exc}") from exc
+            write_submission(self.artifacts.submission, data, run=self.key.n)
+        self.meta["submission_source"] = f"--pb-gold: the reference of {image.ref}, gold run {self.key.n}"
+        self.meta["submission_bytes"] = self.artifacts.submission.stat().st_size
         self.submission = self.artifacts.submission
         return self.submission
 

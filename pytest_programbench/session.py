@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from pytest_programbench.agents.agent import AgentSpec
     from pytest_programbench.engine.engines import EnginePool
     from pytest_programbench.preflight import PreflightReport
+    from pytest_programbench.results.gold import Ledger
     from pytest_programbench.results.progress import Publisher
     from pytest_programbench.results.summary import RunSummary
     from pytest_programbench.tasks.submissions import SubmissionsDir
@@ -138,6 +139,26 @@ STOP_AFTER_AGENT_NOT_RUN = 3
 STOP_AFTER_MODEL_REJECTED = 2
 
 
+def junit_headline(summary: RunSummary) -> dict[str, str]:
+    """The headline flattened to JUnit property values (plain strings)."""
+    head = summary.headline()
+    numbers = summary.intervals()
+    out = {name: str(head.get(name)) for name in ("selected", "scored", "mean_over_scored", "mean_over_selection")}
+    for name in ("mean_over_scored_ci", "mean_over_selection_ci"):
+        ci = numbers.get(name)
+        if ci:
+            out.update({f"{name}_low": str(ci["low"]), f"{name}_high": str(ci["high"]),
+                        f"{name}_method": f"bootstrap {ci['method']}, {ci['resamples']} resamples, seed {ci['seed']}, "
+                                          f"over {ci['n']} {ci['over']}"})
+    if summary.attempts > 1:
+        out["attempts"] = str(summary.attempts)
+        out["std_across_attempts"] = str(numbers.get("std_across_attempts"))
+        for name in ("pass_at_k", "resolved_at_k", "near_resolved_at_k"):
+            for k, value in (numbers.get(name) or {}).items():
+                out[f"{name.removesuffix('k')}{k}"] = str(value)  # pass_at_1, resolved_at_4, ...
+    return out
+
+
 def _junit_xml(config: pytest.Config) -> Any:
     """pytest's JUnit writer when ``--junitxml`` is on (its node reporters are how a test case gets content)."""
     from _pytest.junitxml import xml_key
@@ -190,6 +211,14 @@ class ProgramBenchSession:
                 from pytest_programbench.agents.mini_swe_agent import preflight
 
                 preflight(settings)
+        self.ledger: Ledger | None = None  # --pb-gold-ledger
+        if settings.gold_ledger:
+            from pytest_programbench.results.gold import Ledger, LedgerError
+
+            try:
+                self.ledger = Ledger.load(Path(settings.gold_ledger))
+            except LedgerError as exc:
+                raise pytest.UsageError(f"--pb-gold-ledger: {exc}") from None
         self.engines: EnginePool | None = None  # --pb-docker-host: tasks spread over these engines
         if settings.docker_hosts:
             from pytest_programbench.engine.engines import EnginePool, parse_docker_hosts
@@ -498,6 +527,23 @@ class ProgramBenchSession:
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    def _write_gold_ledger(self) -> None:
+        """--pb-gold: gold-ledger.json from the gold runs' official results; said, never fails the run."""
+        if not self.settings.gold:
+            return
+        from pytest_programbench.results.gold import build_ledger, ledger_lines, write_ledger
+
+        try:
+            instances = {t.instance_id: t.load_instance() for t in self.selection.tasks}
+            ledger = build_ledger(self.identity.path, instances, self.settings.gold, {
+                name: getattr(self.settings, name) for name in ("cpus", "memory", "branch_workers", "branch_retries",
+                                                                "compile_timeout", "test_timeout", "strict")})
+            path = write_ledger(self.identity.path, ledger)
+        except Exception as exc:
+            self.end_lines.append(("programbench gold ledger", [f"not written: {exc!r}"]))
+            return
+        self.end_lines.append(("programbench gold ledger", [*ledger_lines(ledger), f"ledger: {path}"]))
+
     def _compare_and_package(self, session: pytest.Session) -> None:
         """--pb-compare BASE (compare.json/html; --pb-max-regression gates the exit status), then --pb-package (last:
         it splits each eval.json the official way). Neither changes a score; a failure of either is said."""
@@ -710,6 +756,16 @@ class ProgramBenchSession:
             "command": masked_command(self.config.invocation_params.args),  # --pb-package's submission.yaml
         })
 
+    @pytest.hookimpl(tryfirst=True, specname="pytest_sessionfinish")
+    def pytest_sessionfinish_junit(self, session: pytest.Session) -> None:
+        """The headline's numbers as JUnit suite properties (``programbench_*``), before junitxml writes the file:
+        both means with their intervals, and under --pb-attempts the spread and pass@k."""
+        xml = _junit_xml(self.config)
+        if xml is None or self.summary is None or is_worker(self.config):
+            return
+        for name, value in junit_headline(self.summary).items():
+            xml.add_global_property(f"programbench_{name}", value)
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self._close_progress is not None:
@@ -723,6 +779,7 @@ class ProgramBenchSession:
         if self.collect_only or is_worker(self.config):
             return
         self._check_min_mean(session)
+        self._write_gold_ledger()
         self._compare_and_package(session)
         from pytest_programbench.engine import docker_engine
 

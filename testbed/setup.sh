@@ -138,7 +138,7 @@ ensure_archives() {
     || die "'$PYTHON' cannot import programbench (set PB_PYTHON to the right interpreter)"
   calc=testorg__calculator.abc1234
   # Hidden test blobs: every fixture's tests/<branch>/ (ignored branches too) + the packaged calculator.
-  for d in "$TB"/tasks/*/ "$pkg/data/tasks/$calc/"; do
+  for d in "$TB"/tasks/*/ "$TB"/gold_tasks/*/ "$pkg/data/tasks/$calc/"; do
     id=$(basename "$d")
     for b in "$d"tests/*/; do
       n_all=$((n_all + 1))
@@ -165,7 +165,7 @@ log "testbed: $TB"
 ensure_docker
 [ "${1:-}" = --engine-only ] && exit 0
 ensure_base
-for d in "$TB"/tasks/*/; do ensure_image "$(basename "$d")" "$d"; done
+for d in "$TB"/tasks/*/ "$TB"/gold_tasks/*/; do ensure_image "$(basename "$d")" "$d"; done
 ensure_image testorg__calculator.abc1234 "$TB/images/testorg__calculator.abc1234"
 ensure_archives
 
@@ -182,6 +182,7 @@ export PB_TESTBED_SUBMISSIONS=$STATE/submissions/good
 export PB_TESTBED_BASE=$BASE_REF
 export PB_TESTBED_RUNS=$STATE/submissions
 export PB_TESTBED_CALCULATOR_TASK_DIR=$CALC_PKG_DIR
+export PB_TESTBED_GOLD_TASKS_DIR=$TB/gold_tasks
 EOF
 log "wrote $STATE/env.sh"
 echo "testbed ready: BLOB_DIR=$STATE/blobs TASKS_DIR=$TB/tasks SUBMISSIONS=$STATE/submissions/good BASE=$BASE_REF"

@@ -76,6 +76,8 @@ class TaskRecord:
             "blob_sha256": (meta.get("blobs") or {}).get("sha256"),
             "tokens": meta.get("relay"), "cost_usd": self.cost_usd, "duration": round(self.duration, 3),
             "engine": meta.get("engine"), "engines_tried": meta.get("engines_tried"),
+            **{name: self.properties[name] for name in ("gold_ceiling", "score_ignoring_gold_flaky")
+               if name in self.properties},  # --pb-gold-ledger, --pb-ignore-flaky
         }
 
 
