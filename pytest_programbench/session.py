@@ -773,6 +773,7 @@ class ProgramBenchSession:
             self._close_progress = None
         if self.summary is not None and not is_worker(self.config):
             self.summary.set_in_flight({})
+            self.summary.flush()  # a write its pacing deferred: the file is final before anything reads it
             self._write_report()
         if self.preflight is not None and self.preflight.missing and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

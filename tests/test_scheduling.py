@@ -113,7 +113,7 @@ def test_longest_first_from_a_run_dir_under_xdist_and_from_the_cache_without(
 
 
 def test_an_explicit_dist_is_kept(pytester: pytest.Pytester, six: list[str]) -> None:
-    result, run_dir = run(pytester, "run", "-p", "no:cacheprovider", "-n", "2", "--dist", "load")
+    result, _run_dir = run(pytester, "run", "-p", "no:cacheprovider", "-n", "2", "--dist", "load")
     result.assert_outcomes(passed=6)
     result.stdout.fnmatch_lines(["programbench schedule: as --dist load orders it (collection order)"])
     assert "using --dist worksteal" not in result.stdout.str()

@@ -647,10 +647,9 @@ def attach(pb_session: ProgressHost, session: pytest.Session) -> Callable[[], No
             summary = pb_session.summary
             if summary is None:
                 return None
-            records = list(summary.records.values())
-            return Counts(len(records), sum(r.outcome == "passed" for r in records),
-                          sum(r.outcome == "failed" for r in records), sum(r.outcome == "error" for r in records),
-                          tuple(r.duration for r in records if r.outcome))
+            tally = summary.tally  # kept as tasks settle: nothing summed over every record each second
+            return Counts(tally.selected, tally.outcomes["passed"], tally.outcomes["failed"],
+                          tally.outcomes["error"], tuple(tally.durations.values()))
 
         def on_in_flight(in_flight: dict[str, dict[str, Any]]) -> None:
             if pb_session.summary is not None:

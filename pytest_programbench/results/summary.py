@@ -1,7 +1,8 @@
 """The controller's tally and the run's headline numbers, with honest denominators.
 
 Built from test reports only (a crashed worker sends nothing else) plus each task's ``pb-meta.json``, and written to
-``<run dir>/summary.json`` every time a task finishes, so an interrupted run keeps what it had.
+``<run dir>/summary.json`` as tasks finish (paced: at most once a second, and never more than 2% of the
+time, see pacing.py) and at the end, so an interrupted run keeps what it had.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from _pytest._code.code import TerminalRepr
 from _pytest._io import TerminalWriter
 
 from pytest_programbench.results.artifacts import atomic_write_text
+from pytest_programbench.results.pacing import Pacer
+from pytest_programbench.results.tally import Tally
 from pytest_programbench.safe_text import sanitise
 
 PASSED, FAILED, ERROR = "passed", "failed", "error"
@@ -170,6 +173,10 @@ class RunSummary:
         self.in_flight: dict[str, dict[str, Any]] = {}  # task -> phase, worker, clocks (the progress view's)
         # The progress view's thread writes too (in_flight); records change only on the main thread.
         self._lock = threading.RLock()
+        self.tally = Tally(len(self.records))  # the progress view's counts, kept as tasks settle
+        for rec in self.records.values():
+            self.tally.count(rec)
+        self.pacer = Pacer(self._write_now)  # summary.json: paced, not rewritten on every finish
 
     def set_in_flight(self, in_flight: dict[str, dict[str, Any]]) -> None:
         with self._lock:
@@ -188,6 +195,13 @@ class RunSummary:
         rec = self.records.get(key.name) if key is not None else None
         if rec is None:
             return False
+        self.tally.forget(rec)
+        try:
+            return self._fold(rec, report)
+        finally:
+            self.tally.count(rec)
+
+    def _fold(self, rec: TaskRecord, report: pytest.TestReport) -> bool:
         rec.duration += report.duration
         if report.outcome == "rerun":  # type: ignore[comparison-overlap]
             rec.reasons.append(_reason(report))
@@ -342,6 +356,14 @@ class RunSummary:
         return out
 
     def write(self) -> None:
+        """summary.json rewritten now, or once when the gap after the last write ends (pacing.py)."""
+        self.pacer.request()
+
+    def flush(self) -> None:
+        """A write still waiting for its gap, done now (the end of the session)."""
+        self.pacer.flush()
+
+    def _write_now(self) -> None:
         with self._lock:
             data = self.as_dict()
             if self.before_write is not None:
