@@ -4,9 +4,10 @@ A rewrite costs time in proportion to the run (every task's row, the headline's 
 it on each of N finishes is O(N²) over a run: minutes of a 600-item controller's time. A finish only marks the
 summary changed; the file is written at once if the last write is old enough, else once, later, by a timer. The gap
 is at least ``min_gap`` and at least ``cost_factor`` times what the last write took, so writing takes at most
-1 / (1 + cost_factor) of the controller's time, up to ``max_gap`` (a reader never waits longer than that; the first
-write, which imports and caches, is the slow one). The end of the session writes it regardless
-(``flush``), and every task's own ``pb-meta.json`` is written as it finishes: a resume never needs the summary.
+1 / (1 + cost_factor) of the controller's time, up to ``max_gap`` (a reader never waits longer than that). The
+first write's cost does not count: it imports and caches what later writes reuse. The end of the session writes it
+regardless (``flush``), and every task's own ``pb-meta.json`` is written as it finishes: a resume never needs the
+summary.
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ class Pacer:
             self._write()
         finally:
             with self._lock:
+                cost = self._clock() - started if self.writes else 0.0
                 self.writes += 1
-                cost = self._clock() - started
                 self._next = self._clock() + min(self.max_gap, max(self.min_gap, self.cost_factor * cost))
                 if self._pending:
                     self._arm()
