@@ -243,6 +243,9 @@ OPTIONS: tuple[Option, ...] = (
            "(model API unavailable).", "model", "float", "SECONDS", _float(0.0)),
     Option("model-failures-scored", "Score tasks whose model API was unavailable or rejected the key (the "
            "agent's half-finished work) instead of making them errors.", "model", "bool"),
+    Option("model-concurrency", "At most N model requests in flight upstream at once across every worker of the "
+           "run (lock files in the run directory; a request waits for a slot, recorded and shown live).", "model",
+           "int", "N", _int(1)),
     Option("submissions", "Evaluate existing submissions (<id>/submission.tar.gz) instead of running an agent.",
            "agent", metavar="DIR", parser=_dir),
     Option("require-all", "With --pb-submissions, selected tasks without a submission fail with score 0.",
@@ -394,6 +397,7 @@ class Settings:
     model_key_env: str | None = None
     model_retry_budget: float = 600.0
     model_failures_scored: bool = False
+    model_concurrency: int | None = None
     submissions: str | None = None
     require_all: bool = False
     sandbox_cpus: float = field(default_factory=lambda: float(min(20, cores())))

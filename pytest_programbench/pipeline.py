@@ -253,10 +253,14 @@ class TaskRun:
         if not self.settings.model_endpoint:
             return None
         from pytest_programbench.relay.relay import ModelRelay, RelayConfigError, RetryPolicy
+        from pytest_programbench.relay.slots import SLOTS_DIR, ModelSlots
 
+        concurrency = self.settings.model_concurrency
+        slots = ModelSlots(self.session.identity.path / SLOTS_DIR, concurrency) if concurrency else None
         relay = ModelRelay(self.settings.model_endpoint, records_path=self.artifacts.dir / "model-requests.jsonl",
                            api_key_env=self.settings.model_key_env, unix=not on_host, tcp=on_host,
-                           retry=RetryPolicy(budget_s=self.settings.model_retry_budget), on_wait=self._model_wait)
+                           retry=RetryPolicy(budget_s=self.settings.model_retry_budget), on_wait=self._model_wait,
+                           slots=slots, on_slot_wait=self._slot_wait)
         try:
             self.relay = relay.start()
         except (RelayConfigError, OSError) as exc:
@@ -281,6 +285,11 @@ class TaskRun:
         self.model_waited_s += seconds
         if self.session.progress is not None and self.record:
             self.session.progress.note(self.task.instance_id, f"rate-limited {self.model_waited_s:.0f} s")
+
+    def _slot_wait(self) -> None:
+        """Every --pb-model-concurrency slot is taken: the live view says the agent waits for one."""
+        if self.session.progress is not None and self.record:
+            self.session.progress.note(self.task.instance_id, "waiting for a model slot")
 
     def require_model_available(self) -> None:
         """A model API that rejected the key or stayed down for a whole retry budget is not the agent's failure:

@@ -25,15 +25,23 @@ pytestmark = pytest.mark.usefixtures("clean_env")
 
 RPN = "pbfix__rpn.0b5e55e"
 AGENT = '''
-import json, os, subprocess, sys, urllib.error, urllib.request
+import json, os, subprocess, sys, threading, urllib.error, urllib.request
 body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
-request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-try:
-    with urllib.request.urlopen(request, timeout=120) as response:
-        print("model answered", response.status)
-except urllib.error.HTTPError as exc:
-    print("model answered", exc.code)
+
+def ask():
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            print("model answered", response.status)
+    except urllib.error.HTTPError as exc:
+        print("model answered", exc.code)
+
+threads = [threading.Thread(target=ask) for _ in range(int(sys.argv[2]))]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
 task = os.environ["PB_TASK_ID"]
 subprocess.run(f"tar -C {sys.argv[1]}/{task} -c . | {os.environ['PB_SANDBOX_EXEC']} 'tar -x -C /workspace/src'",
                shell=True, check=True)
@@ -41,12 +49,13 @@ subprocess.run(f"tar -C {sys.argv[1]}/{task} -c . | {os.environ['PB_SANDBOX_EXEC
 
 
 def _session(pytester: pytest.Pytester, testbed: Testbed, server: ScriptedModels, run_dir: Path, pattern: str,
-             *extra: str) -> pytest.RunResult:
+             *extra: str, requests: int = 1) -> pytest.RunResult:
     agent = pytester.path / "agent.py"
     agent.write_text(AGENT)
     return pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
-        "--pb-filter", pattern, "--pb-pull", "never", "--pb-agent", f"{sys.executable} {agent} {TESTBED}/solutions",
+        "--pb-filter", pattern, "--pb-pull", "never",
+        "--pb-agent", f"{sys.executable} {agent} {TESTBED}/solutions {requests}",
         "--pb-agent-on-host", "--pb-agent-timeout", "300", "--pb-cpus", "2", "--pb-infra-retries", "1",
         "--pb-model-endpoint", server.base_url, "--pb-output", str(run_dir), *extra, timeout=600)
 
@@ -98,3 +107,18 @@ def test_rejected_key_stops_the_session(pytester: pytest.Pytester, testbed: Test
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["headline"]["model_unavailable"] == 2
     assert summary["headline"]["not_run"] == 1
+
+
+def test_concurrency_shared_by_every_worker(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> None:
+    """Four items under -n 4, each agent sending four requests at once to a server that takes half a second each:
+    never more than two in flight at the server, the waits recorded."""
+    run_dir = pytester.path / "run"
+    with ScriptedModels([Step("done", None, 10, 2)], faults=Faults(delay=0.5)) as server:
+        result = _session(pytester, testbed, server, run_dir, "pbfix__rpn|pbfix__catlike", "-n", "4",
+                          "--pb-attempts", "2", "--pb-model-concurrency", "2", requests=4)
+    result.assert_outcomes(passed=4)
+    assert server.statuses == [200] * 16
+    assert server.peak_in_flight == 2
+    waited = [json.loads(p.read_text())["relay"]["slot_wait_s"] for p in run_dir.rglob("pb-meta.json")]
+    assert len(waited) == 4
+    assert sum(waited) > 0

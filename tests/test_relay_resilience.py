@@ -7,8 +7,13 @@ agent got, what the server saw, and the record the relay kept (``model-requests.
 
 from __future__ import annotations
 
+import fcntl
 import http.client
 import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
@@ -18,6 +23,7 @@ import httpx
 import pytest
 
 from pytest_programbench.relay.relay import ModelRelay, RetryPolicy
+from pytest_programbench.relay.slots import SLOTS_DIR, ModelSlots
 from pytest_programbench.relay.upstream import retry_hint
 from tests.scripted_models import Faults, ScriptedModels, Step
 
@@ -153,3 +159,39 @@ def test_retry_hints() -> None:
     assert retry_hint(httpx.Headers({"x-ratelimit-reset-requests": "20ms"}), now) == 0.02
     assert retry_hint(httpx.Headers({"retry-after": "soon"}), now) is None
     assert retry_hint(httpx.Headers({}), now) is None
+
+
+def test_concurrency_slots_shared_by_relays_and_freed_by_a_dead_holder(tmp_path: Path) -> None:
+    """Two relays (two tasks) on one run's slots, two slots: six requests at once, never more than two at the
+    server; a process killed while it holds a slot frees it."""
+    slots_dir = tmp_path / SLOTS_DIR
+    told: list[str] = []
+    with ScriptedModels(STEPS, faults=Faults(delay=0.3)) as server, \
+            ModelRelay(server.base_url, tcp=True, unix=False, slots=ModelSlots(slots_dir, 2),
+                       on_slot_wait=lambda: told.append("wait")) as one, \
+            ModelRelay(server.base_url, tcp=True, unix=False, slots=ModelSlots(slots_dir, 2)) as two:
+        with ThreadPoolExecutor(6) as pool:
+            statuses = [status for status, _ in pool.map(ask, [one, two] * 3)]
+        waited = one.stats().slot_wait_s + two.stats().slot_wait_s
+    assert statuses == [200] * 6
+    assert server.peak_in_flight == 2
+    assert waited > 0
+    assert told  # the live view heard of the wait
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, threading; from pathlib import Path; from pytest_programbench.relay.slots import ModelSlots; "
+        f"ModelSlots(Path({str(tmp_path / 'one')!r}), 1).acquire(threading.Event()); print('held', flush=True); "
+        "sys.stdin.read()")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        fd = os.open(tmp_path / "one" / "slot-0", os.O_RDWR)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holder.kill()
+        holder.wait()
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # freed with the dead process's descriptors
+        os.close(fd)
+    finally:
+        holder.kill()
+        holder.wait()

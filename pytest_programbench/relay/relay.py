@@ -70,6 +70,7 @@ from pytest_programbench.relay.server import (
     UnixServer,
     send_error,
 )
+from pytest_programbench.relay.slots import ModelSlots
 from pytest_programbench.relay.upstream import (
     DEFAULT_RETRY_BUDGET_S,
     KEY_HEADERS,
@@ -196,6 +197,8 @@ class ModelRelay:
         ssl_context: ssl.SSLContext | None = None,
         retry: RetryPolicy | None = None,
         on_wait: Callable[[float], None] | None = None,
+        slots: ModelSlots | None = None,
+        on_slot_wait: Callable[[], None] | None = None,
     ) -> None:
         if not unix and not tcp:
             raise RelayConfigError("the relay needs a Unix socket, a TCP listener, or both")
@@ -214,6 +217,8 @@ class ModelRelay:
         self.upstream_timeout = upstream_timeout
         self.retry = retry or RetryPolicy()
         self._on_wait = on_wait
+        self._slots = slots
+        self._on_slot_wait = on_slot_wait
         self._outages: collections.Counter[str] = collections.Counter()  # what gave up or was rejected, by answer
         self.client_idle_timeout = client_idle_timeout
         self.max_request_bytes = request_limit() if max_request_bytes is None else max_request_bytes
@@ -250,7 +255,8 @@ class ModelRelay:
         try:
             self._upstream = UpstreamClient(self.upstream, connect_timeout=self.connect_timeout,
                                             read_timeout=self.upstream_timeout, ssl_context=self._ssl_context,
-                                            policy=self.retry, on_wait=self._on_wait)
+                                            policy=self.retry, on_wait=self._on_wait, slots=self._slots,
+                                            on_slot_wait=self._on_slot_wait)
             self._recorder.open()
             if self._want_unix:
                 self._servers.append(self._listen_unix())

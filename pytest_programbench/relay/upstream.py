@@ -31,6 +31,7 @@ import httpx
 import tenacity
 
 from pytest_programbench.relay.server import Refusal
+from pytest_programbench.relay.slots import ModelSlots, SlotsClosed
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the relay itself decides.
 HOP_BY_HOP = frozenset(
@@ -153,6 +154,7 @@ class Attempts:
 
     tries: list[dict[str, Any]] = field(default_factory=list)  # {"attempt", "status", "error", "wait_s"}
     waited_s: float = 0.0
+    slot_wait_s: float = 0.0  # seconds waited for a --pb-model-concurrency slot, over every try
     gave_up: bool = False  # the budget ran out on a transient failure: the last one went to the agent
 
     @property
@@ -246,14 +248,20 @@ class UpstreamClient:
     that thinks for an hour before its first byte. No proxy from the environment, no redirects: the relay goes to
     the configured endpoint and nowhere else. Responses in flight are tracked so that :meth:`cut` can end them.
 
-    ``on_wait(seconds)`` is told each wait before it starts (the live view shows it)."""
+    ``on_wait(seconds)`` is told each wait before it starts (the live view shows it). ``slots``: the run's
+    ``--pb-model-concurrency`` slots, one held by each try from before it is sent until its response is done
+    (``on_slot_wait()`` is told when a try has to wait for one)."""
 
     def __init__(self, upstream: Upstream, *, connect_timeout: float, read_timeout: float,
                  ssl_context: ssl.SSLContext | None, policy: RetryPolicy | None = None,
-                 on_wait: Callable[[float], None] | None = None) -> None:
+                 on_wait: Callable[[float], None] | None = None, slots: ModelSlots | None = None,
+                 on_slot_wait: Callable[[], None] | None = None) -> None:
         self.upstream = upstream
         self.policy = policy or RetryPolicy()
         self._on_wait = on_wait
+        self.slots = slots
+        self._on_slot_wait = on_slot_wait
+        self._held: dict[httpx.Response, int] = {}  # the slot each response in flight holds
         timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=_MAX_POOLED,
                               keepalive_expiry=_POOL_IDLE_S)
@@ -320,14 +328,35 @@ class UpstreamClient:
                    | tenacity.retry_if_result(lambda r: r.status_code in RETRY_STATUSES)),
             wait=wait, stop=stop, before_sleep=before_sleep, retry_error_callback=give_up,
             sleep=self._sleep)
-        return retrying(self._attempt, method, url, headers, body)
+        return retrying(self._attempt, method, url, headers, body, log)
 
     def _sleep(self, seconds: float) -> None:
         self._closing.wait(seconds)  # closing the relay ends the wait
 
-    def _attempt(self, method: str, url: httpx.URL, headers: list[tuple[str, str]], body: bytes) -> httpx.Response:
+    def _attempt(self, method: str, url: httpx.URL, headers: list[tuple[str, str]], body: bytes,
+                 log: Attempts) -> httpx.Response:
         if self._closing.is_set():
             raise Refusal(503, "the relay is closing")
+        slot: int | None = None
+        if self.slots is not None:
+            try:
+                slot, waited = self.slots.acquire(self._closing, self._on_slot_wait)
+            except SlotsClosed:
+                raise Refusal(503, "the relay is closing") from None
+            log.slot_wait_s = round(log.slot_wait_s + waited, 3)
+        try:
+            response = self._send(method, url, headers, body)
+        except BaseException:
+            if slot is not None:
+                ModelSlots.release(slot)
+            raise
+        with self._lock:
+            self._inflight.add(response)
+            if slot is not None:
+                self._held[response] = slot
+        return response
+
+    def _send(self, method: str, url: httpx.URL, headers: list[tuple[str, str]], body: bytes) -> httpx.Response:
         request = self._client.build_request(method, url, headers=headers, content=body if body else None)
         origin = self.upstream.origin
         try:
@@ -344,15 +373,16 @@ class UpstreamClient:
             raise Refusal(502, f"upstream {origin} unreachable: {exc!r}") from exc
         except httpx.HTTPError as exc:
             raise Refusal(502, f"upstream {origin} sent no valid response: {exc!r}") from exc
-        with self._lock:
-            self._inflight.add(response)
         return response
 
     def done(self, response: httpx.Response) -> None:
         """A response finished with: a body read to its end returns the connection to the pool."""
         with self._lock:
             self._inflight.discard(response)
+            slot = self._held.pop(response, None)
         response.close()
+        if slot is not None:
+            ModelSlots.release(slot)
 
     def cut(self) -> None:
         """Shut the sockets of responses in flight (from another thread): their readers see the end at once."""
