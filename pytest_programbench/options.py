@@ -243,6 +243,9 @@ OPTIONS: tuple[Option, ...] = (
            "(model API unavailable).", "model", "float", "SECONDS", _float(0.0)),
     Option("model-failures-scored", "Score tasks whose model API was unavailable or rejected the key (the "
            "agent's half-finished work) instead of making them errors.", "model", "bool"),
+    Option("agent-replay", "Answer the agent's model requests from RUN_DIR's recorded conversation (each task's "
+           "model-replay.jsonl), never calling the endpoint; the first request that differs makes the task an error "
+           "naming it, with a diff.", "agent", metavar="RUN_DIR", parser=_dir),
     Option("model-concurrency", "At most N model requests in flight upstream at once across every worker of the "
            "run (lock files in the run directory; a request waits for a slot, recorded and shown live).", "model",
            "int", "N", _int(1)),
@@ -398,6 +401,7 @@ class Settings:
     model_retry_budget: float = 600.0
     model_failures_scored: bool = False
     model_concurrency: int | None = None
+    agent_replay: str | None = None
     submissions: str | None = None
     require_all: bool = False
     sandbox_cpus: float = field(default_factory=lambda: float(min(20, cores())))

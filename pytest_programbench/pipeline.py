@@ -82,6 +82,7 @@ class TaskRun:
         self.relay_stats: dict[str, Any] | None = None
         self.model_unavailable: str | None = None  # ModelRelay.unavailable() of the agent's window
         self.model_waited_s = 0.0  # seconds the relay waited to retry model requests (the live view)
+        self.replay_mismatch: str | None = None  # --pb-agent-replay: the first request the recording did not have
         self.sandbox: Sandbox | None = None
         self.tunnel: RelayTunnel | None = None
         self._instance: dict[str, Any] | None = None
@@ -253,14 +254,22 @@ class TaskRun:
         if not self.settings.model_endpoint:
             return None
         from pytest_programbench.relay.relay import ModelRelay, RelayConfigError, RetryPolicy
+        from pytest_programbench.relay.replay import REPLAY_FILE
         from pytest_programbench.relay.slots import SLOTS_DIR, ModelSlots
 
         concurrency = self.settings.model_concurrency
         slots = ModelSlots(self.session.identity.path / SLOTS_DIR, concurrency) if concurrency else None
+        replay_from = None
+        if self.settings.agent_replay:  # the same task's recording in the earlier run
+            try:
+                where = self.artifacts.dir.relative_to(self.session.identity.path)
+            except ValueError:
+                where = Path(self.task.instance_id)
+            replay_from = Path(self.settings.agent_replay) / where / REPLAY_FILE
         relay = ModelRelay(self.settings.model_endpoint, records_path=self.artifacts.dir / "model-requests.jsonl",
                            api_key_env=self.settings.model_key_env, unix=not on_host, tcp=on_host,
                            retry=RetryPolicy(budget_s=self.settings.model_retry_budget), on_wait=self._model_wait,
-                           slots=slots, on_slot_wait=self._slot_wait)
+                           slots=slots, on_slot_wait=self._slot_wait, replay_from=replay_from)
         try:
             self.relay = relay.start()
         except (RelayConfigError, OSError) as exc:
@@ -277,6 +286,7 @@ class TaskRun:
             self.meta["relay_bounds"] = relay.record_bounds()
             self.agent_notes += relay.notes()  # records dropped past the cap, requests refused for lack of room
             self.model_unavailable = relay.unavailable()
+            self.replay_mismatch = relay.replay_mismatch()
             if self.model_unavailable is not None:
                 self.meta["model_unavailable"] = self.model_unavailable
 
@@ -294,6 +304,8 @@ class TaskRun:
     def require_model_available(self) -> None:
         """A model API that rejected the key or stayed down for a whole retry budget is not the agent's failure:
         the task is an error (resumable), not a score of its half-finished work, unless --pb-model-failures-scored."""
+        if self.replay_mismatch is not None:
+            raise InfrastructureError(f"--pb-agent-replay: first mismatch: {self.replay_mismatch}", retryable=False)
         reason = self.model_unavailable
         if reason is None:
             return

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +123,67 @@ def test_concurrency_shared_by_every_worker(pytester: pytest.Pytester, testbed: 
     waited = [json.loads(p.read_text())["relay"]["slot_wait_s"] for p in run_dir.rglob("pb-meta.json")]
     assert len(waited) == 4
     assert sum(waited) > 0
+
+
+# Sends the task's prompt to the model, writes the answer it got into the workspace next to rpn's solution.
+REPLAY_AGENT = '''
+import json, os, subprocess, sys, urllib.request
+prompt = subprocess.run(f"{os.environ['PB_SANDBOX_EXEC']} 'cat {os.environ['PB_PROMPT_FILE']}'", shell=True,
+                        check=True, capture_output=True, text=True).stdout
+body = json.dumps({"model": "m", "messages": [{"role": "user", "content": prompt}]}).encode()
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+try:
+    answer = urllib.request.urlopen(request, timeout=120).read()
+except urllib.error.HTTPError as exc:
+    answer = exc.read()
+subprocess.run(f"{os.environ['PB_SANDBOX_EXEC']} 'cat > /workspace/src/answer.json'", shell=True, check=True,
+               input=answer)
+subprocess.run(f"tar -C {sys.argv[1]}/{os.environ['PB_TASK_ID']} -c . | {os.environ['PB_SANDBOX_EXEC']} "
+               "'tar -x -C /workspace/src'", shell=True, check=True)
+'''
+
+
+def _answer(run_dir: Path) -> bytes:
+    with tarfile.open(run_dir / RPN / "submission.tar.gz") as archive:
+        member = next(m for m in archive.getmembers() if m.name.endswith("answer.json"))
+        handle = archive.extractfile(member)
+        assert handle is not None
+        return handle.read()
+
+
+def test_replay_reproduces_the_agent_offline_and_names_the_first_mismatch(pytester: pytest.Pytester, testbed: Testbed,
+                                                                        docker_client: Any) -> None:
+    agent = pytester.path / "replay_agent.py"
+    agent.write_text(REPLAY_AGENT)
+
+    def session(run_dir: Path, endpoint: str, *extra: str) -> pytest.RunResult:
+        return pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir",
+            str(testbed.blob_dir), "--pb-filter", "pbfix__rpn", "--pb-pull", "never",
+            "--pb-agent", f"{sys.executable} {agent} {TESTBED}/solutions", "--pb-agent-on-host",
+            "--pb-agent-timeout", "300", "--pb-cpus", "2", "--pb-infra-retries", "0", "--pb-model-endpoint", endpoint,
+            "--pb-output", str(run_dir), *extra, timeout=600)
+
+    recorded = pytester.path / "recorded"
+    with ScriptedModels([Step("done", None, 10, 2)]) as server:
+        session(recorded, server.base_url).assert_outcomes(passed=1)
+        endpoint = server.base_url
+    assert server.statuses == [200]
+    # The server is gone: the replay may not contact it (a connection would be refused and retried, then an error).
+    replayed = pytester.path / "replayed"
+    session(replayed, endpoint, "--pb-agent-replay", str(recorded), "--pb-model-retry-budget", "1").assert_outcomes(
+        passed=1)
+    assert _answer(replayed) == _answer(recorded)  # the same answer, so the same submission
+    assert b"chat.completion" in _answer(recorded)
+
+    template = pytester.path / "changed.j2"
+    template.write_text("A changed prompt for {{ task.instance_id }}.\n")
+    changed = pytester.path / "changed"
+    result = session(changed, endpoint, "--pb-agent-replay", str(recorded), "--pb-prompt-template", str(template))
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*--pb-agent-replay: first mismatch: request 1 (POST /v1/chat/completions) matches "
+                                 "no recorded request*"])
+    meta = json.loads((changed / RPN / "pb-meta.json").read_text())
+    assert meta["state"] == "error"
+    assert "A changed prompt" in meta["infra_error"]  # the diff shows what changed

@@ -33,11 +33,11 @@ CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "
 FAST = RetryPolicy(budget_s=30, base_s=0.05, max_backoff_s=0.2)  # backoff without a hint: short
 
 
-def ask(relay: ModelRelay) -> tuple[int, bytes]:
+def ask(relay: ModelRelay, payload: dict[str, Any] = CHAT) -> tuple[int, bytes]:
     assert relay.tcp_address is not None
     conn = http.client.HTTPConnection(*relay.tcp_address, timeout=120)
     try:
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(CHAT),
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(payload),
                      headers={"Content-Type": "application/json"})
         response = conn.getresponse()
         try:
@@ -195,3 +195,34 @@ def test_concurrency_slots_shared_by_relays_and_freed_by_a_dead_holder(tmp_path:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_replay_answers_from_the_recording_and_names_the_first_mismatch(tmp_path: Path) -> None:
+    """A conversation recorded through the relay is answered again with no server at all, byte for byte; a changed
+    request is the first mismatch, answered 409 and described with a diff."""
+    records_path = tmp_path / "run" / "r.jsonl"
+    second = {**CHAT, "messages": [{"role": "user", "content": "and now?"}]}
+    with ScriptedModels(STEPS) as server, \
+            ModelRelay(server.base_url, tcp=True, unix=False, records_path=records_path) as relay:
+        original = [ask(relay), ask(relay, second)]
+    recording = records_path.with_name("model-replay.jsonl")
+    assert len(recording.read_text().splitlines()) == 2
+    dead = server.base_url  # the server is gone: any connection upstream would be refused
+    with ModelRelay(dead, tcp=True, unix=False, replay_from=recording) as replay:
+        again = [ask(replay), ask(replay, second)]
+        assert replay.replay_mismatch() is None
+        status, body = ask(replay, {**CHAT, "messages": [{"role": "user", "content": "hello"}]})
+        mismatch = replay.replay_mismatch()
+    assert [(s, b) for s, b in again] == [(s, b) for s, b in original]  # the same answers, offline
+    assert status == 409
+    assert b"replay" in body
+    assert mismatch is not None
+    assert mismatch.startswith("request 3 (POST /v1/chat/completions) goes past the 2 recorded")
+    with ModelRelay(dead, tcp=True, unix=False, replay_from=recording) as replay:
+        status, _ = ask(replay, {**CHAT, "messages": [{"role": "user", "content": "hello"}]})
+        mismatch = replay.replay_mismatch()
+    assert status == 409
+    assert mismatch is not None
+    assert "request 1 (POST /v1/chat/completions) matches no recorded request" in mismatch
+    assert '-   "content": "hi",' in mismatch
+    assert '+   "content": "hello",' in mismatch

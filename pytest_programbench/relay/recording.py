@@ -152,6 +152,7 @@ class Exchange:
         self.attempts = Attempts()
         self.rejected = False
         self.stream_broken = False
+        self.captured: bytearray | None = None  # the response body as it went out, for model-replay.jsonl
 
     def mark_first_byte(self) -> None:
         if self.first_byte_s is None:

@@ -59,6 +59,7 @@ from pytest_programbench.relay.metering import (
 )
 from pytest_programbench.relay.recording import RECORDS_IN_MEMORY, Exchange, Recorder, RelayRecord, RelayStats
 from pytest_programbench.relay.records import request_fields
+from pytest_programbench.relay.replay import REPLAY_FILE, ReplayUpstream, ReplayWriter
 from pytest_programbench.relay.server import (
     HEADER_MAX,
     LINGER_S,
@@ -199,6 +200,7 @@ class ModelRelay:
         on_wait: Callable[[float], None] | None = None,
         slots: ModelSlots | None = None,
         on_slot_wait: Callable[[], None] | None = None,
+        replay_from: str | os.PathLike[str] | None = None,
     ) -> None:
         if not unix and not tcp:
             raise RelayConfigError("the relay needs a Unix socket, a TCP listener, or both")
@@ -219,6 +221,8 @@ class ModelRelay:
         self._on_wait = on_wait
         self._slots = slots
         self._on_slot_wait = on_slot_wait
+        self.replay_from = None if replay_from is None else Path(replay_from)
+        self._replay_writer: ReplayWriter | None = None  # model-replay.jsonl beside the records
         self._outages: collections.Counter[str] = collections.Counter()  # what gave up or was rejected, by answer
         self.client_idle_timeout = client_idle_timeout
         self.max_request_bytes = request_limit() if max_request_bytes is None else max_request_bytes
@@ -236,7 +240,7 @@ class ModelRelay:
         self._lock = threading.Lock()
         self._clients: set[socket.socket] = set()
         self._handlers: set[threading.Thread] = set()
-        self._upstream: UpstreamClient | None = None  # pooled, streaming, TLS (created by start)
+        self._upstream: UpstreamClient | ReplayUpstream | None = None  # pooled, streaming, TLS (created by start)
         self._recorder = Recorder(self.records_path, records_limit)
         self._started = False
         self._closed = False
@@ -253,11 +257,16 @@ class ModelRelay:
                 raise RelayConfigError(f"the model relay adds the key from ${self.api_key_env}, which is not set")
             self._key = key
         try:
-            self._upstream = UpstreamClient(self.upstream, connect_timeout=self.connect_timeout,
-                                            read_timeout=self.upstream_timeout, ssl_context=self._ssl_context,
-                                            policy=self.retry, on_wait=self._on_wait, slots=self._slots,
-                                            on_slot_wait=self._on_slot_wait)
+            if self.replay_from is not None:  # answered from a recording: nothing goes upstream
+                self._upstream = ReplayUpstream(self.replay_from)
+            else:
+                self._upstream = UpstreamClient(self.upstream, connect_timeout=self.connect_timeout,
+                                                read_timeout=self.upstream_timeout, ssl_context=self._ssl_context,
+                                                policy=self.retry, on_wait=self._on_wait, slots=self._slots,
+                                                on_slot_wait=self._on_slot_wait)
             self._recorder.open()
+            if self.records_path is not None:
+                self._replay_writer = ReplayWriter(self.records_path.with_name(REPLAY_FILE))
             if self._want_unix:
                 self._servers.append(self._listen_unix())
             if self._want_tcp:
@@ -327,6 +336,8 @@ class ModelRelay:
         if self._upstream is not None:
             self._upstream.close()
         self._recorder.close()  # the tail and what was dropped; later writes are ignored
+        if self._replay_writer is not None:
+            self._replay_writer.close()
         if self._want_unix and self._socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 if stat.S_ISSOCK(self._socket_path.lstat().st_mode):
@@ -612,10 +623,21 @@ class ModelRelay:
             if exchange.attempts.gave_up:  # no answer within the whole budget
                 self._note_outage("no answer (unreachable)")
             raise
+        writer = self._replay_writer
+        exchange.captured = bytearray() if writer is not None and writer.room > 0 else None
         try:
             self._respond(handler, exchange, response)
         finally:
             upstream.done(response)
+        if writer is not None:
+            captured = exchange.captured
+            writer.add(handler.command, path, body, exchange.status, response.headers,
+                       response=None if captured is None or exchange.stream_broken else bytes(captured))
+
+    def replay_mismatch(self) -> str | None:
+        """Under ``replay_from``: the first request that matched no recorded one (the task is an error of it)."""
+        upstream = self._upstream
+        return upstream.mismatch if isinstance(upstream, ReplayUpstream) else None
 
     def _respond(self, handler: Handler, exchange: Exchange, response: httpx.Response) -> None:
         status = response.status_code
@@ -673,6 +695,13 @@ class ModelRelay:
             exchange.mark_first_byte()
             tap.feed(chunk)
             exchange.response_bytes += len(chunk)
+            captured = exchange.captured
+            if captured is not None:  # for model-replay.jsonl, while it fits
+                room = self._replay_writer.room if self._replay_writer is not None else 0
+                if len(captured) + len(chunk) <= room:
+                    captured += chunk
+                else:
+                    exchange.captured = None
             try:
                 write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
             except OSError as exc:
