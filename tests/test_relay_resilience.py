@@ -25,6 +25,7 @@ import pytest
 from pytest_programbench.relay.relay import ModelRelay, RetryPolicy
 from pytest_programbench.relay.slots import SLOTS_DIR, ModelSlots
 from pytest_programbench.relay.upstream import retry_hint
+from pytest_programbench.sandbox.sandbox import run_dir_need
 from tests.scripted_models import Faults, ScriptedModels, Step
 
 STEPS = [Step("done", None, 10, 2)]
@@ -226,3 +227,23 @@ def test_replay_answers_from_the_recording_and_names_the_first_mismatch(tmp_path
     assert "request 1 (POST /v1/chat/completions) matches no recorded request" in mismatch
     assert '-   "content": "hi",' in mismatch
     assert '+   "content": "hello",' in mismatch
+
+
+def test_replay_recording_is_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """model-replay.jsonl keeps the head of the conversation within PB_MODEL_REPLAY_MAX, then says what it left out;
+    the run directory's disk check counts the cap."""
+    monkeypatch.setenv("PB_MODEL_REPLAY_MAX", "6k")
+    monkeypatch.delenv("PB_DISK_RUN_DIR_NEED", raising=False)
+    records_path = tmp_path / "r.jsonl"
+    with ScriptedModels(STEPS) as server, \
+            ModelRelay(server.base_url, tcp=True, unix=False, records_path=records_path) as relay:
+        for _ in range(10):
+            assert ask(relay)[0] == 200
+    lines = records_path.with_name("model-replay.jsonl").read_bytes().splitlines(keepends=True)
+    kept, note = lines[:-1], json.loads(lines[-1])
+    assert 1 <= len(kept) < 10
+    assert sum(map(len, kept)) <= 6 << 10
+    assert note["omitted_exchanges"] == 10 - len(kept)
+    small = run_dir_need()
+    monkeypatch.setenv("PB_MODEL_REPLAY_MAX", "1g")
+    assert run_dir_need() - small == (1 << 30) - (6 << 10)

@@ -213,8 +213,10 @@ def run_dir_need() -> int:
     if os.environ.get("PB_DISK_RUN_DIR_NEED", "").strip():
         return disk.need_from_env("PB_DISK_RUN_DIR_NEED", "1g")
     from pytest_programbench.relay.records import records_limit  # model-requests.jsonl's cap
+    from pytest_programbench.relay.replay import replay_limit  # model-replay.jsonl's cap
 
-    return DEFAULT_SUBMISSION_LIMIT + agent_log_limit() + CALL_LOG_READ_LIMIT + records_limit() + (64 << 20)
+    return (DEFAULT_SUBMISSION_LIMIT + agent_log_limit() + CALL_LOG_READ_LIMIT + records_limit() + replay_limit()
+            + (64 << 20))
 
 
 class SandboxError(Exception):
