@@ -187,3 +187,32 @@ def test_replay_reproduces_the_agent_offline_and_names_the_first_mismatch(pytest
     meta = json.loads((changed / RPN / "pb-meta.json").read_text())
     assert meta["state"] == "error"
     assert "A changed prompt" in meta["infra_error"]  # the diff shows what changed
+
+
+def test_cli_agent_solves_a_task_while_the_provider_rate_limits_at_the_start(
+        pytester: pytest.Pytester, testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real codex preset solves rpn while the scripted server answers 429 (Retry-After: 2) to every model request
+    of its first 15 seconds (the issue's minute, shortened to keep CI cheap): the item passes, the CLI never sees a
+    429, the retries are metered in the records, pb-meta.json and summary.json."""
+    from pytest_programbench.agents import agent_presets
+    from tests.test_cli_agents import STEPS as CLI_STEPS
+    from tests.test_cli_agents import _check_conversation, _run
+
+    parsed = agent_presets.parse("codex")
+    assert parsed is not None
+    agent_presets.ensure_installed(*parsed)
+    with ScriptedModels(CLI_STEPS, faults=Faults(rate_limit_for=15.0, retry_after="2")) as server:
+        run_dir = _run(pytester, testbed, "codex", server, monkeypatch)
+    _check_conversation(run_dir, server, "codex")  # solved, every step answered, tokens exact, key unseen
+    limited = server.statuses.count(429)
+    assert limited >= 5, server.statuses  # 15 s of 429s at one request per ~2 s
+    records = [json.loads(line) for line in (run_dir / RPN / "model-requests.jsonl").read_text().splitlines()]
+    assert not [r for r in records if r["status"] == 429], "the CLI never saw a 429"
+    assert sum(len(r["retries"]) for r in records) == limited
+    summary = json.loads((run_dir / "summary.json").read_text())
+    tokens = summary["tasks"][RPN]["tokens"]
+    assert tokens["retries"] == limited
+    assert tokens["retry_wait_s"] >= 2 * limited
+    assert tokens["gave_up"] == 0
+    assert summary["tokens"]["retries"] == limited
+    assert summary["headline"]["errors"] == 0
