@@ -551,7 +551,7 @@ class ProgramBenchSession:
             from pytest_programbench.results.compare import write
 
             try:
-                written = write(Path(self.settings.compare[0]), self.identity.path,
+                written = write(Path(self.settings.compare[0]), self.identity.path, ledger=self.ledger,
                                 max_regression=self.settings.max_regression)
             except Exception as exc:  # a gate that cannot be computed fails; a plain comparison is only said
                 self.end_lines.append(("programbench compare", [f"comparison failed: {exc!r}"]))

@@ -5,15 +5,15 @@ ledger read back with --pb-gold-ledger and --pb-ignore-flaky on a normal run."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import shlex
+import shutil
 import tarfile
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import TESTBED, Testbed
+from tests.test_readme import fenced, section
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -25,21 +25,29 @@ STEADY = f"{BRANCH}/tests.test_coin.test_joins_words"
 N = 6
 
 
-def _run(workdir: Path, testbed: Testbed, *args: str) -> subprocess.CompletedProcess[str]:
-    (workdir / "pytest.ini").write_text("[pytest]\n")
-    argv = [sys.executable, "-m", "pytest", "-c", str(workdir / "pytest.ini"), "--rootdir", str(workdir),
-            "-p", "no:cacheprovider", "--pb-tasks-dir", str(TESTBED / "gold_tasks"), "--pb-blob-dir",
-            str(testbed.blob_dir), "--pb-cpus", "2", "--pb-filter", COIN, "--pb-progress", "off", "-rA",
-            "--junitxml", str(workdir / "junit.xml"), *args]
-    return subprocess.run(argv, cwd=workdir, capture_output=True, text=True, timeout=900)
+README_SECTION = "Attempts, and the reference's own noise"
 
 
-def test_gold_ledger_finds_the_impossible_and_the_flaky_test(tmp_path: Path, testbed: Testbed) -> None:
-    run_dir = tmp_path / "gold-run"
-    gold = _run(tmp_path, testbed, "-n", "2", "--pb-gold", str(N), "--pb-output", str(run_dir))
+def test_the_readme_commands_gold_ledger_and_attempts(pytester: pytest.Pytester, testbed: Testbed) -> None:
+    """README's commands as written, in a directory whose pytest.ini points at the gold fixture task: --pb-gold 6
+    finds exactly the impossible and the flaky test with the right ceiling; then gold run 1's submission (an odd run:
+    the flaky test fails) evaluated in 3 attempts with the ledger read back and --pb-ignore-flaky."""
+    pytester.makeini(f"""
+        [pytest]
+        addopts = -p no:cacheprovider -rA --junitxml=junit.xml
+        pb_tasks_dir = {TESTBED / "gold_tasks"}
+        pb_blob_dir = {testbed.blob_dir}
+        pb_filter = {COIN}
+        pb_cpus = 2
+        pb_progress = off
+    """)
+    commands = [shlex.split(c) for c in fenced(section(README_SECTION))]
+    assert [c[:2] for c in commands] == [["pytest", "--pb-gold"], ["pytest", "--pb-submissions"]], commands
+    gold = pytester.runpytest_subprocess(*commands[0][1:], timeout=900)
+    run_dir = pytester.path / "pb-runs" / "gold"
     # Every gold run is scored and passes as an item: the hash check's flag is recorded, not a failure.
-    assert gold.returncode == 0, gold.stdout[-4000:]
-    assert f"{N} passed" in gold.stdout
+    gold.assert_outcomes(passed=N)
+    assert gold.ret == pytest.ExitCode.OK
     ledger = json.loads((run_dir / "gold-ledger.json").read_text())
     assert ledger["gold_runs"] == N
     assert set(ledger["tasks"]) == {COIN}
@@ -60,20 +68,39 @@ def test_gold_ledger_finds_the_impossible_and_the_flaky_test(tmp_path: Path, tes
     # Each gold run: the reference's bytes and the installing compile.sh, in gold/<n>/<id>/.
     with tarfile.open(run_dir / "gold" / "3" / COIN / "submission.tar.gz") as tar:
         assert sorted(tar.getnames()) == [".pb-gold-run", "compile.sh", "reference.bin"]
-    assert "impossible: " + IMPOSSIBLE in gold.stdout
-    assert "flaky: " + FLAKY in gold.stdout
+    gold.stdout.fnmatch_lines(["*= programbench gold ledger =*", f"  impossible: {IMPOSSIBLE} (0/{N})*",
+                               f"  flaky: {FLAKY} ({N // 2}/{N})*"])
 
-    # The ledger read back: gold run 1's submission (the odd one) evaluated normally, the ceiling beside its score,
-    # --pb-ignore-flaky's score beside the official one (which the verdict and the headline keep).
-    normal = _run(tmp_path, testbed, "--pb-submissions", str(run_dir / "gold" / "1"), "--pb-output",
-                  str(tmp_path / "normal"), "--pb-gold-ledger", str(run_dir / "gold-ledger.json"),
-                  "--pb-ignore-flaky")
-    assert normal.returncode == 1, normal.stdout[-3000:]  # 1/3 is below --pb-min-score 1.0 (and flagged)
-    task = json.loads((tmp_path / "normal" / "summary.json").read_text())["tasks"][COIN]
+    # The ledger read back on a normal run: gold run 1's submission (odd: 1/3) in 3 attempts, the ceiling beside
+    # each score, --pb-ignore-flaky's score beside the official one (which the verdict and the headline keep).
+    candidate = pytester.path / "runs" / "candidate" / COIN
+    candidate.mkdir(parents=True)
+    shutil.copy(run_dir / "gold" / "1" / COIN / "submission.tar.gz", candidate / "submission.tar.gz")
+    normal = pytester.runpytest_subprocess(*commands[1][1:], timeout=900)
+    normal.assert_outcomes(failed=3)  # 1/3 is below --pb-min-score 1.0 (and the hash check flags it)
+    summary = json.loads(next((pytester.path / "pb-runs").glob("2*/summary.json")).read_text())  # not gold/
+    task = summary["tasks"][COIN]
     assert task["score"] == pytest.approx(1 / 3, abs=1e-6)
-    assert task["gold_ceiling"] == pytest.approx(0.5)
-    assert task["score_ignoring_gold_flaky"] == pytest.approx(1.0)
-    case = next(ET.parse(tmp_path / "junit.xml").getroot().iter("testcase"))
+    assert summary["headline"]["mean_over_selection"] == pytest.approx(1 / 3, abs=1e-6)
+    for attempt in ("1", "2", "3"):
+        assert task["attempts"][attempt]["gold_ceiling"] == pytest.approx(0.5)
+        assert task["attempts"][attempt]["score_ignoring_gold_flaky"] == pytest.approx(1.0)
+    case = next(ET.parse(pytester.path / "junit.xml").getroot().iter("testcase"))
     props = {p.get("name"): p.get("value") for p in case.iter("property")}
     assert float(props["gold_ceiling"]) == pytest.approx(0.5)
     assert float(props["score"]) == pytest.approx(1 / 3)
+
+    # A comparison the ledger explains: the odd run against gold run 2's submission (even: the flaky test passes),
+    # two finished runs compared with the ledger: the one flip is marked flaky.
+    odd_run = next((pytester.path / "pb-runs").glob("2*/summary.json")).parent
+    even = pytester.path / "runs" / "even" / COIN
+    even.mkdir(parents=True)
+    shutil.copy(run_dir / "gold" / "2" / COIN / "submission.tar.gz", even / "submission.tar.gz")
+    even_run = pytester.path / "pb-runs" / "even"
+    pytester.runpytest_subprocess("--pb-submissions", str(even.parent), "--pb-output", str(even_run), timeout=900)
+    compared = pytester.runpytest_subprocess("--pb-compare", f"{odd_run},{even_run}", "--pb-gold-ledger",
+                                             str(run_dir / "gold-ledger.json"), timeout=300)
+    assert compared.ret == pytest.ExitCode.OK, compared.stdout.str()[-3000:]
+    row = json.loads((even_run / "compare.json").read_text())["tasks"][COIN]
+    assert row["pass_to_fail"] == []
+    assert [(f["test"], f["flaky"]) for f in row["fail_to_pass"]] == [(FLAKY, True)]

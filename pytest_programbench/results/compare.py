@@ -340,7 +340,7 @@ def write(base_dir: Path, new_dir: Path, *, ledger: FlakyTests | None = None,
 
 
 # Options a comparison of two finished runs reads; any other --pb-* option asks for a run, which it does not do.
-FINISHED_OPTIONS = frozenset({"--pb-compare", "--pb-max-regression"})
+FINISHED_OPTIONS = frozenset({"--pb-compare", "--pb-max-regression", "--pb-gold-ledger"})
 
 
 def main_finished(config: pytest.Config) -> int:
@@ -363,7 +363,15 @@ def main_finished(config: pytest.Config) -> int:
             values.update(opt.parse(raw))
     base_dir, new_dir = (Path(d) for d in values["compare"])
     try:
-        written = write(base_dir, new_dir, max_regression=values.get("max_regression"))
+        ledger = None
+        if values.get("gold_ledger"):  # flips of tests the reference itself passes only sometimes are marked
+            from pytest_programbench.results.gold import Ledger, LedgerError
+
+            try:
+                ledger = Ledger.load(Path(values["gold_ledger"]))
+            except LedgerError as exc:
+                raise CompareError(f"--pb-gold-ledger: {exc}") from None
+        written = write(base_dir, new_dir, ledger=ledger, max_regression=values.get("max_regression"))
     except CompareError as exc:
         raise pytest.UsageError(f"--pb-compare: {exc}") from None
     writer = create_terminal_writer(config)

@@ -223,6 +223,12 @@ class Ledger:
         entry = self.tasks.get(instance_id) or {}
         return frozenset(row["test"] for kind in ("impossible", "flaky") for row in entry.get(kind, []))
 
+    def is_flaky(self, instance_id: str, test: str) -> bool:
+        """Whether the reference itself passed ``test`` (``branch/test``) only sometimes: its flip in a comparison
+        says nothing about the agent (results/compare.py's ``FlakyTests``)."""
+        entry = self.tasks.get(instance_id) or {}
+        return any(row.get("test") == test for row in entry.get("flaky", []))
+
     def score_without_unreliable(self, instance_id: str, eval_json: Path,
                                  instance: dict[str, Any]) -> float | None:
         """--pb-ignore-flaky: the official score with the ledger's tests added to the task's ignore list

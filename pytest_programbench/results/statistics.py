@@ -114,7 +114,7 @@ def paired_permutation_test(base: Mapping[str, float], new: Mapping[str, float],
     from scipy.stats import permutation_test
 
     common = sorted(set(base) & set(new))
-    if len(common) < 1:
+    if len(common) < 2:  # scipy's permutation_test needs two observations per sample
         return None
     a = np.asarray([base[t] for t in common], dtype=float)
     b = np.asarray([new[t] for t in common], dtype=float)
