@@ -3,7 +3,8 @@
 Twelve copies of the ``rpn`` fixture task whose hidden tests take from 1 s to 60 s (``sleep S`` at the top of one
 branch's ``run.sh``; the blobs packed as ``testbed/setup.sh`` packs them, the image a tag of the fixture's), evaluated
 from the known-good submission (``--pb-submissions``) with ``-n 4``. The sleeps are dealt to the task ids in a seeded
-random order (``--seed``), so collection order is an ordinary one, neither the best nor the worst.
+random order (``--seed``), so collection order is an ordinary one, neither the best nor the worst; with
+``--ascending`` the longest task comes last in collection order (the worst case).
 
 1. baseline: ``--dist worksteal`` given explicitly: xdist's work stealing in collection order (what ``-n`` alone did
    before the plugin's scheduler);
@@ -14,6 +15,7 @@ every task's start-to-finish) and the lower bound max(work / workers, longest ta
 
     python bench/bench_makespan.py                  # -n 4, seed 1
     python bench/bench_makespan.py --seed 7 --json /tmp/makespan.json
+    python bench/bench_makespan.py --ascending
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def pack(src: Path, out: Path) -> None:
         raise RuntimeError(f"tar of {src} failed")
 
 
-def make_tasks(root: Path, engine: Any, seed: int) -> tuple[dict[str, int], list[str]]:
+def make_tasks(root: Path, engine: Any, seed: int | None) -> tuple[dict[str, int], list[str]]:
     """The copies: id -> seconds of sleep; and the image tags made (removed after)."""
     from programbench.constants import image_name_from_instance_id
 
@@ -67,8 +69,9 @@ def make_tasks(root: Path, engine: Any, seed: int) -> tuple[dict[str, int], list
     source = Path(bed["PB_TESTBED_TASKS_DIR"]) / FIXTURE
     good = Path(bed["PB_TESTBED_SUBMISSIONS"]) / FIXTURE / "submission.tar.gz"
     image = engine.images.get(f"{image_name_from_instance_id(FIXTURE)}:{TAG}")
-    sleeps = list(SLEEPS)
-    random.Random(seed).shuffle(sleeps)
+    sleeps = sorted(SLEEPS)  # no seed: ascending in collection order, the longest last (the worst case)
+    if seed is not None:
+        random.Random(seed).shuffle(sleeps)
     commit = FIXTURE.rpartition(".")[2]
     tasks, tags = {}, []
     for k, seconds in enumerate(sleeps):
@@ -134,6 +137,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", "--workers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--ascending", action="store_true", help="the sleeps ascending in collection order (the "
+                        "longest task last: the case a collection order can make worst) instead of a seeded order")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     import docker
@@ -142,7 +147,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pb-bench-makespan-") as tmp:
         root = Path(tmp)
         (root / "pytest.ini").write_text("[pytest]\n")
-        tasks, tags = make_tasks(root, engine, args.seed)
+        tasks, tags = make_tasks(root, engine, None if args.ascending else args.seed)
         try:
             started = time.monotonic()
             base_dir, baseline = session(root, "baseline", args.workers, "--dist", "worksteal")
@@ -152,7 +157,8 @@ def main() -> None:
             for tag in tags:
                 with contextlib.suppress(Exception):
                     engine.api.remove_image(tag)  # the tag only: the fixture's image keeps its own
-    result = {"workers": args.workers, "seed": args.seed, "sleeps": tasks, "baseline": baseline,
+    result = {"workers": args.workers, "seed": None if args.ascending else args.seed, "sleeps": tasks,
+              "baseline": baseline,
               "longest_first": longest, "bench_wall_s": round(wall, 1)}
     for name in ("baseline", "longest_first"):
         r = result[name]

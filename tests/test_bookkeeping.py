@@ -82,3 +82,27 @@ def test_finishes_do_not_rewrite_every_record(tmp_path: Path, monkeypatch: pytes
         clock.now += 0.25
     summary.flush()
     assert 100 * 0.25 / 1.0 - 2 <= len(written) - before <= 100 * 0.25 / 1.0 + 2, len(written) - before
+
+
+def test_a_deferred_write_is_done_by_the_timer_without_another_request() -> None:
+    """A finish inside the gap is not lost when nothing else happens: the pacer's timer writes it when the gap ends."""
+    import threading
+
+    clock = Clock()
+    writes: list[float] = []
+    second = threading.Event()
+
+    def write() -> None:
+        writes.append(clock.now)
+        if len(writes) == 2:
+            second.set()
+
+    pacer = Pacer(write, min_gap=0.05, clock=clock)
+    pacer.request()
+    pacer.request()  # inside the gap: deferred
+    assert writes == [clock.now]
+    clock.now += 1.0  # the gap ends
+    assert second.wait(60), "the deferred write never came"  # a backstop, not a timing
+    assert len(writes) == 2
+    pacer.flush()  # nothing waits any more: no third write
+    assert len(writes) == 2
