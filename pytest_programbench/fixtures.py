@@ -71,8 +71,8 @@ class ConfiguredAgent:
 
         run = self.task_run
         runner = AgentRunner(self.spec, run.task, run.settings, log_path=run.artifacts.agent_log,
-                             extra_env={**run.relay_env(on_host=self.on_host), "PB_ATTEMPT": str(run.key.n)},
-                             config=run.session.config)
+                             extra_env=run.relay_env(on_host=self.on_host), config=run.session.config,
+                             attempt=run.key.n)
         return runner.run(sandbox, prompt)
 
 

@@ -175,8 +175,10 @@ class AgentRunner:
     """Runs one agent against one sandbox; streams its output to ``agent.log``."""
 
     def __init__(self, spec: AgentSpec, task: Task, settings: Settings, *, log_path: Path,
-                 extra_env: Mapping[str, str] | None = None, config: pytest.Config | None = None) -> None:
+                 extra_env: Mapping[str, str] | None = None, config: pytest.Config | None = None,
+                 attempt: int = 1) -> None:
         self.spec = spec
+        self.attempt = attempt  # --pb-attempts: which one (PB_ATTEMPT)
         self.task = task
         self.settings = settings
         self.log_path = log_path
@@ -189,6 +191,7 @@ class AgentRunner:
         env = {
             "PB_PROMPT_FILE": PROMPT_PATH, "PB_TASK_ID": self.task.instance_id, "PB_LANGUAGE": self.task.language,
             "PB_BINARY": BINARY_PATH, "PB_DOCS": DOCS_DIR, "PB_SRC": SRC_DIR, "PAGER": "cat", "MANPAGER": "cat",
+            "PB_ATTEMPT": str(self.attempt),
         }
         env.update(self.extra_env)
         env.update(agent_env(self.settings.agent_env))
