@@ -177,6 +177,7 @@ class RunSummary:
         for rec in self.records.values():
             self.tally.count(rec)
         self.pacer = Pacer(self._write_now)  # summary.json: paced, not rewritten on every finish
+        self._file_lock = threading.Lock()
 
     def set_in_flight(self, in_flight: dict[str, dict[str, Any]]) -> None:
         with self._lock:
@@ -364,12 +365,14 @@ class RunSummary:
         self.pacer.flush()
 
     def _write_now(self) -> None:
-        with self._lock:
-            data = self.as_dict()
-            if self.before_write is not None:
-                self.before_write(data)
-            # sanitise: a string holding an undecodable file name's surrogates is written escaped, never raises
-            atomic_write_text(self.path, json.dumps(sanitise(data), indent=2, default=str))
+        with self._file_lock:  # one write at a time, in order
+            with self._lock:  # the records only while they are copied: the main thread folds reports meanwhile
+                data = self.as_dict()
+                if self.before_write is not None:
+                    self.before_write(data)
+                # sanitise (a copy): a string holding an undecodable file name's surrogates is written escaped
+                data = sanitise(data)
+            atomic_write_text(self.path, json.dumps(data, indent=2, default=str))
 
     # -- terminal ---------------------------------------------------------------------------------------------
 
