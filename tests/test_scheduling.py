@@ -137,3 +137,9 @@ def test_a_crashed_workers_task_is_rescheduled_by_the_longest_first_scheduler(
     assert tasks[always]["outcome"] == "error"
     assert "crashed 2 time(s)" in tasks[always]["reasons"][-1]
     result.assert_outcomes(passed=5, errors=1)
+
+
+def test_durations_of_a_directory_that_is_no_run_is_a_usage_error(pytester: pytest.Pytester, six: list[str]) -> None:
+    result, _run_dir = run(pytester, "run", "-p", "no:cacheprovider", "--pb-durations", str(pytester.path / "tasks"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--pb-durations: * is not a run directory with a readable summary.json*"])

@@ -7,11 +7,18 @@ worker must collect the same items in the same order, so the order is applied by
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_programbench.scheduling.estimates import Estimates, instance_of, remember_durations, reorder
+from pytest_programbench.scheduling.estimates import (
+    Estimates,
+    instance_of,
+    read_run_durations,
+    remember_durations,
+    reorder,
+)
 from pytest_programbench.stash import WORKSTEAL_DEFAULTED
 
 if TYPE_CHECKING:
@@ -23,6 +30,13 @@ class SchedulingPlugin:
         self.session = session
         self.config = session.config
         self._estimates: Estimates | None = None
+        durations = session.settings.durations
+        if durations is not None and not session.collect_only:
+            try:  # before anything runs: a directory that is no run is the user's mistake, said as such
+                read_run_durations(Path(durations))
+            except (OSError, ValueError) as exc:
+                raise pytest.UsageError(f"--pb-durations: {durations} is not a run directory with a readable "
+                                        f"summary.json ({exc})") from None
 
     @property
     def estimates(self) -> Estimates:
