@@ -295,14 +295,15 @@ def test_tar_warning_per_member_does_not_deadlock(testbed: Testbed, tmp_path: Pa
 
 def test_prefetched_branch_container_lives_from_its_own_start(testbed: Testbed, official_blobs: Any,
                                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Scaled down: containers live 25 s, and branch 1 is made to take 27 s (a pause before branch 2 starts stands
+    """Scaled down: containers live 45 s, and branch 1 is made to take 47 s (a pause before branch 2 starts stands
     for a long branch 1). Created and started when branch 1 starts, branch 2's container would be gone before
-    branch 2 runs; it lives from its own start. (About a minute: the property needs a lifetime to pass.)"""
+    branch 2 runs; it lives from its own start. (About a minute and a half: the property needs a lifetime to pass,
+    and a lifetime long enough for branch 2's own run on a loaded 2-core machine: at 25 s it expired mid-run.)"""
     active = ["0b5e55e01a2b", "4d3c2b1a0f9e"]
     root = custom_rpn(testbed, tmp_path / "task", active=active)
     task, instance = load(root)
     archive = pack(testbed.solutions / RPN, tmp_path / "good.tar.gz")
-    test_timeout, lifetime = 60, 25
+    test_timeout, lifetime = 60, 45
     monkeypatch.setattr(container_layer, "LIFETIME_MARGIN", lifetime - test_timeout)
     original = container_layer.SdkEvaluator._run_test_branch
     paused: list[str] = []
