@@ -160,6 +160,7 @@ _SAMPLES: dict[str, tuple[str, str]] = {
 }
 _KIND_SAMPLES = {"int": ("7", "9"), "float": ("0.5", "0.75"), "str": ("one", "two"), "list": ("one", "two")}
 _DIR_OPTIONS = ("tasks-dir", "submissions", "resume", "blob-dir", "compare")
+_FILE_OPTIONS = ("gold-ledger",)
 
 
 def _samples(tmp: Path) -> dict[str, tuple[str, str]]:
@@ -171,6 +172,11 @@ def _samples(tmp: Path) -> dict[str, tuple[str, str]]:
             pair = tuple(str(tmp / f"{opt.name}-{side}") for side in ("a", "b"))
             for path in pair:
                 Path(path).mkdir()
+            samples[opt.name] = (pair[0], pair[1])
+        elif opt.name in _FILE_OPTIONS:
+            pair = tuple(str(tmp / f"{opt.name}-{side}.json") for side in ("a", "b"))
+            for path in pair:
+                Path(path).write_text("{}")
             samples[opt.name] = (pair[0], pair[1])
         elif opt.kind == "bool":
             samples[opt.name] = ("false", "true")  # the flag is store_const True: the ini says the other
