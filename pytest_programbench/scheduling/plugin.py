@@ -56,6 +56,8 @@ class SchedulingPlugin:
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         if self._under_xdist():
             return  # every worker keeps collection order; the scheduler decides what starts when
+        if self.session.collect_only:
+            return  # a listing shows the selection in its own order (--pb-shuffle's, as the official); nothing starts
         from pytest_programbench.items import ProgramBenchItem
 
         reorder(items, lambda item: isinstance(item, ProgramBenchItem), self.estimates)
