@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from pytest_programbench.engine.container import OutputCap
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.evaluation import container_layer
 from pytest_programbench.evaluation.container_layer import (
     PIDS_LIMIT,
-    CappedBuffer,
     SdkContainerEnvironment,
     audit_official_sources,
     install_remove_image_dispatch,
@@ -33,15 +33,20 @@ def test_installed_official_sources_are_the_audited_ones() -> None:
 
 
 def test_capped_buffer_keeps_head_and_tail() -> None:
-    buf = CappedBuffer(10)
+    buf = OutputCap(10)
     for _ in range(100):
         buf.write(b"0123456789")
     text = buf.text("stdout")
     assert text.startswith("0123456789\n[pytest-programbench: 980 bytes of stdout omitted")
     assert text.endswith("]\n0123456789")
-    small = CappedBuffer(10)
+    small = OutputCap(10)
     small.write(b"a\r\nb\rc")
     assert small.text("stdout") == "a\nb\nc"
+    # The sandbox's cap: the head only (tail 0), the rest counted as omitted; one chunk past the head at once.
+    head_only = OutputCap(10, tail=0)
+    head_only.write(b"0123456789abcdef")
+    head_only.write(b"ghij")
+    assert (bytes(head_only.head), bytes(head_only.tail), head_only.omitted) == (b"0123456789", b"", 10)
 
 
 @pytest.fixture

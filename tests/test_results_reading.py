@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from programbench.utils.load_data import load_all_instances
 
+from pytest_programbench.engine import docker_engine
 from pytest_programbench.evaluation import container_layer
 from pytest_programbench.evaluation.results_check import (
     RESULTS_MISMATCH,
@@ -516,7 +517,7 @@ def test_storage_limit_refused_by_the_engine_is_dropped(testbed: Testbed) -> Non
 
     client = docker.from_env()  # its own client: the remembered answer stays with it
     try:
-        client.api._pb_storage_quota = StorageQuota(True, "forced by the test")
+        docker_engine.facts(client.api).storage_quota = StorageQuota(True, "forced by the test")
         env = container_layer.SdkContainerEnvironment(
             image=f"programbench/pbfix_1776_rpn.0b5e55e:{TAG}", engine=client, storage=1 << 30, cpus=2,
             labels={"pytest-programbench": "pb-test-storage"}, lifetime=120)
@@ -526,8 +527,10 @@ def test_storage_limit_refused_by_the_engine_is_dropped(testbed: Testbed) -> Non
                 assert opts == {"size": str(1 << 30)}
             else:
                 assert opts == {}
-                assert client.api._pb_storage_quota.supported is False
-                assert "refused" in client.api._pb_storage_quota.reason
+                remembered = docker_engine.facts(client.api).storage_quota
+                assert isinstance(remembered, StorageQuota)
+                assert remembered.supported is False
+                assert "refused" in remembered.reason
             assert env.execute("echo ok")["output"] == "ok\n"
         finally:
             env.cleanup()

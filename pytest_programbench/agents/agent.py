@@ -26,6 +26,7 @@ import pytest
 
 from pytest_programbench.agents.agent_log import CappedLog, pump
 from pytest_programbench.agents.prompt import PromptContext, render_prompt
+from pytest_programbench.engine import docker_engine
 from pytest_programbench.sandbox.layout import BINARY_PATH, DOCS_DIR, PROMPT_PATH, SRC_DIR
 
 if TYPE_CHECKING:
@@ -322,7 +323,7 @@ class AgentRunner:
         window = uuid.uuid4().hex  # marks every process of this window, those that leave its process group too
         env = {**os.environ, **self.environment(sandbox), "PB_CONTAINER_ID": sandbox.id, "PB_SANDBOX_EXEC": prefix,
                "PB_AGENT_UID": str(layout.agent_uid), "PB_AGENT_WINDOW": window}
-        engine_url = getattr(sandbox.engine.api, "_pb_url", None)
+        engine_url = docker_engine.url_of(sandbox.engine.api)
         if engine_url:  # --pb-docker-host: `docker exec` in PB_SANDBOX_EXEC must reach the sandbox's engine
             env["DOCKER_HOST"] = engine_url
         command = self.spec.command

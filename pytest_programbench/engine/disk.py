@@ -21,7 +21,6 @@ on this machine's filesystem (a remote engine) only the run directory is checked
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -36,7 +35,6 @@ from pytest_programbench.sizes import human, parse_size
 log = logging.getLogger(__name__)
 
 DEFAULT_DOCKER_ROOT = Path("/var/lib/docker")
-_UNKNOWN = object()
 
 
 @dataclass(frozen=True)
@@ -76,9 +74,11 @@ def free_space(path: Path) -> Space:
 def docker_root(engine_api: Any) -> Path | None:
     """The engine's data root on this machine's filesystem; None when it is not here (a TCP/SSH engine, rootless
     or another mount namespace): then only the run directory can be checked."""
-    cached = getattr(engine_api, "_pb_docker_root", _UNKNOWN)
-    if cached is not _UNKNOWN:
-        return cast(Path | None, cached)
+    from pytest_programbench.engine.docker_engine import NOT_ASKED, facts
+
+    known = facts(engine_api)
+    if known.docker_root is not NOT_ASKED:
+        return cast(Path | None, known.docker_root)
     root: Path | None = None
     if os.environ.get("DOCKER_HOST", "unix://").startswith("unix://"):
         try:
@@ -87,8 +87,7 @@ def docker_root(engine_api: Any) -> Path | None:
             log.debug("docker info failed (%s); assuming %s", exc, DEFAULT_DOCKER_ROOT)
             reported = DEFAULT_DOCKER_ROOT
         root = reported if reported.exists() else None
-    with contextlib.suppress(AttributeError):
-        engine_api._pb_docker_root = root
+    known.docker_root = root
     return root
 
 

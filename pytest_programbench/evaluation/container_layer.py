@@ -30,13 +30,10 @@ scores 0, reads the host's device or hangs.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import logging
 import os
-import queue
 import stat
-import struct
 import subprocess
 import tarfile
 import tempfile
@@ -59,13 +56,11 @@ from pytest_programbench.engine.archive_out import (
     REGULAR,
     SPECIAL,
     SYMLINK,
-    Archive,
     Member,
     TooLarge,
-    first_member,
 )
+from pytest_programbench.engine.container import Container, ExecReader, OutputCap, decode_for_display
 from pytest_programbench.engine.errors import EngineUnavailable
-from pytest_programbench.engine.exec_stream import ExecStream
 from pytest_programbench.engine.tar_in import TarIn
 
 if TYPE_CHECKING:
@@ -76,7 +71,6 @@ progress = logging.getLogger("pytest_programbench")  # the pipeline's progress l
 
 # Per stream (stdout, stderr) of one command: keep this many bytes from the start and as many from the end.
 DEFAULT_OUTPUT_CAP = 256 * 1024
-OMITTED_MARKER = "\n[pytest-programbench: {n} bytes of {stream} omitted from this log]\n"
 PIDS_LIMIT = 32768
 # The most of eval/results.xml this harness reads (the official reads any size): a sparse file costs the container
 # nothing and would otherwise be read whole into the worker and into eval.json. Past it: results_read_failed.
@@ -118,8 +112,6 @@ EXIT_POLL_SECONDS = 5.0
 # Bounds of the upper-directory walk (docker diff): levels below / and entries listed.
 DIFF_MAX_DEPTH = 256
 DIFF_MAX_ENTRIES = 400_000
-_HEADER = struct.Struct(">BxxxL")
-_CHUNK = 1 << 20
 
 
 # The official sources this layer was written against (programbench 1.2.5), with what to re-check if one changes.
@@ -211,65 +203,7 @@ class UndecodableOutput(UnicodeDecodeError):
         return f"{self.stream} of the command is not UTF-8: {super().__str__()}"
 
 
-class CappedBuffer:
-    """Keeps the first and last ``cap`` bytes of a stream and counts what lies between.
-
-    Every byte (kept or not) also goes through a strict incremental UTF-8 decoder, so a stream the official
-    evaluator could not decode is known even when its bad bytes fall in the omitted middle.
-    """
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
-        self.decode_error: UnicodeDecodeError | None = None
-
-    def write(self, data: bytes) -> None:
-        self._check(data, final=False)
-        self.total += len(data)
-        room = self.cap - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-        if data:
-            self.tail += data
-            if len(self.tail) > self.cap:
-                del self.tail[: len(self.tail) - self.cap]
-
-    def _check(self, data: bytes, *, final: bool) -> None:
-        if self.decode_error is not None:
-            return
-        try:
-            self._decoder.decode(data, final)
-        except UnicodeDecodeError as exc:
-            self.decode_error = exc
-
-    def finish(self) -> UnicodeDecodeError | None:
-        """End of stream: the first decoding error, if any (a truncated sequence at the end counts)."""
-        self._check(b"", final=True)
-        return self.decode_error
-
-    @property
-    def omitted(self) -> int:
-        return self.total - len(self.head) - len(self.tail)
-
-    def text(self, stream: str) -> str:
-        head = _decode(bytes(self.head))
-        if not self.tail:
-            return head
-        marker = OMITTED_MARKER.format(n=self.omitted, stream=stream) if self.omitted else ""
-        return head + marker + _decode(bytes(self.tail))
-
-
-def _decode(data: bytes) -> str:
-    """Universal newlines as ``subprocess.run(text=True)``; for display only, so bytes that are not UTF-8 show as
-    ``\\xNN`` escapes (whether a command's output decodes is decided by :meth:`CappedBuffer.finish`)."""
-    return data.decode("utf-8", errors="backslashreplace").replace("\r\n", "\n").replace("\r", "\n")
-
-
-def _strict_output(out: CappedBuffer, err: CappedBuffer) -> str:
+def _strict_output(out: OutputCap, err: OutputCap) -> str:
     """stdout then stderr as the official's ``result.stdout + result.stderr``; raises as its decoding would."""
     text = out.text("stdout") + err.text("stderr")
     for buffer, stream in ((out, "stdout"), (err, "stderr")):
@@ -280,74 +214,6 @@ def _strict_output(out: CappedBuffer, err: CappedBuffer) -> str:
 
 
 # --------------------------------------------------------------------------------------------- exec plumbing
-
-
-class _ExecStream:
-    """One exec's connection for the official layer, on the shared reader (:class:`ExecStream`: no socket timeout,
-    bytes buffered with the 101 kept, sockets and ssh's pipes alike) run in a thread, so a deadline holds whatever
-    the transport."""
-
-    def __init__(self, sock: Any) -> None:
-        self.stream = ExecStream(sock)
-        self._frames: queue.Queue[tuple[int, bytes] | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, name="pb-exec-reader", daemon=True)
-        self._reader.start()
-        self.eof = False
-
-    def _read(self) -> None:
-        try:
-            for frame in self.stream.frames():
-                self._frames.put(frame)
-        finally:
-            self._frames.put(None)
-
-    def pump(self, deadline: float, sinks: Mapping[int, Callable[[bytes], None]]) -> bool:
-        """Read frames until EOF (True) or the deadline (False).
-
-        A silent command is read until it exits or its own clock (``deadline``) fires, however long the engine
-        client's API timeout is.
-        """
-        while not self.eof:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            try:
-                item = self._frames.get(timeout=min(remaining, 1.0))
-            except queue.Empty:
-                continue
-            if item is None:
-                self.eof = True
-                break
-            kind, payload = item
-            sink = sinks.get(kind) or sinks.get(1)
-            if sink is not None and payload:
-                sink(payload)
-        return True
-
-    def send_file(self, source: IO[bytes], deadline: float) -> str | None:
-        """Write ``source`` to the exec's stdin and half-close it; an error text when the reader went away."""
-        # A receiver that stops reading without exiting would block the write forever: the deadline cuts it.
-        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), self.stream.shutdown)
-        watchdog.daemon = True
-        watchdog.start()
-        try:
-            while True:
-                if time.monotonic() > deadline:
-                    return "timed out while sending"
-                data = source.read(_CHUNK)
-                if not data:
-                    break
-                self.stream.write(data)
-        except OSError as exc:  # tar exited early (bad archive): its stderr says why
-            return "timed out while sending" if time.monotonic() > deadline else f"stream interrupted: {exc}"
-        finally:
-            watchdog.cancel()
-            self.stream.close_stdin()
-        return None
-
-    def close(self) -> None:
-        self.stream.close()
-        self._reader.join(5)
 
 
 class Reaper:
@@ -461,12 +327,12 @@ def storage_limit_option(api: Any, size: int) -> dict[str, str] | None:
 
 def storage_refused(api: Any, exc: Exception) -> None:
     """The driver looked able but refused (overlay2 on xfs without pquota): remembered on the client, said once."""
+    from pytest_programbench.engine.docker_engine import facts
     from pytest_programbench.sandbox.sandbox import StorageQuota
 
     reason = f"the engine refused a size limit: {_api_error_text(exc)}"
     log.warning("evaluation containers' storage cannot be limited: %s (see docs/security.md)", reason)
-    with contextlib.suppress(AttributeError):
-        api._pb_storage_quota = StorageQuota(False, reason)
+    facts(api).storage_quota = StorageQuota(False, reason)
 
 
 def _parse_run_args(run_args: list[str]) -> bool:
@@ -524,6 +390,7 @@ class SdkContainerEnvironment:
         self._api = engine.api
         self._removed = False
         self.container_id = ""
+        self.box = Container(self._api, "")
         self.started = False
         self.exec_env: dict[str, str] | None = None  # extra environment for the next execute() only
         self.before_commit: Callable[[SdkContainerEnvironment], None] | None = None
@@ -569,6 +436,7 @@ class SdkContainerEnvironment:
                 storage_refused(self._api, exc)
                 self.storage_limited = False
                 self.container_id = create(None)
+        self.box = Container(self._api, self.container_id)
         if start:
             self.start()
 
@@ -606,8 +474,8 @@ class SdkContainerEnvironment:
         """Run ``bash -lc command`` in ``cwd``: ``{"output", "returncode", "exception_info"}`` as the official."""
         timeout = timeout or self.default_timeout
         extra_env, self.exec_env = self.exec_env, None
-        out = CappedBuffer(self.output_cap)
-        err = CappedBuffer(self.output_cap)
+        out = OutputCap(self.output_cap)
+        err = OutputCap(self.output_cap)
         started = self._start_exec(["bash", "-lc", command], environment=extra_env, workdir=self.cwd)
         if isinstance(started, dict):
             return started
@@ -630,16 +498,12 @@ class SdkContainerEnvironment:
         environment: Mapping[str, str] | None = None,
         workdir: str | None = None,
         stdin: bool = False,
-    ) -> tuple[str, _ExecStream] | dict[str, Any]:
+    ) -> tuple[str, ExecReader] | dict[str, Any]:
         """Create and start an exec; a failed start is reported like the CLI would (exit 1, daemon message)."""
         from docker.errors import APIError, NotFound
 
         try:
-            exec_id = self._api.exec_create(
-                self.container_id, cmd, stdin=stdin, environment=dict(environment) if environment else None,
-                workdir=workdir,
-            )["Id"]
-            sock = self._api.exec_start(exec_id, socket=True)
+            return self.box.start_exec(cmd, stdin=stdin, environment=environment, workdir=workdir)
         except NotFound as exc:
             return {"output": f"Error: No such container: {self.container_id}\n" if "container" in
                     _api_error_text(exc).lower() else f"Error response from daemon: {_api_error_text(exc)}\n",
@@ -651,31 +515,22 @@ class SdkContainerEnvironment:
             if _is_connection_failure(exc):
                 raise _engine_unavailable(exc) from exc
             raise
-        return exec_id, _ExecStream(sock)
 
     def _exit_code(self, exec_id: str) -> int:
         """The exec's exit status once the daemon recorded it (the CLI's ``getExecExitStatus``)."""
         from docker.errors import APIError
 
-        deadline = time.monotonic() + EXIT_POLL_SECONDS
-        delay = 0.005
-        while True:
-            try:
-                info = self._api.exec_inspect(exec_id)
-            except APIError as exc:
-                log.warning("exec_inspect %s failed: %s", exec_id[:12], exc)
-                return 1
-            except Exception as exc:
-                if _is_connection_failure(exc):
-                    raise _engine_unavailable(exc) from exc
-                raise
-            if not info.get("Running") or time.monotonic() > deadline:
-                code = info.get("ExitCode")
-                return int(code) if code is not None else 0
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
+        try:
+            return self.box.exit_code(exec_id, wait=EXIT_POLL_SECONDS)
+        except APIError as exc:
+            log.warning("exec_inspect %s failed: %s", exec_id[:12], exc)
+            return 1
+        except Exception as exc:
+            if _is_connection_failure(exc):
+                raise _engine_unavailable(exc) from exc
+            raise
 
-    def _kill_after_timeout(self, stream: _ExecStream) -> None:
+    def _kill_after_timeout(self, stream: ExecReader) -> None:
         """The official teardown: SIGKILL every process but pid 1 from inside; the host kills as a fallback."""
         killed = False
         try:
@@ -712,12 +567,12 @@ class SdkContainerEnvironment:
                         str(started.get("output", "")).strip())
             return None
         _exec_id, stream = started
-        out = CappedBuffer(4096)
+        out = OutputCap(4096)
         try:
             finished = stream.pump(time.monotonic() + timeout, {1: out.write, 2: out.write})
         finally:
             stream.close()
-        text = _decode(bytes(out.head)).strip()
+        text = decode_for_display(bytes(out.head)).strip()
         last = text.splitlines()[-1] if text else ""
         if not finished or not last.isdigit():
             log.warning("container %s: stopping its processes did not finish: %r", self.container_id[:12], text[:200])
@@ -749,7 +604,7 @@ class SdkContainerEnvironment:
         from docker.errors import APIError
 
         with contextlib.suppress(APIError):
-            self._api.kill(self.container_id)
+            self.box.kill()
 
     # ----------------------------------------------------------------------------------------- files in
 
@@ -769,7 +624,7 @@ class SdkContainerEnvironment:
         with local_path.open("rb") as f:
             one_file = TarIn().file(name, f, st.st_mode & 0o7777, size=st.st_size, mtime=int(st.st_mtime))
         try:
-            ok = one_file.put(self._api, self.container_id, directory)
+            ok = self.box.put(one_file, directory)
         except APIError as exc:
             raise RuntimeError(f"docker cp failed: {_api_error_text(exc)}") from exc
         except Exception as exc:
@@ -799,8 +654,8 @@ class SdkContainerEnvironment:
         if isinstance(started, dict):
             raise RuntimeError(f"tar stream into container failed: {started['output'].strip()}")
         exec_id, stream = started
-        out = CappedBuffer(self.output_cap)
-        err = CappedBuffer(self.output_cap)
+        out = OutputCap(self.output_cap)
+        err = OutputCap(self.output_cap)
         deadline = time.monotonic() + DOCKER_CP_TIMEOUT
         # Output is read while the input is sent (as subprocess.run's communicate does): a tar that warns once
         # per member (an archive made on macOS) would otherwise block on its full stderr and stop reading stdin.
@@ -848,7 +703,7 @@ class SdkContainerEnvironment:
         for base, data in files.items():
             archive.file(f"{subdir}/{base}" if subdir else base, data, mode)
         try:
-            archive.put(self._api, self.container_id, directory)
+            self.box.put(archive, directory)
         except APIError as exc:
             raise RuntimeError(f"put_archive into {directory} failed: {_api_error_text(exc)}") from exc
 
@@ -861,47 +716,25 @@ class SdkContainerEnvironment:
         at most ``max_bytes`` plus the archive's headers are read, however big the file claims to be."""
         from docker.errors import APIError, NotFound
 
-        box: list[tuple[int, Member | str]] = []
-        failures: list[BaseException] = []
-        opened: list[Archive] = []
-
-        def fetch() -> None:
-            try:
-                archive = Archive(self._api, self.container_id, container_path)
-                opened.append(archive)
-                archive.check()
-                member = first_member(archive.chunks(), max_bytes)
-            except NotFound:
-                box.append((1, f"Error: No such container:path: {self.container_id}:{container_path}"))
-            except APIError as exc:
-                box.append((1, f"Error response from daemon: {_api_error_text(exc)}"))
-            except TooLarge as exc:
-                box.append((1, f"{container_path}: the engine sent more than {max_bytes} bytes ({exc} read)"))
-            except (tarfile.TarError, EOFError) as exc:
-                box.append((1, f"{container_path}: unreadable archive from the engine: {exc}"))
-            except BaseException as exc:
-                failures.append(exc)
-            else:
-                box.append((1, f"{container_path}: empty archive from the engine") if member is None
-                           else (0, member))
-            finally:
-                for archive in opened:
-                    with contextlib.suppress(Exception):
-                        archive.close()
-
-        worker = threading.Thread(target=fetch, name="pb-read-file", daemon=True)
-        worker.start()
-        worker.join(timeout)
-        if worker.is_alive():
-            for archive in list(opened):  # the reader stops at its next chunk
-                with contextlib.suppress(Exception):
-                    archive.close()
-            return -1, f"docker cp timed out after {timeout}s"
-        if failures:
-            if _is_connection_failure(failures[0]):
-                raise _engine_unavailable(failures[0]) from failures[0]
-            raise failures[0]
-        return box[0]
+        try:
+            member = self.box.first_member(container_path, timeout=timeout, max_bytes=max_bytes)
+        except NotFound:
+            return 1, f"Error: No such container:path: {self.container_id}:{container_path}"
+        except APIError as exc:
+            return 1, f"Error response from daemon: {_api_error_text(exc)}"
+        except TooLarge as exc:
+            return 1, f"{container_path}: the engine sent more than {max_bytes} bytes ({exc} read)"
+        except (tarfile.TarError, EOFError) as exc:
+            return 1, f"{container_path}: unreadable archive from the engine: {exc}"
+        except Exception as exc:
+            if _is_connection_failure(exc):
+                raise _engine_unavailable(exc) from exc
+            raise
+        if isinstance(member, str):
+            return -1, f"docker cp {member}"
+        if member is None:
+            return 1, f"{container_path}: empty archive from the engine"
+        return 0, member
 
     def read_file(self, container_path: str, *, timeout: int = 60,
                   max_bytes: int | None = None) -> tuple[int, bytes | str]:
@@ -1003,18 +836,8 @@ class SdkContainerEnvironment:
         self._remove_now()
 
     def _remove_now(self) -> None:
-        from docker.errors import APIError, NotFound
-
         try:
-            self._api.remove_container(self.container_id, force=True, v=True)
-            self._removed = True
-        except NotFound:
-            self._removed = True
-        except APIError as exc:
-            if "already in progress" in _api_error_text(exc):
-                self._removed = True
-            else:
-                log.warning("removing container %s failed (the sweep will retry): %s", self.container_id[:12], exc)
+            self._removed = self.box.remove()
         except Exception as exc:
             log.warning("removing container %s failed (the sweep will retry): %s", self.container_id[:12], exc)
 

@@ -21,17 +21,14 @@ label sweep (``docker_engine.sweep``) backs it up when a worker dies.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import io
 import json
 import logging
 import os
 import shlex
 import tarfile
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import TracebackType
@@ -39,9 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_programbench.agents.agent_log import CappedLog, agent_log_limit
 from pytest_programbench.engine import disk
-from pytest_programbench.engine.docker_engine import Labels, client
+from pytest_programbench.engine.archive_out import CappedStream, TooLarge
+from pytest_programbench.engine.container import Container, OutputCap
+from pytest_programbench.engine.docker_engine import Labels, client, facts
 from pytest_programbench.engine.errors import EngineUnavailable
-from pytest_programbench.engine.exec_stream import ExecStream
 from pytest_programbench.engine.tar_in import TarIn
 from pytest_programbench.sandbox.layout import AGENT_NAME, AGENT_UID, BINARY_PATH, PROXY_DIR, SRC_DIR, WORKSPACE
 from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE, ProxyClient, build_client
@@ -180,7 +178,8 @@ def storage_limit() -> int:
 
 def storage_quota(api: Any) -> StorageQuota:
     """What the engine's storage driver allows (``docker info``), remembered on the client."""
-    cached = getattr(api, "_pb_storage_quota", None)
+    known = facts(api)
+    cached = known.storage_quota
     if isinstance(cached, StorageQuota):
         return cached
     try:
@@ -195,8 +194,7 @@ def storage_quota(api: Any) -> StorageQuota:
     else:
         quota = StorageQuota(False, f"the engine's {driver} storage driver on {backing_fs} has no per-container "
                                     "size limit (it needs xfs with pquota, btrfs, zfs or devicemapper)")
-    with contextlib.suppress(AttributeError):
-        api._pb_storage_quota = quota
+    known.storage_quota = quota
     return quota
 
 
@@ -442,8 +440,7 @@ class Sandbox:
                 raise
             # The driver looked able (e.g. overlay2 on xfs) but refused (no pquota): said once, then without.
             reason = f"the engine refused a size limit: {getattr(exc, 'explanation', None) or exc}"
-            with contextlib.suppress(AttributeError):
-                self.engine.api._pb_storage_quota = StorageQuota(False, reason)
+            facts(self.engine.api).storage_quota = StorageQuota(False, reason)
             log.warning("sandbox storage cannot be limited: %s (see docs/security.md)", reason)
             quota = StorageQuota(False, reason)
             if self._container_id is not None:  # refused at start rather than at create
@@ -534,7 +531,12 @@ class Sandbox:
 
     def _put(self, archive: TarIn, dest: str) -> bool:
         self._container_obj()  # running
-        return archive.put(self.engine.api, self.id, dest)
+        return self._handle.put(archive, dest)
+
+    @property
+    def _handle(self) -> Container:
+        """The container's exec and file path (:mod:`pytest_programbench.engine.container`)."""
+        return Container(self.engine.api, self.id)
 
     def close(self) -> None:
         """Remove the container (by id); safe to call twice and on every path."""
@@ -543,12 +545,10 @@ class Sandbox:
         self._container = None
         if container_id is None:
             return
-        from docker.errors import APIError, NotFound
+        from docker.errors import APIError
 
         try:
-            self.engine.api.remove_container(container_id, force=True, v=True)
-        except NotFound:
-            pass
+            Container(self.engine.api, container_id).remove()
         except APIError as exc:
             if exc.response is not None and exc.response.status_code == 409:
                 return  # removal already in progress (auto-remove)
@@ -616,67 +616,61 @@ class Sandbox:
 
     def _exec(self, argv: list[str], *, timeout: float, user: str, workdir: str, environment: dict[str, str],
               output: Path | None, stdin: bytes | None, max_output: int, use_timeout: bool) -> ExecResult:
-        api = self.engine.api
+        box = self._handle
         started = time.monotonic()
-        exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True, stdin=stdin is not None,
-                                  user=self._user(user), workdir=workdir, environment=environment)["Id"]
-        stream = ExecStream(api.exec_start(exec_id, socket=True))
+        exec_id, reader = box.start_exec(argv, user=self._user(user), workdir=workdir, environment=environment,
+                                         stdin=stdin is not None)
         sink: CappedLog | None = None
-        captured = bytearray()
-        state = {"truncated": False}
+        captured = OutputCap(max_output, tail=0)  # stdout and stderr interleaved, the rest dropped
         notes: list[str] = []
         try:
             sink = CappedLog(output) if output is not None else None  # agent.log: capped, closed below
             if stdin is not None:
                 with contextlib.suppress(OSError):  # a command that does not read its stdin is its business
-                    stream.send(stdin)
-            reader = threading.Thread(target=_pump, args=(stream, sink, captured, max_output, state), daemon=True)
-            reader.start()
+                    reader.send(stdin)
+            write: Callable[[bytes], object] = sink.write if sink is not None else captured.write
+            sinks = {1: write, 2: write}  # (a file is flushed while in its head, its tail held until close)
             deadline = started + timeout + (WATCHDOG_GRACE if use_timeout else 0)
             timed_out = False
             finished_at: float | None = None
-            while reader.is_alive():
-                # Quick answers for short commands, few engine calls for a six-hour agent run.
-                reader.join(min(2.0, 0.1 + (time.monotonic() - started) / 30))
-                if not reader.is_alive():
-                    break
+            # Quick answers for short commands, few engine calls for a six-hour agent run.
+            while not reader.pump(time.monotonic() + min(2.0, 0.1 + (time.monotonic() - started) / 30), sinks):
                 now = time.monotonic()
-                if finished_at is None and not api.exec_inspect(exec_id).get("Running", False):
+                if finished_at is None and not box.running(exec_id):
                     finished_at = now  # the command ended; a background process may still hold the stream
                 if finished_at is not None and now - finished_at > 2.0:
-                    stream.shutdown()
+                    reader.shutdown()
                 elif now > deadline:
                     timed_out = True
                     self.kill_agent_processes()
-                    stream.shutdown()
-            reader.join(5)
+                    reader.shutdown()
             if not timed_out:
                 timed_out = self._outlive_broken_stream(exec_id, deadline, notes)
         finally:
-            stream.close()
+            reader.close()
             if sink is not None:
                 for note in notes:
                     sink.write(f"\n[pytest-programbench] {note}\n".encode())
                 sink.close()
-        info = api.exec_inspect(exec_id)
+        info = box.exec_info(exec_id)
         exit_code = None if info.get("Running") else info.get("ExitCode")
         duration = time.monotonic() - started
         if use_timeout and exit_code in (124, 137) and duration >= timeout:
             timed_out = True
-        return ExecResult(exit_code, bytes(captured), duration, timed_out, state["truncated"], tuple(notes))
+        return ExecResult(exit_code, bytes(captured.head), duration, timed_out, captured.omitted > 0, tuple(notes))
 
     def _outlive_broken_stream(self, exec_id: str, deadline: float, notes: list[str]) -> bool:
         """The connection ended while the command still runs: wait for the command itself (an exec cannot be
         re-attached), up to its clock. True when the clock fired. Engine trouble while waiting propagates: an
         infrastructure error, never a score."""
-        api = self.engine.api
-        if not api.exec_inspect(exec_id).get("Running", False):
+        box = self._handle
+        if not box.running(exec_id):
             return False
         notes.append(f"the output stream of a running command broke at {time.strftime('%H:%M:%S')} UTC; "
                      "its further output was not captured; the harness waited for it to end")
         log.warning("exec %s: the output stream broke while the command runs; polling until it ends", exec_id[:12])
         delay = 0.5
-        while api.exec_inspect(exec_id).get("Running", False):
+        while box.running(exec_id):
             if time.monotonic() > deadline:
                 self.kill_agent_processes()
                 return True
@@ -754,7 +748,7 @@ class Sandbox:
         if not frozen and survivors is not None:
             problems.append(f"{survivors} process(es) of the agent counted while the sandbox ran (not exact)")
         try:
-            api.kill(self.id, "SIGKILL")  # a paused container is killed too (the engine thaws it after the signal)
+            self._handle.kill("SIGKILL")  # a paused container is killed too (the engine thaws it after the signal)
         except NotFound:
             return WindowEnd(died=f"sandbox container {self.id[:12]} disappeared during the agent run")
         except APIError as exc:
@@ -844,7 +838,7 @@ class Sandbox:
         partial = dest.with_name(dest.name + ".partial")
         try:
             with self._archive(SRC_DIR) as (stream, _stat):
-                source = _CappedStream(stream, max_bytes)
+                source = CappedStream(stream, max_bytes)
                 with tarfile.open(fileobj=source, mode="r|") as tar_in, tarfile.open(partial, "w:gz") as tar_out:
                     for member in tar_in:
                         name = _strip_root(member.name)
@@ -861,7 +855,7 @@ class Sandbox:
                         member.pax_headers = {}
                         tar_out.addfile(member, tar_in.extractfile(member) if member.isreg() else None)
             os.replace(partial, dest)
-        except _TooLarge as exc:
+        except TooLarge as exc:
             partial.unlink(missing_ok=True)
             raise SubmissionTooLarge(f"{SRC_DIR} is larger than {max_bytes} bytes (as a tar stream)") from exc
         except DockerException as exc:
@@ -891,23 +885,10 @@ class Sandbox:
             return False
         return bool(state.get("Running")) or self._window_end is not None
 
-    @contextlib.contextmanager
-    def _archive(self, path: str) -> Iterator[tuple[Iterator[bytes], dict[str, Any] | None]]:
-        """``GET /containers/{id}/archive``: the tar stream and the path's stat; the response is closed on exit.
-
-        (docker-py's ``get_archive`` returns a bare generator, whose response stays open when a reader stops early:
-        the engine then holds the container's lock, and removing the container blocks for the API timeout.)
-        """
-        api = self.engine.api
-        response = api._get(api._url("/containers/{0}/archive", self.id), params={"path": path}, stream=True,
-                            headers={"Accept-Encoding": "identity"})
-        try:
-            api._raise_for_status(response)
-            header = response.headers.get("x-docker-container-path-stat")
-            stat = json.loads(base64.b64decode(header)) if header else None
-            yield response.iter_content(2 << 20, False), stat
-        finally:
-            response.close()
+    def _archive(self, path: str) -> contextlib.AbstractContextManager[
+            tuple[Iterator[bytes], dict[str, Any] | None]]:
+        """``GET /containers/{id}/archive``: the tar stream and the path's stat; the response is closed on exit."""
+        return self._handle.archive(path)
 
     def read_file(self, path: str, *, max_bytes: int = 256 << 20) -> bytes:
         """One file's bytes, read as root (e.g. the proxy's call log); at most ``max_bytes``, else SandboxError."""
@@ -915,7 +896,7 @@ class Sandbox:
 
         try:
             with self._archive(path) as (stream, _stat), \
-                    tarfile.open(fileobj=_CappedStream(stream, max_bytes + TAR_OVERHEAD), mode="r|") as tar:
+                    tarfile.open(fileobj=CappedStream(stream, max_bytes + TAR_OVERHEAD), mode="r|") as tar:
                 for member in tar:
                     handle = tar.extractfile(member)
                     if handle is not None:
@@ -924,7 +905,7 @@ class Sandbox:
             raise FileNotFoundError(path) from exc
         except EngineUnavailable:  # the engine, not the file: an infrastructure error
             raise
-        except (DockerException, _TooLarge, tarfile.TarError, EOFError, OSError) as exc:
+        except (DockerException, TooLarge, tarfile.TarError, EOFError, OSError) as exc:
             if _engine_trouble(exc):
                 raise EngineUnavailable(f"cannot read {path}: {exc}") from exc
             raise SandboxError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc
@@ -936,7 +917,7 @@ class Sandbox:
         newest: tuple[float, str] | None = None
         parent = PurePosixPath(directory.rstrip("/")).parent
         with contextlib.suppress(Exception), self._archive(directory) as (stream, _stat), \
-                tarfile.open(fileobj=_CappedStream(stream, max_bytes), mode="r|") as tar:
+                tarfile.open(fileobj=CappedStream(stream, max_bytes), mode="r|") as tar:
             for member in tar:
                 if member.isreg() and member.name.endswith(suffix) and (newest is None or member.mtime > newest[0]):
                     newest = (member.mtime, str(parent / member.name))
@@ -1082,50 +1063,6 @@ def _last_json_line(data: bytes) -> dict[str, Any] | None:
                 if isinstance(value, dict):
                     return value
     return None
-
-
-def _pump(stream: ExecStream, sink: CappedLog | None, captured: bytearray, limit: int,
-          state: dict[str, bool]) -> None:
-    """Copy the command's output (stdout and stderr interleaved) into ``sink`` or ``captured``."""
-    for _kind, payload in stream.frames():
-        if sink is not None:
-            sink.write(payload)  # flushed while in the head; the tail is held until close
-        else:
-            room = max(0, limit - len(captured))
-            captured += payload[:room]
-            if len(payload) > room:
-                state["truncated"] = True
-
-
-class _TooLarge(Exception):
-    pass
-
-
-class _CappedStream(io.RawIOBase):
-    """A file object over docker's archive chunks that refuses to deliver more than ``limit`` bytes."""
-
-    def __init__(self, chunks: Iterator[bytes], limit: int) -> None:
-        self._chunks = iter(chunks)
-        self._buffer = b""
-        self._seen = 0
-        self._limit = limit
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, target: Any) -> int:
-        while not self._buffer:
-            try:
-                self._buffer = next(self._chunks)
-            except StopIteration:
-                return 0
-            self._seen += len(self._buffer)
-            if self._seen > self._limit:
-                raise _TooLarge(self._seen)
-        size = min(len(target), len(self._buffer))
-        target[:size] = self._buffer[:size]
-        self._buffer = self._buffer[size:]
-        return size
 
 
 def shell_join(argv: Sequence[str]) -> str:
