@@ -9,11 +9,14 @@ Runs, on copies of the test bed's run directory ``testbed/.state/submissions/<va
   The only shim: the CLI's task catalogue also holds the test bed's task dirs (``load_all_instances`` default).
 * ``official+wheels`` — the same CLI given the rerunfailures wheels as it would get them from PyPI with internet
   (``DOCKER_RUN_ARGS``: a read-only mount and ``PIP_NO_INDEX``/``PIP_FIND_LINKS``): reruns on, like ours.
+* ``official -w 2`` — ``official`` with two instance workers: the equal-parallelism baseline of ``pytest -n 2``.
 * ``pytest -n 1``, ``pytest -n 2`` — the plugin, reruns on (the host's cached wheels).
 * ``pytest -n 1, reruns off`` — the plugin without wheels (``PYTEST_PROGRAMBENCH_WHEELS`` pointing nowhere): the
   like-for-like comparison with the offline ``official`` row.
 
-Prints a table (wall seconds, ratio to ``official`` and to ``official+wheels``, mean score) and writes JSON to
+Prints a table (wall seconds, ratio to ``official`` and to ``official+wheels``, mean score), the ratios at equal
+parallelism, and per task the time outside compile and the hidden tests with the steps that took it (from each
+run's ``eval.json`` logs and the plugin's ``evaluation`` phase in ``pb-meta.json``); writes JSON to
 ``bench/results/bench_eval-<UTC>.json``. Needs the test bed: ``bash testbed/setup.sh``.
 """
 
@@ -95,6 +98,45 @@ def scores_from_eval_json(run_dir: Path, tasks_dir: Path) -> dict[str, float]:
     return out
 
 
+# The two steps whose time is the submission's (its compile.sh, its hidden tests); everything else is overhead.
+SUBMISSION_STEPS = ("compile", "run_tests")
+
+
+def step_breakdown(run_dir: Path) -> dict[str, Any]:
+    """Per task, where the evaluation's time went: each official step's ``wall_time`` from the task's
+    ``eval.json`` log (summed over branches), the plugin's ``evaluation`` phase (``pb-meta.json``) when there is
+    one, and the rest of that phase (container create/start, copies, commit, removal, the harness's checks) as
+    ``unlogged``. ``outside`` is the phase less compile and the hidden tests: the per-task overhead."""
+    tasks: dict[str, Any] = {}
+    for path in sorted(run_dir.glob("*/*.eval.json")):
+        data = json.loads(path.read_text())
+        steps: dict[str, float] = {}
+        for entry in data.get("log") or []:
+            if isinstance(entry, dict) and isinstance(entry.get("wall_time"), int | float):
+                name = str(entry.get("step"))
+                steps[name] = round(steps.get(name, 0.0) + float(entry["wall_time"]), 3)
+        row: dict[str, Any] = {"steps": steps, "logged": round(sum(steps.values()), 3)}
+        meta = path.parent / "pb-meta.json"
+        if meta.is_file():
+            phase = (json.loads(meta.read_text()).get("timings") or {}).get("evaluation")
+            if isinstance(phase, int | float):
+                row["evaluation"] = phase
+                row["unlogged"] = round(phase - row["logged"], 3)
+                row["outside"] = round(phase - sum(steps.get(n, 0.0) for n in SUBMISSION_STEPS), 3)
+        tasks[path.parent.name] = row
+    return tasks
+
+
+def print_breakdown(name: str, tasks: dict[str, Any]) -> None:
+    """One line per task: time outside compile and hidden tests, then the steps that took it, largest first."""
+    for task, row in tasks.items():
+        others = sorted(((v, k) for k, v in row["steps"].items() if k not in SUBMISSION_STEPS), reverse=True)
+        listed = ", ".join(f"{k} {v:.2f}" for v, k in others[:8])
+        outside = f"{row['outside']:.2f} s outside compile+tests" if "outside" in row else "no phase timing"
+        unlogged = f", unlogged {row['unlogged']:.2f}" if "unlogged" in row else ""
+        print(f"  {name:24s} {task:34s} {outside} (steps: {listed}{unlogged})")
+
+
 def timed(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path) -> tuple[float, int]:
     started = time.monotonic()
     with log.open("w") as out:
@@ -103,13 +145,17 @@ def timed(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path) -> tuple
 
 
 def run_official(name: str, source: Path, work: Path, tasks_dir: Path, env: dict[str, str],
-                 wheels: str) -> dict[str, Any]:
-    run_dir = work / name.replace("+", "-") / source.name
+                 wheels: str, workers: int = 1) -> dict[str, Any]:
+    slug = name.replace("+", "-").replace(" ", "")
+    run_dir = work / slug / source.name
     shutil.copytree(source, run_dir)
     penv = {**os.environ, "PROGRAMBENCH_BLOB_DIR": env["PB_TESTBED_BLOB_DIR"]}
     cmd = [sys.executable, "-c", OFFICIAL_SHIM, str(tasks_dir), wheels, "eval", str(run_dir), "--docker-cpus", "2"]
-    seconds, rc = timed(cmd, env=penv, cwd=work, log=work / f"{name.replace('+', '-')}.log")
-    return {"name": name, "seconds": seconds, "returncode": rc, "scores": scores_from_eval_json(run_dir, tasks_dir)}
+    if workers > 1:
+        cmd += ["-w", str(workers)]
+    seconds, rc = timed(cmd, env=penv, cwd=work, log=work / f"{slug}.log")
+    return {"name": name, "seconds": seconds, "returncode": rc, "scores": scores_from_eval_json(run_dir, tasks_dir),
+            "breakdown": step_breakdown(run_dir)}
 
 
 def run_plugin(name: str, source: Path, work: Path, tasks_dir: Path, env: dict[str, str], workers: int,
@@ -129,7 +175,8 @@ def run_plugin(name: str, source: Path, work: Path, tasks_dir: Path, env: dict[s
     cwd = work / f"{slug}-cwd"
     cwd.mkdir()
     seconds, rc = timed(cmd, env=penv, cwd=cwd, log=work / f"{slug}.log")
-    return {"name": name, "seconds": seconds, "returncode": rc, "scores": scores_from_eval_json(output, tasks_dir)}
+    return {"name": name, "seconds": seconds, "returncode": rc, "scores": scores_from_eval_json(output, tasks_dir),
+            "breakdown": step_breakdown(output)}
 
 
 def main() -> None:
@@ -154,6 +201,7 @@ def main() -> None:
     configs: list[tuple[str, Any]] = [
         ("official", lambda w, t: run_official("official", source, w, t, env, "")),
         ("official+wheels", lambda w, t: run_official("official+wheels", source, w, t, env, str(wheels.directory))),
+        ("official -w 2", lambda w, t: run_official("official -w 2", source, w, t, env, "", 2)),
         ("pytest -n 1", lambda w, t: run_plugin("pytest -n 1", source, w, t, env, 1, True)),
         ("pytest -n 2", lambda w, t: run_plugin("pytest -n 2", source, w, t, env, 2, True)),
         ("pytest -n 1, reruns off", lambda w, t: run_plugin("pytest -n 1, reruns off", source, w, t, env, 1, False)),
@@ -198,6 +246,15 @@ def main() -> None:
         row["ratio_official_wheels"] = round(row["seconds"] / base_wheels, 3) if base_wheels else None
         row["mean_score"] = mean
         print(f"{name:26s} {row['seconds']:8.1f} {ratio:>11s} {ratio_w:>14s} {mean:11.3f}")
+    parallel = rows.get("official -w 2", {}).get("seconds")
+    for name in ("pytest -n 2", "pytest -n 2, reruns off"):
+        if parallel and name in rows:
+            rows[name]["ratio_official_parallel"] = round(rows[name]["seconds"] / parallel, 3)
+            print(f"at equal parallelism: {name} ÷ official -w 2 = {rows[name]['seconds'] / parallel:.2f}x")
+    print()
+    print("per task, where the time outside compile and the hidden tests goes (seconds):")
+    for name, row in rows.items():
+        print_breakdown(name, row.get("breakdown") or {})
     mismatched = {name: row["scores"] for name, row in rows.items()
                   if rows.get("official") and row["scores"] != rows["official"]["scores"]}
     if mismatched:
