@@ -243,6 +243,9 @@ OPTIONS: tuple[Option, ...] = (
            "(model API unavailable).", "model", "float", "SECONDS", _float(0.0)),
     Option("model-failures-scored", "Score tasks whose model API was unavailable or rejected the key (the "
            "agent's half-finished work) instead of making them errors.", "model", "bool"),
+    Option("budget", "USD the run may spend on the model (tokens at --pb-token-price): no new task starts once spent "
+           "plus the running tasks' projected cost passes it; past 1.1 times it the relay refuses model requests and "
+           "the running tasks end as errors naming the budget.", "model", "float", "USD", _float(0.0)),
     Option("agent-replay", "Answer the agent's model requests from RUN_DIR's recorded conversation (each task's "
            "model-replay.jsonl), never calling the endpoint; the first request that differs makes the task an error "
            "naming it, with a diff.", "agent", metavar="RUN_DIR", parser=_dir),
@@ -402,6 +405,7 @@ class Settings:
     model_failures_scored: bool = False
     model_concurrency: int | None = None
     agent_replay: str | None = None
+    budget: float | None = None
     submissions: str | None = None
     require_all: bool = False
     sandbox_cpus: float = field(default_factory=lambda: float(min(20, cores())))

@@ -83,6 +83,7 @@ class TaskRun:
         self.model_unavailable: str | None = None  # ModelRelay.unavailable() of the agent's window
         self.model_waited_s = 0.0  # seconds the relay waited to retry model requests (the live view)
         self.replay_mismatch: str | None = None  # --pb-agent-replay: the first request the recording did not have
+        self.over_budget: str | None = None  # --pb-budget: requests refused once the run had spent it (x1.1)
         self.sandbox: Sandbox | None = None
         self.tunnel: RelayTunnel | None = None
         self._instance: dict[str, Any] | None = None
@@ -256,9 +257,16 @@ class TaskRun:
         from pytest_programbench.relay.relay import ModelRelay, RelayConfigError, RetryPolicy
         from pytest_programbench.relay.replay import REPLAY_FILE
         from pytest_programbench.relay.slots import SLOTS_DIR, ModelSlots
+        from pytest_programbench.relay.spend import SPEND_DIR, SpendLedger
 
         concurrency = self.settings.model_concurrency
         slots = ModelSlots(self.session.identity.path / SLOTS_DIR, concurrency) if concurrency else None
+        spend = None
+        if self.settings.budget is not None and self.settings.token_price is not None:
+            name = str(self.artifacts.dir.relative_to(self.session.identity.path)) \
+                if self.artifacts.dir.is_relative_to(self.session.identity.path) else self.task.instance_id
+            spend = SpendLedger(self.session.identity.path / SPEND_DIR, name, self.settings.token_price,
+                                self.settings.budget)
         replay_from = None
         if self.settings.agent_replay:  # the same task's recording in the earlier run
             try:
@@ -269,7 +277,7 @@ class TaskRun:
         relay = ModelRelay(self.settings.model_endpoint, records_path=self.artifacts.dir / "model-requests.jsonl",
                            api_key_env=self.settings.model_key_env, unix=not on_host, tcp=on_host,
                            retry=RetryPolicy(budget_s=self.settings.model_retry_budget), on_wait=self._model_wait,
-                           slots=slots, on_slot_wait=self._slot_wait, replay_from=replay_from)
+                           slots=slots, on_slot_wait=self._slot_wait, replay_from=replay_from, spend=spend)
         try:
             self.relay = relay.start()
         except (RelayConfigError, OSError) as exc:
@@ -287,6 +295,7 @@ class TaskRun:
             self.agent_notes += relay.notes()  # records dropped past the cap, requests refused for lack of room
             self.model_unavailable = relay.unavailable()
             self.replay_mismatch = relay.replay_mismatch()
+            self.over_budget = relay.over_budget()
             if self.model_unavailable is not None:
                 self.meta["model_unavailable"] = self.model_unavailable
 
@@ -306,6 +315,9 @@ class TaskRun:
         the task is an error (resumable), not a score of its half-finished work, unless --pb-model-failures-scored."""
         if self.replay_mismatch is not None:
             raise InfrastructureError(f"--pb-agent-replay: first mismatch: {self.replay_mismatch}", retryable=False)
+        if self.over_budget is not None:  # never a score, whatever --pb-model-failures-scored says
+            raise InfrastructureError(f"{self.over_budget}; the agent's files are kept in {self.artifacts.dir} "
+                                      "(--pb-resume with a larger --pb-budget runs the task again)", retryable=False)
         reason = self.model_unavailable
         if reason is None:
             return

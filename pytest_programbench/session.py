@@ -267,6 +267,8 @@ class ProgramBenchSession:
             raise pytest.UsageError("--pb-ignore-flaky needs --pb-gold-ledger FILE: the ledger's tests are ignored")
         if settings.agent and settings.submissions:
             raise pytest.UsageError(AGENT_AND_SUBMISSIONS)
+        if settings.budget is not None and settings.token_price is None:
+            raise pytest.UsageError("--pb-budget USD needs --pb-token-price IN,OUT: the price of the metered tokens")
         if settings.max_regression is not None and not settings.compare:
             raise pytest.UsageError("--pb-max-regression X needs --pb-compare BASE: the run the regression is "
                                     "measured against")
@@ -413,6 +415,27 @@ class ProgramBenchSession:
             self._watch_agent_exit(instance_id, dict(report.user_properties).get("agent_exit"))
         elif report.when == "setup" and report.failed:
             self._watch_model_rejected(instance_id, report.user_properties)
+        if report.when == "teardown":
+            self._watch_budget()
+
+    def _watch_budget(self) -> None:
+        """--pb-budget: once spent plus the running tasks' projected cost passes it, no new task starts (the rest
+        is not run, resumable with a larger budget)."""
+        budget, summary = self.settings.budget, self.summary
+        if budget is None or summary is None or self.stop_reason:
+            return
+        from pytest_programbench.relay.spend import SPEND_DIR, run_spend
+
+        spent = run_spend(self.identity.path / SPEND_DIR)
+        costs = [rec.cost_usd for rec in summary.records.values() if rec.outcome and rec.cost_usd is not None]
+        workers = getattr(self.config.option, "numprocesses", None)
+        running = len(summary.in_flight) or max(0, (workers if isinstance(workers, int) else 1) - 1)
+        projected = (sum(costs) / len(costs)) * running if costs else 0.0
+        if spent + projected <= budget:
+            return
+        self._stop(f"programbench: stopping: budget: ${spent:.4f} spent + ${projected:.4f} projected for {running} "
+                   f"running task(s) passes --pb-budget ${budget:g}; the tasks not started are not run "
+                   "(--pb-resume with a larger --pb-budget runs them)")
 
     def _watch_model_rejected(self, instance_id: str, properties: list[tuple[str, object]]) -> None:
         """Stop the session when the model API rejected the key on the first tasks: every task would do the same."""

@@ -38,11 +38,15 @@ def ask():
     except urllib.error.HTTPError as exc:
         print("model answered", exc.code)
 
-threads = [threading.Thread(target=ask) for _ in range(int(sys.argv[2]))]
-for thread in threads:
-    thread.start()
-for thread in threads:
-    thread.join()
+if sys.argv[3:] == ["serial"]:  # one after the other
+    for _ in range(int(sys.argv[2])):
+        ask()
+else:  # all at once
+    threads = [threading.Thread(target=ask) for _ in range(int(sys.argv[2]))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 task = os.environ["PB_TASK_ID"]
 subprocess.run(f"tar -C {sys.argv[1]}/{task} -c . | {os.environ['PB_SANDBOX_EXEC']} 'tar -x -C /workspace/src'",
                shell=True, check=True)
@@ -50,13 +54,13 @@ subprocess.run(f"tar -C {sys.argv[1]}/{task} -c . | {os.environ['PB_SANDBOX_EXEC
 
 
 def _session(pytester: pytest.Pytester, testbed: Testbed, server: ScriptedModels, run_dir: Path, pattern: str,
-             *extra: str, requests: int = 1) -> pytest.RunResult:
+             *extra: str, requests: int = 1, serial: bool = False) -> pytest.RunResult:
     agent = pytester.path / "agent.py"
     agent.write_text(AGENT)
     return pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
         "--pb-filter", pattern, "--pb-pull", "never",
-        "--pb-agent", f"{sys.executable} {agent} {TESTBED}/solutions {requests}",
+        "--pb-agent", f"{sys.executable} {agent} {TESTBED}/solutions {requests}" + (" serial" if serial else ""),
         "--pb-agent-on-host", "--pb-agent-timeout", "300", "--pb-cpus", "2", "--pb-infra-retries", "1",
         "--pb-model-endpoint", server.base_url, "--pb-output", str(run_dir), *extra, timeout=600)
 
@@ -216,3 +220,28 @@ def test_cli_agent_solves_a_task_while_the_provider_rate_limits_at_the_start(
     assert tokens["gave_up"] == 0
     assert summary["tokens"]["retries"] == limited
     assert summary["headline"]["errors"] == 0
+
+
+def test_budget_ends_the_running_task_stops_new_ones_and_resume_continues(pytester: pytest.Pytester,
+                                                                         testbed: Testbed, docker_client: Any) -> None:
+    """Each answer costs $1.10 (11 input tokens at $100,000 per million); each agent asks three times in a row; the
+    budget is $1. The first task's third request finds $2.20 spent, past $1.10: refused, the task an error naming
+    the budget; no other task starts. Resumed with a larger budget, all three run and pass."""
+    run_dir = pytester.path / "run"
+    with ScriptedModels([Step("done", None, 10, 2)]) as server:
+        first = _session(pytester, testbed, server, run_dir, "pbfix__", "--pb-budget", "1", "--pb-token-price",
+                         "100000,0", requests=3, serial=True)
+        first.assert_outcomes(errors=1)
+        assert server.statuses == [200, 200], "the third request was never forwarded"
+        first.stdout.fnmatch_lines([
+            "*model budget spent: 1 request(s) refused once the run had spent $2.2000 of --pb-budget $1 (x1.1)*",
+            "*programbench: stopping: budget: $2.2000 spent + $0.0000 projected for 0 running task(s) passes "
+            "--pb-budget $1*"])
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["headline"]["errors"] == 1
+        assert summary["headline"]["not_run"] == 2
+        assert summary["headline"]["scored"] == 0
+        second = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pb-resume", str(run_dir),
+                                               "--pb-budget", "100", timeout=600)
+    second.assert_outcomes(passed=3)
+    assert len(server.statuses) == 2 + 9

@@ -72,6 +72,7 @@ from pytest_programbench.relay.server import (
     send_error,
 )
 from pytest_programbench.relay.slots import ModelSlots
+from pytest_programbench.relay.spend import HARD_FACTOR, SpendLedger
 from pytest_programbench.relay.upstream import (
     DEFAULT_RETRY_BUDGET_S,
     KEY_HEADERS,
@@ -201,6 +202,7 @@ class ModelRelay:
         slots: ModelSlots | None = None,
         on_slot_wait: Callable[[], None] | None = None,
         replay_from: str | os.PathLike[str] | None = None,
+        spend: SpendLedger | None = None,
     ) -> None:
         if not unix and not tcp:
             raise RelayConfigError("the relay needs a Unix socket, a TCP listener, or both")
@@ -222,6 +224,10 @@ class ModelRelay:
         self._slots = slots
         self._on_slot_wait = on_slot_wait
         self.replay_from = None if replay_from is None else Path(replay_from)
+        self._spend = spend
+        self._budget_refused = 0
+        self._metering = threading.Condition()  # answers whose cost is not yet in the ledger
+        self._unmetered = 0
         self._replay_writer: ReplayWriter | None = None  # model-replay.jsonl beside the records
         self._outages: collections.Counter[str] = collections.Counter()  # what gave up or was rejected, by answer
         self.client_idle_timeout = client_idle_timeout
@@ -617,6 +623,17 @@ class ModelRelay:
         upstream = self._upstream
         if upstream is None or self._closed:
             raise Refusal(503, "the relay is closing")
+        spend = self._spend
+        if spend is not None:
+            # An answer's cost is known after its last byte went out, when the agent may already have sent its next
+            # request: this task's answers still being metered are waited for (briefly) before the check.
+            with self._metering:
+                self._metering.wait_for(lambda: self._unmetered == 0, timeout=2.0)
+        if spend is not None and spend.exhausted():
+            with self._lock:
+                self._budget_refused += 1
+            raise Refusal(402, f"the run's model budget is spent: ${spend.total():.4f} of --pb-budget "
+                               f"${spend.budget:g} (no request is forwarded past x{HARD_FACTOR:g})")
         try:
             response = upstream.send(handler.command, path, self._headers(handler, body), body, exchange.attempts)
         except Refusal:
@@ -625,14 +642,31 @@ class ModelRelay:
             raise
         writer = self._replay_writer
         exchange.captured = bytearray() if writer is not None and writer.room > 0 else None
+        if spend is not None:
+            with self._metering:
+                self._unmetered += 1
         try:
             self._respond(handler, exchange, response)
         finally:
             upstream.done(response)
+            if spend is not None:
+                spend.add(exchange.usage)
+                with self._metering:
+                    self._unmetered -= 1
+                    self._metering.notify_all()
         if writer is not None:
             captured = exchange.captured
             writer.add(handler.command, path, body, exchange.status, response.headers,
                        response=None if captured is None or exchange.stream_broken else bytes(captured))
+
+    def over_budget(self) -> str | None:
+        """Why requests were refused for the run's budget (the task is an error of it), ``None`` when none was."""
+        with self._lock:
+            refused = self._budget_refused
+        if not refused or self._spend is None:
+            return None
+        return (f"model budget spent: {refused} request(s) refused once the run had spent ${self._spend.total():.4f} "
+                f"of --pb-budget ${self._spend.budget:g} (x{HARD_FACTOR:g})")
 
     def replay_mismatch(self) -> str | None:
         """Under ``replay_from``: the first request that matched no recorded one (the task is an error of it)."""
