@@ -24,7 +24,8 @@ from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.invocation import ATTEMPT, GOLD, TaskKey
 from pytest_programbench.results import task_meta
-from pytest_programbench.results.artifacts import TaskArtifacts, atomic_copy
+from pytest_programbench.results.artifacts import TaskArtifacts
+from pytest_programbench.results.atomic import atomic_copy
 from pytest_programbench.results.task_meta import TaskMeta
 from pytest_programbench.results.verdict import InfrastructureError, TaskOutcome
 from pytest_programbench.tasks.catalogue import CatalogueError, Task

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_programbench.engine.errors import EngineUnavailable
-from pytest_programbench.sizes import human
+from pytest_programbench.text.sizes import human
 
 if TYPE_CHECKING:
     from pytest_programbench.agents.agent import AgentSpec

@@ -237,10 +237,10 @@ class ProgramBenchSession:
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> ProgramBenchSession:
-        from pytest_programbench import resume
+        from pytest_programbench import run_record
 
         # --pb-resume DIR alone: the run's recorded settings, under what the user gave explicitly.
-        settings = resume.for_session(config, options.parse(config))
+        settings = run_record.for_session(config, options.parse(config))
         try:
             catalogue = Catalogue.load(settings.tasks_dirs, include_fixtures=settings.include_fixtures)
         except CatalogueError as exc:
@@ -500,7 +500,7 @@ class ProgramBenchSession:
         terminalreporter.write_line(f"run directory: {self.identity.run_dir}")
         headline = self.summary.headline()
         if exitstatus == pytest.ExitCode.INTERRUPTED or headline.get("errors") or headline.get("not_run"):
-            from pytest_programbench.resume import command
+            from pytest_programbench.run_record import command
 
             terminalreporter.write_line("to resume (finished tasks are kept): "
                                         + command(config.invocation_params.args, self.identity.path), bold=True)
@@ -629,7 +629,7 @@ class ProgramBenchSession:
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[WORKERINPUT_KEY] = self.identity.as_dict()
         if self.identity.resumed:
-            from pytest_programbench.resume import WORKERINPUT_KEY as RESUMED_KEY
+            from pytest_programbench.run_record import WORKERINPUT_KEY as RESUMED_KEY
 
             node.workerinput[RESUMED_KEY] = public_settings(self.settings)
 

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from programbench.utils.load_data import load_all_instances
 
-from pytest_programbench.engine import docker_engine
+from pytest_programbench.engine.facts import facts as engine_facts
 from pytest_programbench.evaluation import container_layer
 from pytest_programbench.evaluation.results_check import (
     RESULTS_MISMATCH,
@@ -39,7 +39,7 @@ from pytest_programbench.evaluation.results_check import (
     outcome_lines,
     reported_not_passed,
 )
-from pytest_programbench.results.artifacts import atomic_copy, atomic_write_text
+from pytest_programbench.results.atomic import atomic_copy, atomic_write_text
 from pytest_programbench.tasks.catalogue import load_tasks_dir
 from tests.conftest import Testbed
 from tests.test_evaluation_parity import official_blob_dir  # noqa: F401 - a fixture
@@ -517,7 +517,7 @@ def test_storage_limit_refused_by_the_engine_is_dropped(testbed: Testbed) -> Non
 
     client = docker.from_env()  # its own client: the remembered answer stays with it
     try:
-        docker_engine.facts(client.api).storage_quota = StorageQuota(True, "forced by the test")
+        engine_facts(client.api).storage_quota = StorageQuota(True, "forced by the test")
         env = container_layer.SdkContainerEnvironment(
             image=f"programbench/pbfix_1776_rpn.0b5e55e:{TAG}", engine=client, storage=1 << 30, cpus=2,
             labels={"pytest-programbench": "pb-test-storage"}, lifetime=120)
@@ -527,7 +527,7 @@ def test_storage_limit_refused_by_the_engine_is_dropped(testbed: Testbed) -> Non
                 assert opts == {"size": str(1 << 30)}
             else:
                 assert opts == {}
-                remembered = docker_engine.facts(client.api).storage_quota
+                remembered = engine_facts(client.api).storage_quota
                 assert isinstance(remembered, StorageQuota)
                 assert remembered.supported is False
                 assert "refused" in remembered.reason

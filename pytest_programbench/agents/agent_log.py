@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from pytest_programbench.sizes import human, parse_size
+from pytest_programbench.text.sizes import human, parse_size
 
 log = logging.getLogger(__name__)
 

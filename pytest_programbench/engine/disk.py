@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from pytest_programbench.engine.errors import DiskSpaceError
-from pytest_programbench.sizes import human, parse_size
+from pytest_programbench.engine.facts import NOT_ASKED, facts
+from pytest_programbench.text.sizes import human, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,6 @@ def free_space(path: Path) -> Space:
 def docker_root(engine_api: Any) -> Path | None:
     """The engine's data root on this machine's filesystem; None when it is not here (a TCP/SSH engine, rootless
     or another mount namespace): then only the run directory can be checked."""
-    from pytest_programbench.engine.docker_engine import NOT_ASKED, facts
-
     known = facts(engine_api)
     if known.docker_root is not NOT_ASKED:
         return cast(Path | None, known.docker_root)

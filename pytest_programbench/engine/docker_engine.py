@@ -35,7 +35,6 @@ import struct
 import threading
 import time
 import uuid
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -192,33 +191,6 @@ _clients: dict[str, docker.DockerClient] = {}
 def engine_state(url: str | None = None) -> _EngineState:
     """The process's health counters of one engine (for reports and tests)."""
     return _state if url is None else _states.setdefault(url, _EngineState())
-
-
-NOT_ASKED = object()
-
-
-@dataclass
-class EngineFacts:
-    """What was learnt once about the engine behind one client, kept as long as that client lives: whether its
-    storage driver takes a size limit (``sandbox.StorageQuota``: asked, or refused by the engine) and its data root
-    on this machine (:func:`pytest_programbench.engine.disk.docker_root`). One home, instead of attributes stuck
-    onto docker-py's objects by each module that asks."""
-
-    storage_quota: object | None = None
-    docker_root: object = NOT_ASKED  # a Path, None (not on this machine) or NOT_ASKED
-
-
-_facts: weakref.WeakKeyDictionary[Any, EngineFacts] = weakref.WeakKeyDictionary()
-_facts_lock = threading.Lock()
-
-
-def facts(api: Any) -> EngineFacts:
-    """The :class:`EngineFacts` of the engine client ``api`` (a ``docker.APIClient``; created empty)."""
-    with _facts_lock:
-        known = _facts.get(api)
-        if known is None:
-            known = _facts[api] = EngineFacts()
-        return known
 
 
 def url_of(api: Any) -> str | None:

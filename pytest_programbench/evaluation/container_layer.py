@@ -327,7 +327,7 @@ def storage_limit_option(api: Any, size: int) -> dict[str, str] | None:
 
 def storage_refused(api: Any, exc: Exception) -> None:
     """The driver looked able but refused (overlay2 on xfs without pquota): remembered on the client, said once."""
-    from pytest_programbench.engine.docker_engine import facts
+    from pytest_programbench.engine.facts import facts
     from pytest_programbench.sandbox.sandbox import StorageQuota
 
     reason = f"the engine refused a size limit: {_api_error_text(exc)}"

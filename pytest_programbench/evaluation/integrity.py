@@ -28,7 +28,7 @@ neutralise what can be neutralised). What is flagged:
   part of the tree could not be read, so what lies past it was not checked. Never an exception: every walk and parse
   of submission content here is bounded and total, and a probe that fails says so as this flag.
 
-Every text in a flag is printable (:func:`~pytest_programbench.safe_text.printable`: a file name that is not UTF-8
+Every text in a flag is printable (:func:`~pytest_programbench.text.printable.printable`: a file name that is not UTF-8
 shows its bytes as ``\\xNN``); the path kept for neutralisation is the exact name. At most :data:`SHOW_FLAGS` flags
 of a kind are kept, then one that counts the rest.
 
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from pytest_programbench.safe_text import printable
+from pytest_programbench.text.printable import printable
 
 WORKSPACE = "/workspace"
 

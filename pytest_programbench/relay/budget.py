@@ -16,7 +16,7 @@ import os
 import threading
 import time
 
-from pytest_programbench.sizes import parse_size
+from pytest_programbench.text.sizes import parse_size
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
 
-from pytest_programbench.sizes import human, parse_size
+from pytest_programbench.text.sizes import human, parse_size
 
 log = logging.getLogger(__name__)
 

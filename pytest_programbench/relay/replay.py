@@ -29,7 +29,7 @@ from typing import IO, Any
 import httpx
 
 from pytest_programbench.relay.server import Refusal
-from pytest_programbench.sizes import parse_size
+from pytest_programbench.text.sizes import parse_size
 
 log = logging.getLogger(__name__)
 

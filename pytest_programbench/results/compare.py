@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pytest_programbench.results.artifacts import atomic_write_text
+from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.report import TaskScope
 from pytest_programbench.results.statistics import (
     interval_text,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_programbench.results.artifacts import atomic_write_text
+from pytest_programbench.results.atomic import atomic_write_text
 
 LEDGER = "gold-ledger.json"
 REASON = "gold_flaky"

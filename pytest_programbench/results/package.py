@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_programbench.results import pb_stats
-from pytest_programbench.results.artifacts import atomic_write_text
+from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.run_record import RUN_MARKER
 
 TODO = "TODO"

@@ -33,7 +33,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from pytest_programbench.results.artifacts import atomic_write_text
+from pytest_programbench.results.atomic import atomic_write_text
 
 if TYPE_CHECKING:
     from pytest_programbench.run_context import ProgressHost

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_programbench.results.artifacts import atomic_write_text
+from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.verdict import FailingTest, read_failing
 
 REPORT_NAME = "report.html"

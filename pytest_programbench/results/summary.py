@@ -21,10 +21,10 @@ import pytest
 from _pytest._code.code import TerminalRepr
 from _pytest._io import TerminalWriter
 
-from pytest_programbench.results.artifacts import atomic_write_text
+from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.pacing import Pacer
 from pytest_programbench.results.tally import Tally
-from pytest_programbench.safe_text import sanitise
+from pytest_programbench.text.printable import sanitise
 
 PASSED, FAILED, ERROR = "passed", "failed", "error"
 RESOLVED, NEAR_RESOLVED = 1.0, 0.95  # programbench.submission.RESOLVED_THRESHOLD / NEAR_RESOLVED_THRESHOLD

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench.safe_text import printable, sanitise
+from pytest_programbench.text.printable import printable, sanitise
 
 
 class InfrastructureError(Exception):

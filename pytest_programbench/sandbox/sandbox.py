@@ -38,12 +38,13 @@ from pytest_programbench.agents.agent_log import CappedLog, agent_log_limit
 from pytest_programbench.engine import disk
 from pytest_programbench.engine.archive_out import CappedStream, TooLarge
 from pytest_programbench.engine.container import Container, OutputCap
-from pytest_programbench.engine.docker_engine import Labels, client, facts
+from pytest_programbench.engine.docker_engine import Labels, client
 from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.engine.facts import facts
 from pytest_programbench.engine.tar_in import TarIn
 from pytest_programbench.sandbox.layout import AGENT_NAME, AGENT_UID, BINARY_PATH, PROXY_DIR, SRC_DIR, WORKSPACE
 from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE, ProxyClient, build_client
-from pytest_programbench.sizes import human, parse_size
+from pytest_programbench.text.sizes import human, parse_size
 
 if TYPE_CHECKING:
     from pytest_programbench.options import Settings
