@@ -159,7 +159,7 @@ _SAMPLES: dict[str, tuple[str, str]] = {
     "docker-host": ("unix:///run/pb-a.sock", "unix:///run/pb-b.sock=2"),
 }
 _KIND_SAMPLES = {"int": ("7", "9"), "float": ("0.5", "0.75"), "str": ("one", "two"), "list": ("one", "two")}
-_DIR_OPTIONS = ("tasks-dir", "submissions", "resume", "blob-dir", "compare")
+_DIR_OPTIONS = ("tasks-dir", "submissions", "resume", "blob-dir", "compare", "agent-replay", "durations")
 _FILE_OPTIONS = ("gold-ledger",)
 
 
