@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from pytest_programbench.text.sizes import human, parse_size
+from pytest_programbench.text.sizes import human, size_from_env
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +30,7 @@ MARKER = "[pytest-programbench] agent.log capped at {limit}: {dropped} bytes of 
 
 def agent_log_limit() -> int:
     """The cap in bytes, from ``PB_AGENT_LOG_MAX`` (default 64 MiB)."""
-    raw = os.environ.get("PB_AGENT_LOG_MAX", "").strip() or DEFAULT_LIMIT
-    try:
-        return parse_size(raw)
-    except ValueError:
-        log.warning("PB_AGENT_LOG_MAX=%r is not a size; using %s", raw, DEFAULT_LIMIT)
-        return parse_size(DEFAULT_LIMIT)
+    return size_from_env("PB_AGENT_LOG_MAX", DEFAULT_LIMIT)
 
 
 class CappedLog:

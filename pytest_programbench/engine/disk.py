@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from pytest_programbench.engine.errors import DiskSpaceError
 from pytest_programbench.engine.facts import NOT_ASKED, facts
-from pytest_programbench.text.sizes import human, parse_size
+from pytest_programbench.text.sizes import human, size_from_env
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,7 @@ class Space:
 
 def need_from_env(env: str, default: str) -> int:
     """A size from the environment variable ``env`` (``default`` when unset or not a size; 0 disables a check)."""
-    raw = os.environ.get(env, "").strip() or default
-    try:
-        return parse_size(raw)
-    except ValueError:
-        log.warning("%s=%r is not a size; using %s", env, raw, default)
-        return parse_size(default)
+    return size_from_env(env, default)
 
 
 def image_need() -> int:

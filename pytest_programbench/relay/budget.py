@@ -16,7 +16,7 @@ import os
 import threading
 import time
 
-from pytest_programbench.text.sizes import parse_size
+from pytest_programbench.text.sizes import size_from_env
 
 log = logging.getLogger(__name__)
 
@@ -25,21 +25,12 @@ DEFAULT_REQUEST = "64m"
 DEFAULT_WAIT_S = 30.0
 
 
-def _size_from_env(name: str, default: str) -> int:
-    raw = os.environ.get(name, "").strip() or default
-    try:
-        return parse_size(raw)
-    except ValueError:
-        log.warning("%s=%r is not a size; using %s", name, raw, default)
-        return parse_size(default)
-
-
 def inflight_limit() -> int:
-    return _size_from_env("PB_RELAY_INFLIGHT_MAX", DEFAULT_INFLIGHT)
+    return size_from_env("PB_RELAY_INFLIGHT_MAX", DEFAULT_INFLIGHT)
 
 
 def request_limit() -> int:
-    return _size_from_env("PB_RELAY_REQUEST_MAX", DEFAULT_REQUEST)
+    return size_from_env("PB_RELAY_REQUEST_MAX", DEFAULT_REQUEST)
 
 
 def budget_wait() -> float:

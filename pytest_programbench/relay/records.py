@@ -19,14 +19,13 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import os
 import re
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
 
-from pytest_programbench.text.sizes import human, parse_size
+from pytest_programbench.text.sizes import human, size_from_env
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +40,7 @@ T = TypeVar("T")
 
 def records_limit() -> int:
     """The cap of one ``model-requests.jsonl`` in bytes, from ``PB_MODEL_REQUESTS_MAX`` (default 32 MiB)."""
-    raw = os.environ.get("PB_MODEL_REQUESTS_MAX", "").strip() or DEFAULT_LIMIT
-    try:
-        return parse_size(raw)
-    except ValueError:
-        log.warning("PB_MODEL_REQUESTS_MAX=%r is not a size; using %s", raw, DEFAULT_LIMIT)
-        return parse_size(DEFAULT_LIMIT)
+    return size_from_env("PB_MODEL_REQUESTS_MAX", DEFAULT_LIMIT)
 
 
 def clip_text(text: str, limit: int = FIELD_MAX) -> str:

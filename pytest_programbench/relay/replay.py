@@ -21,7 +21,6 @@ import difflib
 import hashlib
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import IO, Any
@@ -29,7 +28,7 @@ from typing import IO, Any
 import httpx
 
 from pytest_programbench.relay.server import Refusal
-from pytest_programbench.text.sizes import parse_size
+from pytest_programbench.text.sizes import size_from_env
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +38,7 @@ _KEPT_HEADERS = ("content-type", "content-encoding")
 
 
 def replay_limit() -> int:
-    raw = os.environ.get("PB_MODEL_REPLAY_MAX", "").strip() or DEFAULT_LIMIT
-    try:
-        return parse_size(raw)
-    except ValueError:
-        log.warning("PB_MODEL_REPLAY_MAX=%r is not a size; using %s", raw, DEFAULT_LIMIT)
-        return parse_size(DEFAULT_LIMIT)
+    return size_from_env("PB_MODEL_REPLAY_MAX", DEFAULT_LIMIT)
 
 
 def body_hash(body: bytes) -> str:
