@@ -247,3 +247,19 @@ def test_replay_recording_is_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     small = run_dir_need()
     monkeypatch.setenv("PB_MODEL_REPLAY_MAX", "1g")
     assert run_dir_need() - small == (1 << 30) - (6 << 10)
+
+
+def test_the_live_view_says_the_agent_is_rate_limited(tmp_path: Path) -> None:
+    """TaskRun tells the publisher what the relay waited (a note beside the phase); the live line shows it, and the
+    next phase clears it."""
+    from pytest_programbench.results.progress import Publisher, TokenMeter, read_snapshot, task_line
+
+    publisher = Publisher(tmp_path, "gw0")
+    publisher.task_started("t1")
+    publisher.phase("t1", "agent")
+    publisher.note("t1", "rate-limited 40 s")
+    [flight] = read_snapshot(tmp_path, TokenMeter(tmp_path)).in_flight
+    assert "t1  agent (rate-limited 40 s) " in task_line(flight)
+    publisher.phase("t1", "evaluation")
+    [flight] = read_snapshot(tmp_path, TokenMeter(tmp_path)).in_flight
+    assert "(rate-limited" not in task_line(flight)
