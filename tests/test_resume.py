@@ -123,6 +123,8 @@ CHANGES: dict[str, tuple[str, ...]] = {
     "strict": ("--pb-strict",),
     "sandbox_cpus": ("--pb-sandbox-cpus", "1"),
     "sandbox_memory": ("--pb-sandbox-memory", "1g"),
+    "model_failures_scored": ("--pb-model-failures-scored",),
+    "agent_replay": ("--pb-agent-replay", "{subs}"),
     "agent_env": ("--pb-agent-env", "PB_RESUME_EXTRA=1"),
 }
 
