@@ -171,6 +171,13 @@ class ModelRelay:
     doc (``None``: from ``PB_RELAY_REQUEST_MAX``, ``PB_RELAY_INFLIGHT_MAX``, ``PB_RELAY_BUDGET_WAIT``,
     ``PB_MODEL_REQUESTS_MAX``); ``max_connections``: connections served at once.
 
+    The model API as a shared, failing resource: ``retry`` (``upstream.RetryPolicy``: the per-request budget of
+    retries before the first byte; ``on_wait(seconds)`` told of each wait), ``slots`` (``slots.ModelSlots``: the run's
+    ``--pb-model-concurrency``; ``on_slot_wait()`` told when a request must wait), ``spend`` (``spend.SpendLedger``:
+    ``--pb-budget``, requests refused with a 402 past it x1.1), ``replay_from`` (a ``model-replay.jsonl`` answered
+    from instead of the endpoint, ``replay.py``). After :meth:`close`, :meth:`unavailable`, :meth:`over_budget` and
+    :meth:`replay_mismatch` say why the task must be an error, if it must.
+
     A request is recorded just after its last byte went to the client, so :meth:`records` and :meth:`stats` are
     complete once :meth:`close` has returned (it waits for in-flight exchanges, cutting them after a few seconds).
     """
