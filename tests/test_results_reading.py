@@ -131,7 +131,12 @@ class TestGroup:
 
 def _honest_run(pytester: pytest.Pytester, *args: str) -> tuple[str, str]:
     pytester.makepyfile(test_honest=HONEST_TESTS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--junitxml=results.xml", "-rA", *args)
+    with pytest.MonkeyPatch.context() as env:
+        # The suite's own xdist worker's variables would make the inner session's process "a worker" to
+        # test_crashes_its_worker, which then ends the whole run without -n (no results.xml at all).
+        for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+            env.delenv(name, raising=False)
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--junitxml=results.xml", "-rA", *args)
     return (pytester.path / "results.xml").read_text(), result.stdout.str()
 
 
