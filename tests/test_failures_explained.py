@@ -174,7 +174,7 @@ def test_missing_agent_stops_the_session_under_xdist(pytester: pytest.Pytester, 
     assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines([
         "programbench: -n without --dist: using --dist worksteal*",
-        "scheduling tests via WorkStealingScheduling",
+        "scheduling tests via LongestFirstScheduling",
         "*programbench: stopping: the agent of each of the first 3 tasks exited 127 (127: command not found); "
         "check --pb-agent 'no-such-agent'*--pb-keep-going runs every task anyway*",
     ])

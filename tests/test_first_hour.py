@@ -88,6 +88,7 @@ def test_silent_agent_outlasting_the_read_timeout_keeps_its_window(pytester: pyt
 
 def test_broken_stream_waits_for_the_running_command(testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> None:
     """The connection to a running command is cut: the harness waits for the command and keeps its exit status."""
+    from pytest_programbench.engine import container as container_module
     from pytest_programbench.engine.docker_engine import Labels, sweep
     from pytest_programbench.engine.exec_stream import ExecStream
     from pytest_programbench.sandbox import sandbox as sandbox_module
@@ -99,7 +100,7 @@ def test_broken_stream_waits_for_the_running_command(testbed: Testbed, monkeypat
             super().__init__(sock)
             streams.append(self)
 
-    monkeypatch.setattr(sandbox_module, "ExecStream", Recorded)
+    monkeypatch.setattr(container_module, "ExecStream", Recorded)  # the one exec path (engine/container.py)
     labels = Labels(f"pbtest-first-hour-{uuid.uuid4().hex[:10]}", "controller", RPN)
     box = sandbox_module.Sandbox("programbench/pbfix_1776_rpn.0b5e55e:task_cleanroom_v6", labels=labels,
                                  cpus=1, memory=512 << 20, lifetime=300)
