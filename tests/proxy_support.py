@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -23,13 +24,26 @@ import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 from pytest_programbench.engine.docker_engine import Labels, client, sweep
 from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE
 from pytest_programbench.sandbox.sandbox import Sandbox
+
+
+def load_daemon(module_name: str) -> ModuleType:
+    """The proxy daemon's source (a single stdlib file that runs inside the sandbox) loaded here as a module of its
+    own name, so its functions can be called and its constants compared on the host."""
+    spec = importlib.util.spec_from_file_location(module_name, DAEMON_SOURCE)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 BASE_IMAGE = "pb-testbed-base:latest"
 CATLIKE = "programbench/pbfix_1776_catlike.c47c47c:task_cleanroom_v6"

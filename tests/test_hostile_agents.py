@@ -10,7 +10,6 @@ the pure tests pin the bounds. Needs Docker and the test bed; fails, never skips
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import re
 import shlex
@@ -21,7 +20,6 @@ import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -30,13 +28,13 @@ from docker.errors import ImageNotFound
 from pytest_programbench.agents.agent_log import CappedLog
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.sandbox import sandbox as sandbox_module
-from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE
 from pytest_programbench.sandbox.sandbox import Sandbox, merge_call_records
 from tests.conftest import Testbed
 from tests.proxy_support import (  # noqa: F401 - fixtures
     RPN,
     agent,
     engine,
+    load_daemon,
     open_sandbox,
     probe_image,
     require_image,
@@ -50,16 +48,9 @@ WINDOW_ATTACKS = ("shmdeath", "shmbound", "forkpth")  # issue 21 §2, §5: the s
 CHAINS = 20
 
 
-def _load_daemon() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("pb_proxy_daemon_hostile", DAEMON_SOURCE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-daemon = _load_daemon()
+daemon = load_daemon("pb_proxy_daemon_hostile")
 
 # The hostile agent, one attack per task (the task id names it). Mounted read-only into every sandbox.
 HOSTILE_AGENT = r'''

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Testbed
+from tests.proxy_support import load_daemon
 from tests.scripted_models import ScriptedModels, Step
 from tests.secret_scan import assert_secret_nowhere
 
@@ -287,17 +288,6 @@ sys.exit(daemon.serve(daemon.Config(args), ready_fd=1))
 """
 
 
-def _load_daemon() -> Any:
-    import importlib.util
-
-    from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE
-
-    spec = importlib.util.spec_from_file_location("pb_proxy_daemon_promises", DAEMON_SOURCE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_daemon_keeps_its_worker_cap_request_deadline_and_log_cap(tmp_path: Path) -> None:
@@ -310,7 +300,7 @@ def test_the_daemon_keeps_its_worker_cap_request_deadline_and_log_cap(tmp_path: 
     from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE, PYTHON_CLIENT
     from pytest_programbench.sandbox.sandbox import CallLog, merge_call_records
 
-    daemon = _load_daemon()
+    daemon = load_daemon("pb_proxy_daemon_promises")
     sock, calls, dropped = tmp_path / "proxy.sock", tmp_path / "calls.jsonl", tmp_path / "calls.dropped"
     max_workers, deadline, log_cap = 3, 1.0, 1500
     proc = subprocess.Popen(
@@ -381,7 +371,7 @@ def test_the_documented_proxy_bounds_are_the_daemons() -> None:
 
     from pytest_programbench.sandbox import sandbox as sandbox_module
 
-    daemon = _load_daemon()
+    daemon = load_daemon("pb_proxy_daemon_promises")
     docs = (Path(__file__).resolve().parent.parent / "docs" / "security.md").read_text()
     assert "at most 512 workers, a 30 s request deadline and a 64 MiB call log of 16 KiB records" in docs
     assert "(`pbagent`, uid 1777, or the next free uid)" in docs
@@ -490,7 +480,7 @@ def test_the_strip_list_is_exactly_the_documented_one() -> None:
     daemon's filter, and the filter strips nothing it does not list (exact names, prefixes, the forced variable)."""
     import re
 
-    daemon = _load_daemon()
+    daemon = load_daemon("pb_proxy_daemon_promises")
     docs = (Path(__file__).resolve().parent.parent / "docs" / "security.md").read_text()
     section = docs.split("## Environment variables removed before the reference runs", 1)[1].split("\n## ", 1)[0]
     quoted = " ".join(re.findall(r"`([^`]+)`", section.split("Each call's log record", 1)[0])).split()

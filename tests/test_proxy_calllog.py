@@ -6,24 +6,12 @@ writable layer does. The same in a real sandbox an agent filled, through a sessi
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
-from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE
 from pytest_programbench.sandbox.sandbox import CallLog
+from tests.proxy_support import load_daemon
 
-
-def _load_daemon() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("pb_proxy_daemon_calllog", DAEMON_SOURCE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-daemon = _load_daemon()
+daemon = load_daemon("pb_proxy_daemon_calllog")
 
 
 def test_a_record_the_full_disk_refuses_is_told_to_the_master(tmp_path: Path) -> None:

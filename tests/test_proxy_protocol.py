@@ -6,7 +6,6 @@ that uses the real daemon's request parser; malformed requests are fed to the pa
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import socket
@@ -17,24 +16,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE, PYTHON_CLIENT, build_client
+from pytest_programbench.sandbox.proxy_build import PYTHON_CLIENT, build_client
+from tests.proxy_support import load_daemon
 
-
-def _load_daemon() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("pb_proxy_daemon", DAEMON_SOURCE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-daemon = _load_daemon()
+daemon = load_daemon("pb_proxy_daemon")
 
 
 # ---------------------------------------------------------------------------------------------- pure helpers
