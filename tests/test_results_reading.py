@@ -43,6 +43,7 @@ from pytest_programbench.results.atomic import atomic_copy, atomic_write_text
 from pytest_programbench.tasks.catalogue import load_tasks_dir
 from tests.conftest import Testbed
 from tests.test_evaluation_parity import official_blob_dir  # noqa: F401 - a fixture
+from tests.test_outcomes import leaked
 
 RPN = "pbfix__rpn.0b5e55e"
 TAG = "task_cleanroom_v6"
@@ -428,14 +429,6 @@ def rpn_copies(root: Path, testbed: Testbed, docker_client: Any, names: tuple[st
                 docker_client.api.remove_image(tag)
 
 
-def _leaked(docker_client: Any, run_dir: Path) -> list[str]:
-    run_ids = {h["run_id"] for h in json.loads((run_dir / "pb-run.json").read_text())["history"]}
-    found = []
-    for run_id in run_ids:
-        label = f"pytest-programbench={run_id}"
-        found += [c.id for c in docker_client.containers.list(all=True, filters={"label": label})]
-        found += [i.id for i in docker_client.images.list(all=True, filters={"label": label})]
-    return found
 
 
 @pytest.mark.docker
@@ -490,7 +483,7 @@ def test_hostile_results_are_scored_flagged_never_errors(pytester: pytest.Pytest
         for path in (run_dir / "summary.json", task_dir / "pb-meta.json", task_dir / f"{ids['forge']}.eval.json",
                      task_dir / "submission.tar.gz"):
             assert stat.S_IMODE(path.stat().st_mode) == expected, path
-        assert _leaked(docker_client, run_dir) == []
+        assert leaked(docker_client, run_dir) == []
 
 
 @pytest.mark.docker
