@@ -41,7 +41,7 @@ def testbed_env() -> dict[str, str]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    from pytest_programbench.plugin import opted_in
+    from pytest_programbench.pytest_layer.plugin import opted_in
 
     option = config.option
     if not opted_in(config) or option.pb_resume:  # a resumed run's record has its tasks, blobs and selection

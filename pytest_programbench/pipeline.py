@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
-from pytest_programbench.invocation import ATTEMPT, GOLD, TaskKey
+from pytest_programbench.pytest_layer.invocation import ATTEMPT, GOLD, TaskKey
 from pytest_programbench.results import task_meta
 from pytest_programbench.results.artifacts import TaskArtifacts
 from pytest_programbench.results.atomic import atomic_copy

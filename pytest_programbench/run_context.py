@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import pytest
 
-    from pytest_programbench import options
     from pytest_programbench.agents.agent import AgentSpec
     from pytest_programbench.engine.engines import EnginePool
+    from pytest_programbench.pytest_layer import options
+    from pytest_programbench.pytest_layer.run_record import RunIdentity
     from pytest_programbench.results.progress import Publisher
     from pytest_programbench.results.summary import RunSummary
-    from pytest_programbench.run_record import RunIdentity
     from pytest_programbench.tasks.submissions import SubmissionsDir
 
 

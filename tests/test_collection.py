@@ -164,7 +164,7 @@ _FILE_OPTIONS = ("gold-ledger",)
 
 
 def _samples(tmp: Path) -> dict[str, tuple[str, str]]:
-    from pytest_programbench.options import OPTIONS
+    from pytest_programbench.pytest_layer.options import OPTIONS
 
     samples = {}
     for opt in OPTIONS:
@@ -186,7 +186,7 @@ def _samples(tmp: Path) -> dict[str, tuple[str, str]]:
 
 
 def _settings(pytester: pytest.Pytester, ini: dict[str, str], cli: dict[str, str]) -> Any:
-    from pytest_programbench.options import BY_DEST, parse
+    from pytest_programbench.pytest_layer.options import BY_DEST, parse
 
     pytester.makeini("[pytest]\n" + "".join(f"{BY_DEST['pb_' + k.replace('-', '_')].ini} = {v}\n"
                                            for k, v in ini.items()))
@@ -199,7 +199,7 @@ def _settings(pytester: pytest.Pytester, ini: dict[str, str], cli: dict[str, str
 
 def _fields_of(name: str) -> list[str]:
     """The Settings fields one option sets (progress sets two)."""
-    from pytest_programbench.options import BY_DEST, Settings
+    from pytest_programbench.pytest_layer.options import BY_DEST, Settings
 
     fields = list(BY_DEST["pb_" + name.replace("-", "_")].settings_fields)
     assert set(fields) <= set(Settings.__dataclass_fields__), fields
@@ -208,7 +208,7 @@ def _fields_of(name: str) -> list[str]:
 
 def test_every_option_has_an_ini_twin(pytester: pytest.Pytester) -> None:
     """Every option set only in the ini gives the same Settings as all set on the command line, none the default."""
-    from pytest_programbench.options import OPTIONS, Settings
+    from pytest_programbench.pytest_layer.options import OPTIONS, Settings
 
     samples = {name: pair[1] for name, pair in _samples(pytester.path).items()}
     from_ini = _settings(pytester, samples, {})
@@ -223,7 +223,7 @@ def test_every_option_has_an_ini_twin(pytester: pytest.Pytester) -> None:
 
 
 def test_every_settings_field_is_set_by_exactly_one_option() -> None:
-    from pytest_programbench.options import OPTIONS, Settings
+    from pytest_programbench.pytest_layer.options import OPTIONS, Settings
 
     fields = [name for opt in OPTIONS for name in opt.settings_fields]
     assert sorted(fields) == sorted(Settings.__dataclass_fields__)
@@ -231,7 +231,7 @@ def test_every_settings_field_is_set_by_exactly_one_option() -> None:
 
 def test_command_line_beats_ini(pytester: pytest.Pytester) -> None:
     """For every option the ini says one value, the command line another: the command line's is the result."""
-    from pytest_programbench.options import OPTIONS
+    from pytest_programbench.pytest_layer.options import OPTIONS
 
     samples = _samples(pytester.path)
     ini = {name: pair[0] for name, pair in samples.items()}
@@ -401,8 +401,8 @@ def test_item_timeout_is_above_every_clock() -> None:
     """The outer backstop never fires while a legitimate clock runs: in every infrastructure attempt (the setup
     re-runs the pipeline up to 1 + --pb-infra-retries times) the agent's clock, compile.sh's, and every branch's
     in every retry round may all run out in full. Stated as lower bounds, not as the formula."""
-    from pytest_programbench.options import Settings
-    from pytest_programbench.session import item_timeout
+    from pytest_programbench.pytest_layer.options import Settings
+    from pytest_programbench.pytest_layer.session import item_timeout
     from pytest_programbench.tasks.catalogue import Catalogue
 
     def active(task: Any) -> int:

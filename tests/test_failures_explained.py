@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench.options import SECTIONS
+from pytest_programbench.pytest_layer.options import SECTIONS
 from tests.conftest import Testbed
 
 pytestmark = pytest.mark.usefixtures("clean_env")

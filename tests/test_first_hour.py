@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench.options import OPTIONS
+from pytest_programbench.pytest_layer.options import OPTIONS
 from tests.conftest import REPO, TESTBED, Testbed
 from tests.scripted_llm import ScriptedLLM, Turn
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_programbench.agents.agent import AgentRunner, AgentSpec
-from pytest_programbench.options import OPTIONS, Settings
+from pytest_programbench.pytest_layer.options import OPTIONS, Settings
 from pytest_programbench.relay.relay import relay_env
 from pytest_programbench.tasks.catalogue import load_packaged
 from tests.conftest import REPO

@@ -130,7 +130,7 @@ CHANGES: dict[str, tuple[str, ...]] = {
 
 
 def test_every_result_setting_has_a_refusal_case() -> None:
-    from pytest_programbench.run_record import RESULT_SETTINGS
+    from pytest_programbench.pytest_layer.run_record import RESULT_SETTINGS
 
     assert set(CHANGES) == {*RESULT_SETTINGS, "agent_env"}
 
@@ -158,7 +158,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed) -> 
 @pytest.mark.parametrize("field", sorted(CHANGES))
 def test_resume_refuses_a_changed_result_setting(field: str, finished_run: dict[str, Path],
                                                   pytester: pytest.Pytester) -> None:
-    from pytest_programbench.run_record import flag_of
+    from pytest_programbench.pytest_layer.run_record import flag_of
 
     run_dir = finished_run["run"]
     record = (run_dir / "pb-run.json").read_text()

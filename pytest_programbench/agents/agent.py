@@ -31,7 +31,7 @@ from pytest_programbench.sandbox.layout import BINARY_PATH, DOCS_DIR, PROMPT_PAT
 
 if TYPE_CHECKING:
     from pytest_programbench.agents.agent_presets import Installed, Invocation
-    from pytest_programbench.options import Settings
+    from pytest_programbench.pytest_layer.options import Settings
     from pytest_programbench.sandbox.sandbox import Sandbox
     from pytest_programbench.tasks.catalogue import Task
 

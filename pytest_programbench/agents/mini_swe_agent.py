@@ -46,7 +46,7 @@ from pytest_programbench.agents.agent_log import CappedLog
 from pytest_programbench.sandbox.layout import BINARY_PATH, DOCS_DIR, SRC_DIR
 
 if TYPE_CHECKING:
-    from pytest_programbench.options import Settings
+    from pytest_programbench.pytest_layer.options import Settings
     from pytest_programbench.sandbox.sandbox import Sandbox
     from pytest_programbench.tasks.catalogue import Task
 

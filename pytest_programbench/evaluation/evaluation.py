@@ -62,14 +62,14 @@ from pytest_programbench.evaluation.rerunfailures import (
     ensure_wheels,
     pip_environment,
 )
-from pytest_programbench.options import cores
+from pytest_programbench.pytest_layer.options import cores
 from pytest_programbench.tasks.blobs import BlobSet
 from pytest_programbench.tasks.catalogue import CatalogueError, Task
 
 if TYPE_CHECKING:
     import docker
 
-    from pytest_programbench.options import Settings
+    from pytest_programbench.pytest_layer.options import Settings
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pytest_programbench.pytest_layer.run_record import RUN_MARKER
 from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.report import TaskScope
 from pytest_programbench.results.statistics import (
@@ -25,7 +26,6 @@ from pytest_programbench.results.statistics import (
     paired_difference,
     paired_permutation_test,
 )
-from pytest_programbench.run_record import RUN_MARKER
 
 if TYPE_CHECKING:
     import pytest
@@ -349,7 +349,7 @@ def main_finished(config: pytest.Config) -> int:
     import pytest
     from _pytest.config import create_terminal_writer
 
-    from pytest_programbench import options
+    from pytest_programbench.pytest_layer import options
 
     extra = [flag for flag in options.given_on_command_line(config) if flag not in FINISHED_OPTIONS]
     if extra:

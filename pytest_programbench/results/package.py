@@ -30,9 +30,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from pytest_programbench.pytest_layer.run_record import RUN_MARKER
 from pytest_programbench.results import pb_stats
 from pytest_programbench.results.atomic import atomic_write_text
-from pytest_programbench.run_record import RUN_MARKER
 
 TODO = "TODO"
 STATS_SCRIPT = "_scripts/pb_stats.py"

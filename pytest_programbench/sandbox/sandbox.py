@@ -47,7 +47,7 @@ from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE, ProxyClient, 
 from pytest_programbench.text.sizes import human, parse_size
 
 if TYPE_CHECKING:
-    from pytest_programbench.options import Settings
+    from pytest_programbench.pytest_layer.options import Settings
     from pytest_programbench.tasks.catalogue import Task
 
 log = logging.getLogger(__name__)

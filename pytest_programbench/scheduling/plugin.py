@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_programbench.pytest_layer.stash import WORKSTEAL_DEFAULTED
 from pytest_programbench.scheduling.estimates import (
     Estimates,
     instance_of,
@@ -19,10 +20,9 @@ from pytest_programbench.scheduling.estimates import (
     remember_durations,
     reorder,
 )
-from pytest_programbench.stash import WORKSTEAL_DEFAULTED
 
 if TYPE_CHECKING:
-    from pytest_programbench.session import ProgramBenchSession
+    from pytest_programbench.pytest_layer.session import ProgramBenchSession
 
 
 class SchedulingPlugin:
@@ -58,7 +58,7 @@ class SchedulingPlugin:
             return  # every worker keeps collection order; the scheduler decides what starts when
         if self.session.collect_only:
             return  # a listing shows the selection in its own order (--pb-shuffle's, as the official); nothing starts
-        from pytest_programbench.items import ProgramBenchItem
+        from pytest_programbench.pytest_layer.items import ProgramBenchItem
 
         reorder(items, lambda item: isinstance(item, ProgramBenchItem), self.estimates)
 

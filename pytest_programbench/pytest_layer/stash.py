@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_programbench.session import ProgramBenchSession
+    from pytest_programbench.pytest_layer.session import ProgramBenchSession
 
     SessionKey = pytest.StashKey[ProgramBenchSession]
 

@@ -24,8 +24,8 @@ from pytest_programbench.text.sizes import human
 
 if TYPE_CHECKING:
     from pytest_programbench.agents.agent import AgentSpec
-    from pytest_programbench.options import Settings
-    from pytest_programbench.run_record import RunIdentity
+    from pytest_programbench.pytest_layer.options import Settings
+    from pytest_programbench.pytest_layer.run_record import RunIdentity
     from pytest_programbench.tasks.catalogue import Task
 
 MODEL_CONNECT_TIMEOUT = 10.0

@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_programbench.invocation import ATTEMPT, GOLD, TaskKey
-from pytest_programbench.markers import SUITE, difficulty_marker, language_marker
+from pytest_programbench.pytest_layer.invocation import ATTEMPT, GOLD, TaskKey
+from pytest_programbench.pytest_layer.markers import SUITE, difficulty_marker, language_marker
+from pytest_programbench.pytest_layer.stash import SESSION
 from pytest_programbench.results.verdict import TaskOutcome
-from pytest_programbench.stash import SESSION
 from pytest_programbench.tasks.catalogue import Task
 
 if TYPE_CHECKING:
     from pytest_programbench.pipeline import TaskRun
-    from pytest_programbench.session import ProgramBenchSession
+    from pytest_programbench.pytest_layer.session import ProgramBenchSession
 
 
 HARNESS_LOG = "harness.log"  # in a task's directory: what pytest captured of the harness's logging, per phase

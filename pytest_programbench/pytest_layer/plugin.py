@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_programbench import invocation, options
-from pytest_programbench.stash import SESSION, WORKSTEAL_DEFAULTED
+from pytest_programbench.pytest_layer import invocation, options
+from pytest_programbench.pytest_layer.stash import SESSION, WORKSTEAL_DEFAULTED
 
 SESSION_PLUGIN = "programbench-session"  # the session object is also a plugin: its hooks run only when opted in
 SCHEDULING_PLUGIN = "programbench-scheduling"  # scheduling/plugin.py: longest first
@@ -18,7 +18,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     """The plugin's own hooks (prompt, agent environment, task outcome, summary): see newhooks.py."""
-    from pytest_programbench import newhooks
+    from pytest_programbench.pytest_layer import newhooks
 
     pluginmanager.add_hookspecs(newhooks)
 
@@ -62,7 +62,7 @@ def pytest_cmdline_main_compare(config: pytest.Config) -> int | None:  # pytest 
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    from pytest_programbench import fixtures, markers
+    from pytest_programbench.pytest_layer import fixtures, markers
 
     markers.register_static(config)
     # Always: ``pytest --fixtures`` lists the steps; without opt-in they fail with a message saying how to opt in.
@@ -70,11 +70,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(fixtures, FIXTURES_PLUGIN)
     if not opted_in(config):
         return
-    from pytest_programbench.session import ProgramBenchSession
+    from pytest_programbench.pytest_layer.session import ProgramBenchSession
 
     session = ProgramBenchSession.from_config(config)
     config.stash[SESSION] = session
-    config.pluginmanager.register(session, SESSION_PLUGIN)
+    session.register(config.pluginmanager, SESSION_PLUGIN)
     from pytest_programbench.scheduling.plugin import SchedulingPlugin
 
     config.pluginmanager.register(SchedulingPlugin(session), SCHEDULING_PLUGIN)  # the order tasks start in

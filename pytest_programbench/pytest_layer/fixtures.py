@@ -31,17 +31,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
-from pytest_programbench.stash import SESSION
+from pytest_programbench.pytest_layer.stash import SESSION
 
 if TYPE_CHECKING:
     from pytest_programbench.agents.agent import AgentResult, AgentSpec
     from pytest_programbench.engine.images import ResolvedImage
     from pytest_programbench.evaluation.evaluation import EvaluationOutcome
     from pytest_programbench.pipeline import TaskRun
+    from pytest_programbench.pytest_layer.session import ProgramBenchSession
     from pytest_programbench.relay.relay import ModelRelay
     from pytest_programbench.results.verdict import TaskOutcome
     from pytest_programbench.sandbox.sandbox import Sandbox
-    from pytest_programbench.session import ProgramBenchSession
     from pytest_programbench.tasks.blobs import BlobSet
     from pytest_programbench.tasks.catalogue import Task
 
@@ -108,7 +108,7 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
 
 
 def _is_item(node: Any) -> bool:
-    from pytest_programbench.items import ProgramBenchItem
+    from pytest_programbench.pytest_layer.items import ProgramBenchItem
 
     return isinstance(node, ProgramBenchItem)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_programbench import options
+from pytest_programbench.pytest_layer import options
 
 SUITE_NAME = "programbench"  # the collector's node id: every task is ``programbench::<instance id>``
 # Node ids given as arguments (``programbench::<id>``; ``()`` when the whole suite was named): the selection.
@@ -170,3 +170,8 @@ def named_tasks(config: pytest.Config) -> tuple[str, ...] | None:
 def suite_named(config: pytest.Config) -> bool:
     """Whether the suite, or tasks of it, were named as arguments (that opts the session in)."""
     return NODE_IDS in config.stash
+
+
+def is_worker(config: pytest.Config) -> bool:
+    """An xdist worker's session (the controller and a plain session are not)."""
+    return hasattr(config, "workerinput")

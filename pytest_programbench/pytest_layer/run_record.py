@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench import options
+from pytest_programbench.pytest_layer import options
 
 RUN_MARKER = "pb-run.json"
 RECORDED_KEY = "settings"  # in pb-run.json: the run's settings, what --pb-resume DIR alone reuses
