@@ -1,7 +1,8 @@
 """A task's run, step by step: task → blobs → image → (relay →) sandbox → agent → submission → evaluation → outcome.
 
-``TaskRun`` holds one task's state and does each step's work; the fixtures of ``fixtures.py`` are thin wrappers that
-call one step each, so that pytest sees (``--setup-show``), orders, finalises and lets users override every step.
+``TaskRun`` holds one task's state and does each step's work; the fixtures of ``pytest_layer/fixtures.py`` are thin
+wrappers that call one step each, so that pytest sees (``--setup-show``), orders, finalises and lets users override
+every step.
 The run outlives one attempt (it is the item's, not a fixture's value): what an attempt finished and must never be
 done twice (the agent's run, the packed submission) is kept on it, and a retry's fixtures find it there.
 

@@ -184,7 +184,7 @@ class AgentRunner:
         self.settings = settings
         self.log_path = log_path
         self.extra_env = dict(extra_env or {})
-        self.config = config  # its hooks (newhooks.py): the prompt and the agent's environment
+        self.config = config  # its hooks (pytest_layer/newhooks.py): the prompt and the agent's environment
         self._invocation: Invocation | None = None
         self.transcript: Path | None = None
 

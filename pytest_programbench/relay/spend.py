@@ -4,7 +4,7 @@ Each task's relay keeps one small file in the run directory (``.pb-model-spend/<
 requests cost at the token price), rewritten atomically after every metered answer; the run's spend is the sum of
 those files, read by any relay before it forwards a request. Past the budget times ``HARD_FACTOR`` the relay
 refuses new requests (the task ends as an error naming the budget); below that, the session stops starting tasks
-once what was spent plus what the running tasks are projected to spend passes the budget (``session.py``).
+once what was spent plus what the running tasks are projected to spend passes the budget (``pytest_layer/stopping.py``).
 """
 
 from __future__ import annotations
