@@ -35,6 +35,7 @@ def agent_label(spec: AgentSpec, width: int = 80) -> str:
     text = " ".join(spec.command.split())
     return repr(text if len(text) <= width else text[:width - 3] + "...")
 
+
 def junit_headline(summary: RunSummary) -> dict[str, str]:
     """The headline flattened to JUnit property values (plain strings)."""
     head = summary.headline()
