@@ -84,6 +84,7 @@ class TaskRun:
         self.relay_stats: dict[str, Any] | None = None
         self.model_unavailable: str | None = None  # ModelRelay.unavailable() of the agent's window
         self.model_waited_s = 0.0  # seconds the relay waited to retry model requests (the live view)
+        self.model_rate_waited_s = 0.0  # seconds it held requests back for --pb-model-rpm / --pb-model-tpm
         self.replay_mismatch: str | None = None  # --pb-agent-replay: the first request the recording did not have
         self.over_budget: str | None = None  # --pb-budget: requests refused once the run had spent it (x1.1)
         self.sandbox: Sandbox | None = None
@@ -256,6 +257,7 @@ class TaskRun:
         """--pb-model-endpoint: the agent's only way out, recorded per task."""
         if not self.settings.model_endpoint:
             return None
+        from pytest_programbench.relay.rate import RunRateLimit
         from pytest_programbench.relay.relay import ModelRelay, RelayConfigError, RetryPolicy
         from pytest_programbench.relay.replay import REPLAY_FILE
         from pytest_programbench.relay.slots import SLOTS_DIR, ModelSlots
@@ -263,6 +265,8 @@ class TaskRun:
 
         concurrency = self.settings.model_concurrency
         slots = ModelSlots(self.session.identity.path / SLOTS_DIR, concurrency) if concurrency else None
+        rpm, tpm = self.settings.model_rpm, self.settings.model_tpm
+        rate = RunRateLimit(self.session.identity.path / SLOTS_DIR, rpm=rpm, tpm=tpm) if rpm or tpm else None
         spend = None
         if self.settings.budget is not None and self.settings.token_price is not None:
             name = str(self.artifacts.dir.relative_to(self.session.identity.path)) \
@@ -279,7 +283,8 @@ class TaskRun:
         relay = ModelRelay(self.settings.model_endpoint, records_path=self.artifacts.dir / "model-requests.jsonl",
                            api_key_env=self.settings.model_key_env, unix=not on_host, tcp=on_host,
                            retry=RetryPolicy(budget_s=self.settings.model_retry_budget), on_wait=self._model_wait,
-                           slots=slots, on_slot_wait=self._slot_wait, replay_from=replay_from, spend=spend)
+                           slots=slots, on_slot_wait=self._slot_wait, replay_from=replay_from, spend=spend,
+                           rate=rate, on_rate_wait=self._rate_wait)
         try:
             self.relay = relay.start()
         except (RelayConfigError, OSError) as exc:
@@ -306,6 +311,13 @@ class TaskRun:
         self.model_waited_s += seconds
         if self.session.progress is not None and self.record:
             self.session.progress.note(self.task.instance_id, f"rate-limited {self.model_waited_s:.0f} s")
+
+    def _rate_wait(self, seconds: float) -> None:
+        """--pb-model-rpm / --pb-model-tpm hold a request back: the live view says so, with the task's wait so far."""
+        self.model_rate_waited_s += seconds
+        if self.session.progress is not None and self.record:
+            self.session.progress.note(self.task.instance_id,
+                                       f"waiting for the model rate limit {self.model_rate_waited_s:.0f} s")
 
     def _slot_wait(self) -> None:
         """Every --pb-model-concurrency slot is taken: the live view says the agent waits for one."""

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -22,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_programbench.relay.rate import RunRateLimit
 from pytest_programbench.relay.relay import ModelRelay, RetryPolicy
 from pytest_programbench.relay.slots import SLOTS_DIR, ModelSlots
 from pytest_programbench.relay.upstream import retry_hint
@@ -263,3 +265,58 @@ def test_the_live_view_says_the_agent_is_rate_limited(tmp_path: Path) -> None:
     publisher.phase("t1", "evaluation")
     [flight] = read_snapshot(tmp_path, TokenMeter(tmp_path)).in_flight
     assert "(rate-limited" not in task_line(flight)
+
+
+def test_token_rate_holds_requests_back_once_answers_spent_it(tmp_path: Path) -> None:
+    """--pb-model-tpm at 13 tokens a (shortened) minute of one second: each answer's 13 metered tokens (11 in, 2 out)
+    are charged after it, so the second request still goes (the bucket is at zero, not below), the third waits a
+    second for the refill; the wait is in its record, the relay's stats and the live view's callback, the charges in
+    the state."""
+    told: list[float] = []
+    rate = RunRateLimit(tmp_path / SLOTS_DIR, rpm=None, tpm=13, window_s=1.0)
+    with ScriptedModels(STEPS) as server, \
+            ModelRelay(server.base_url, tcp=True, unix=False, records_path=tmp_path / "r.jsonl", rate=rate,
+                       on_rate_wait=told.append) as relay:
+        statuses = [ask(relay)[0] for _ in range(3)]
+    stats = relay.stats()  # complete once the relay is closed
+    assert statuses == [200] * 3
+    waits = [r["rate_wait_s"] for r in records(tmp_path / "r.jsonl")]
+    assert waits[:2] == [0.0, 0.0]
+    assert 0.8 <= waits[2] <= 2.0, waits
+    assert stats.rate_wait_s == pytest.approx(sum(waits))
+    assert sum(told) >= 0.8
+    state = rate.read()
+    assert state is not None
+    assert (state.sent, state.charged) == (3, 39)
+
+
+TAKER = '''
+import json, sys, threading, time
+from pathlib import Path
+from pytest_programbench.relay.rate import RunRateLimit
+rate = RunRateLimit(Path(sys.argv[1]), rpm=int(sys.argv[2]), tpm=None, window_s=float(sys.argv[3]))
+time.sleep(max(0.0, float(sys.argv[5]) - time.time()))  # both processes start together
+stamps = []
+for _ in range(int(sys.argv[4])):
+    rate.acquire(threading.Event())
+    stamps.append(time.time())
+print(json.dumps(stamps))
+'''
+
+
+def test_request_rate_shared_by_processes(tmp_path: Path) -> None:
+    """Two processes take request tokens from one run directory's bucket as fast as they can: a bucket of 20 refilled
+    at 20 per (shortened) minute of half a second. Over any stretch of T seconds at most 20 + 40 T went, together:
+    the burst of 20 is shared, not 20 each, and the rest came at the refill's pace."""
+    directory = tmp_path / SLOTS_DIR
+    start = time.time() + 1.0
+    takers = [subprocess.Popen([sys.executable, "-c", TAKER, str(directory), "20", "0.5", "30", str(start)],
+                               stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    stamps = sorted(stamp for taker in takers for stamp in json.loads(taker.communicate(timeout=60)[0]))
+    assert all(taker.returncode == 0 for taker in takers)
+    assert len(stamps) == 60
+    slack = 0.02  # a stamp is taken just after its token
+    for i, first in enumerate(stamps):
+        for j in range(i, len(stamps)):
+            assert j - i + 1 <= 20 + 40 * (stamps[j] - first + slack), (i, j, stamps[j] - first)
+    assert stamps[-1] - stamps[0] >= (60 - 20) / 40 - slack  # the 40 past the burst waited for the refill

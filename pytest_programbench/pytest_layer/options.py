@@ -252,6 +252,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("model-concurrency", "At most N model requests in flight upstream at once across every worker of the "
            "run (lock files in the run directory; a request waits for a slot, recorded and shown live).", "model",
            "int", "N", _int(1)),
+    Option("model-rpm", "At most N model requests a minute upstream across every worker of the run (a token bucket "
+           "of N in the run directory, refilled at N a minute; every retry counts; a request waits for a token, "
+           "recorded and shown live).", "model", "int", "N", _int(1)),
+    Option("model-tpm", "At most N model tokens a minute across every worker of the run (a token bucket of N, "
+           "refilled at N a minute, charged with each answer's metered tokens; requests wait while it is below "
+           "zero, recorded and shown live).", "model", "int", "N", _int(1)),
     Option("submissions", "Evaluate existing submissions (<id>/submission.tar.gz) instead of running an agent.",
            "agent", metavar="DIR", parser=_dir),
     Option("require-all", "With --pb-submissions, selected tasks without a submission fail with score 0.",
@@ -404,6 +410,8 @@ class Settings:
     model_retry_budget: float = 600.0
     model_failures_scored: bool = False
     model_concurrency: int | None = None
+    model_rpm: int | None = None
+    model_tpm: int | None = None
     agent_replay: str | None = None
     budget: float | None = None
     submissions: str | None = None

@@ -53,6 +53,7 @@ class RelayRecord:
     retried: tuple[dict[str, Any], ...] = ()
     retry_wait_s: float = 0.0
     slot_wait_s: float = 0.0  # waiting for a --pb-model-concurrency slot
+    rate_wait_s: float = 0.0  # waiting for --pb-model-rpm / --pb-model-tpm
     gave_up: bool = False  # the retry budget ran out: the last transient failure went to the agent
     rejected: bool = False  # the upstream answered 401/403: the key is not accepted
     stream_broken: bool = False  # the upstream broke off after bytes went to the agent (not retryable)
@@ -67,7 +68,8 @@ class RelayRecord:
                 "first_byte_s": self.first_byte_s, "total_s": self.total_s, "request_bytes": self.request_bytes,
                 "response_bytes": self.response_bytes, "usage": None if self.usage is None else self.usage.as_dict(),
                 "error": self.error, "tool_calls": self.tool_calls, "retries": list(self.retried),
-                "retry_wait_s": self.retry_wait_s, "slot_wait_s": self.slot_wait_s, "gave_up": self.gave_up,
+                "retry_wait_s": self.retry_wait_s, "slot_wait_s": self.slot_wait_s, "rate_wait_s": self.rate_wait_s,
+                "gave_up": self.gave_up,
                 "rejected": self.rejected,
                 "stream_broken": self.stream_broken}
 
@@ -93,6 +95,7 @@ class RelayStats:
     retries: int = 0  # tries again after a transient failure, before the answer went to the agent
     retry_wait_s: float = 0.0  # seconds spent waiting between those tries
     slot_wait_s: float = 0.0  # seconds spent waiting for a --pb-model-concurrency slot
+    rate_wait_s: float = 0.0  # seconds spent waiting for --pb-model-rpm / --pb-model-tpm
     gave_up: int = 0  # requests whose retry budget ran out
     rejected: int = 0  # requests the upstream answered 401/403
     stream_breaks: int = 0  # responses the upstream broke off after bytes went to the agent
@@ -104,6 +107,7 @@ class RelayStats:
         self.retries += len(record.retried)
         self.retry_wait_s += record.retry_wait_s
         self.slot_wait_s += record.slot_wait_s
+        self.rate_wait_s += record.rate_wait_s
         self.gave_up += record.gave_up
         self.rejected += record.rejected
         self.stream_breaks += record.stream_broken
@@ -126,6 +130,7 @@ class RelayStats:
                 "tool_calls": self.tool_calls, "cached_input_tokens": self.cached_input_tokens,
                 "model_latency_s": round(self.model_latency_s, 6), "retries": self.retries,
                 "retry_wait_s": round(self.retry_wait_s, 3), "slot_wait_s": round(self.slot_wait_s, 3),
+                "rate_wait_s": round(self.rate_wait_s, 3),
                 "gave_up": self.gave_up, "rejected": self.rejected,
                 "stream_breaks": self.stream_breaks}
 
@@ -166,8 +171,7 @@ class Exchange:
                            self.request_bytes, self.response_bytes, self.usage,
                            None if self.error is None else clip_text(self.error), self.tool_calls,
                            tuple(self.attempts.tries), self.attempts.waited_s, self.attempts.slot_wait_s,
-                           self.attempts.gave_up, self.rejected,
-                           self.stream_broken)
+                           self.attempts.rate_wait_s, self.attempts.gave_up, self.rejected, self.stream_broken)
 
 
 

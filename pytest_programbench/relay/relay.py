@@ -57,6 +57,7 @@ from pytest_programbench.relay.metering import (
     usage_from_body,
     usage_from_mapping,
 )
+from pytest_programbench.relay.rate import RunRateLimit
 from pytest_programbench.relay.recording import RECORDS_IN_MEMORY, Exchange, Recorder, RelayRecord, RelayStats
 from pytest_programbench.relay.records import request_fields
 from pytest_programbench.relay.replay import REPLAY_FILE, ReplayUpstream, ReplayWriter
@@ -173,7 +174,9 @@ class ModelRelay:
 
     The model API as a shared, failing resource: ``retry`` (``upstream.RetryPolicy``: the per-request budget of
     retries before the first byte; ``on_wait(seconds)`` told of each wait), ``slots`` (``slots.ModelSlots``: the run's
-    ``--pb-model-concurrency``; ``on_slot_wait()`` told when a request must wait), ``spend`` (``spend.SpendLedger``:
+    ``--pb-model-concurrency``; ``on_slot_wait()`` told when a request must wait), ``rate`` (``rate.RunRateLimit``:
+    ``--pb-model-rpm`` / ``--pb-model-tpm``, each answer's tokens charged to it; ``on_rate_wait(seconds)`` told of
+    each wait), ``spend`` (``spend.SpendLedger``:
     ``--pb-budget``, requests refused with a 402 past it x1.1), ``replay_from`` (a ``model-replay.jsonl`` answered
     from instead of the endpoint, ``replay.py``). After :meth:`close`, :meth:`unavailable`, :meth:`over_budget` and
     :meth:`replay_mismatch` say why the task must be an error, if it must.
@@ -210,6 +213,8 @@ class ModelRelay:
         on_slot_wait: Callable[[], None] | None = None,
         replay_from: str | os.PathLike[str] | None = None,
         spend: SpendLedger | None = None,
+        rate: RunRateLimit | None = None,
+        on_rate_wait: Callable[[float], None] | None = None,
     ) -> None:
         if not unix and not tcp:
             raise RelayConfigError("the relay needs a Unix socket, a TCP listener, or both")
@@ -232,6 +237,8 @@ class ModelRelay:
         self._on_slot_wait = on_slot_wait
         self.replay_from = None if replay_from is None else Path(replay_from)
         self._spend = spend
+        self._rate = rate
+        self._on_rate_wait = on_rate_wait
         self._budget_refused = 0
         self._metering = threading.Condition()  # answers whose cost is not yet in the ledger
         self._unmetered = 0
@@ -276,7 +283,8 @@ class ModelRelay:
                 self._upstream = UpstreamClient(self.upstream, connect_timeout=self.connect_timeout,
                                                 read_timeout=self.upstream_timeout, ssl_context=self._ssl_context,
                                                 policy=self.retry, on_wait=self._on_wait, slots=self._slots,
-                                                on_slot_wait=self._on_slot_wait)
+                                                on_slot_wait=self._on_slot_wait, rate=self._rate,
+                                                on_rate_wait=self._on_rate_wait)
             self._recorder.open()
             if self.records_path is not None:
                 self._replay_writer = ReplayWriter(self.records_path.with_name(REPLAY_FILE))
@@ -631,9 +639,12 @@ class ModelRelay:
         if upstream is None or self._closed:
             raise Refusal(503, "the relay is closing")
         spend = self._spend
-        if spend is not None:
+        rate = self._rate if isinstance(upstream, UpstreamClient) else None  # a replayed answer costs nothing
+        metered = spend is not None or rate is not None
+        if metered:
             # An answer's cost is known after its last byte went out, when the agent may already have sent its next
-            # request: this task's answers still being metered are waited for (briefly) before the check.
+            # request: this task's answers still being metered are waited for (briefly) before the check (and before
+            # the next takes a --pb-model-tpm token).
             with self._metering:
                 self._metering.wait_for(lambda: self._unmetered == 0, timeout=2.0)
         if spend is not None and spend.exhausted():
@@ -649,15 +660,18 @@ class ModelRelay:
             raise
         writer = self._replay_writer
         exchange.captured = bytearray() if writer is not None and writer.room > 0 else None
-        if spend is not None:
+        if metered:
             with self._metering:
                 self._unmetered += 1
         try:
             self._respond(handler, exchange, response)
         finally:
             upstream.done(response)
+            if rate is not None:
+                rate.charge(exchange.usage)
             if spend is not None:
                 spend.add(exchange.usage)
+            if metered:
                 with self._metering:
                     self._unmetered -= 1
                     self._metering.notify_all()

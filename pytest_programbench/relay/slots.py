@@ -23,7 +23,7 @@ _POLL_S = 0.05
 
 
 class SlotsClosed(Exception):
-    """The relay closed while its request waited for a slot."""
+    """The relay closed while its request waited for a slot (or for the run's rate limit, ``rate.py``)."""
 
 
 class ModelSlots:

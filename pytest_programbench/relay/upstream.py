@@ -30,6 +30,7 @@ from urllib.parse import unquote, urlsplit
 import httpx
 import tenacity
 
+from pytest_programbench.relay.rate import RunRateLimit
 from pytest_programbench.relay.server import Refusal
 from pytest_programbench.relay.slots import ModelSlots, SlotsClosed
 
@@ -155,6 +156,7 @@ class Attempts:
     tries: list[dict[str, Any]] = field(default_factory=list)  # {"attempt", "status", "error", "wait_s"}
     waited_s: float = 0.0
     slot_wait_s: float = 0.0  # seconds waited for a --pb-model-concurrency slot, over every try
+    rate_wait_s: float = 0.0  # seconds waited for --pb-model-rpm / --pb-model-tpm, over every try
     gave_up: bool = False  # the budget ran out on a transient failure: the last one went to the agent
 
     @property
@@ -250,17 +252,22 @@ class UpstreamClient:
 
     ``on_wait(seconds)`` is told each wait before it starts (the live view shows it). ``slots``: the run's
     ``--pb-model-concurrency`` slots, one held by each try from before it is sent until its response is done
-    (``on_slot_wait()`` is told when a try has to wait for one)."""
+    (``on_slot_wait()`` is told when a try has to wait for one). ``rate``: the run's ``--pb-model-rpm`` /
+    ``--pb-model-tpm`` buckets, a request token taken by each try once it holds its slot, just before it is sent
+    (``on_rate_wait(seconds)`` is told each wait)."""
 
     def __init__(self, upstream: Upstream, *, connect_timeout: float, read_timeout: float,
                  ssl_context: ssl.SSLContext | None, policy: RetryPolicy | None = None,
                  on_wait: Callable[[float], None] | None = None, slots: ModelSlots | None = None,
-                 on_slot_wait: Callable[[], None] | None = None) -> None:
+                 on_slot_wait: Callable[[], None] | None = None, rate: RunRateLimit | None = None,
+                 on_rate_wait: Callable[[float], None] | None = None) -> None:
         self.upstream = upstream
         self.policy = policy or RetryPolicy()
         self._on_wait = on_wait
         self.slots = slots
         self._on_slot_wait = on_slot_wait
+        self.rate = rate
+        self._on_rate_wait = on_rate_wait
         self._held: dict[httpx.Response, int] = {}  # the slot each response in flight holds
         timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=_MAX_POOLED,
@@ -345,6 +352,12 @@ class UpstreamClient:
                 raise Refusal(503, "the relay is closing") from None
             log.slot_wait_s = round(log.slot_wait_s + waited, 3)
         try:
+            if self.rate is not None:  # after the slot: the request goes out as soon as its token is taken
+                try:
+                    waited = self.rate.acquire(self._closing, self._on_rate_wait)
+                except SlotsClosed:
+                    raise Refusal(503, "the relay is closing") from None
+                log.rate_wait_s = round(log.rate_wait_s + waited, 3)
             response = self._send(method, url, headers, body)
         except BaseException:
             if slot is not None:
