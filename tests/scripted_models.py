@@ -88,6 +88,7 @@ class ScriptedModels:
         self.withhold_first = withhold_first
         self.faults = faults or Faults()
         self.statuses: list[int] = []  # the status of every model request, in order
+        self.arrivals: list[float] = []  # when each model request arrived (time.monotonic()), in order
         self.in_flight = 0
         self.peak_in_flight = 0  # model requests in flight at once, at most
         self._first_model_request: float | None = None
@@ -157,6 +158,7 @@ class ScriptedModels:
                 self._first_model_request = now
             since = now - self._first_model_request
             number = len(self.statuses) + 1
+            self.arrivals.append(now)
             if faults.reject_key:
                 status: int | None = 401
             elif number <= faults.rate_limit_first or since < faults.rate_limit_for:

@@ -116,17 +116,23 @@ def test_rejected_key_stops_the_session(pytester: pytest.Pytester, testbed: Test
 
 def test_concurrency_shared_by_every_worker(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> None:
     """Four items under -n 4, each agent sending four requests at once to a server that takes half a second each:
-    never more than two in flight at the server, the waits recorded."""
+    never more than two in flight at the server, the waits recorded. With --pb-model-rpm 14 the four workers share
+    one bucket of 14 requests: the 15th and 16th wait for its refill (one every 60/14 s), recorded apart."""
     run_dir = pytester.path / "run"
     with ScriptedModels([Step("done", None, 10, 2)], faults=Faults(delay=0.5)) as server:
         result = _session(pytester, testbed, server, run_dir, "pbfix__rpn|pbfix__catlike", "-n", "4",
-                          "--pb-attempts", "2", "--pb-model-concurrency", "2", requests=4)
+                          "--pb-attempts", "2", "--pb-model-concurrency", "2", "--pb-model-rpm", "14", requests=4)
     result.assert_outcomes(passed=4)
     assert server.statuses == [200] * 16
     assert server.peak_in_flight == 2
-    waited = [json.loads(p.read_text())["relay"]["slot_wait_s"] for p in run_dir.rglob("pb-meta.json")]
-    assert len(waited) == 4
-    assert sum(waited) > 0
+    relays = [json.loads(p.read_text())["relay"] for p in run_dir.rglob("pb-meta.json")]
+    assert len(relays) == 4
+    assert sum(relay["slot_wait_s"] for relay in relays) > 0
+    state = json.loads((run_dir / ".pb-model-slots" / "rate.json").read_text())
+    assert state["sent"] == 16, state  # one bucket for the four workers' relays
+    spans = [round(later - server.arrivals[0], 2) for later in server.arrivals]
+    assert spans[-1] >= 2 * 60 / 14 - 0.1, spans  # 16 requests from a bucket of 14: two refills
+    assert sum(relay["rate_wait_s"] for relay in relays) > 0, relays
 
 
 # Sends the task's prompt to the model, writes the answer it got into the workspace next to rpn's solution.
