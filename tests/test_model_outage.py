@@ -12,8 +12,10 @@ the sandbox, so that every task it touches would pass if it were scored.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -199,55 +201,112 @@ def test_replay_reproduces_the_agent_offline_and_names_the_first_mismatch(pytest
     assert "A changed prompt" in meta["infra_error"]  # the diff shows what changed
 
 
-def test_cli_agent_solves_a_task_while_the_provider_rate_limits_at_the_start(
-        pytester: pytest.Pytester, testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real codex preset solves rpn while the scripted server answers 429 (Retry-After: 2) to every model request
-    of its first 15 seconds (the issue's minute, shortened to keep CI cheap): the item passes, the CLI never sees a
-    429, the retries are metered in the records, pb-meta.json and summary.json."""
-    from pytest_programbench.agents import agent_presets
-    from tests.test_cli_agents import STEPS as CLI_STEPS
-    from tests.test_cli_agents import _check_conversation, _run
+RATE_LIMITED_S = 60.0  # the issue's minute of 429s at the start
 
-    parsed = agent_presets.parse("codex")
-    assert parsed is not None
-    agent_presets.ensure_installed(*parsed)
-    with ScriptedModels(CLI_STEPS, faults=Faults(rate_limit_for=15.0, retry_after="2")) as server:
-        run_dir = _run(pytester, testbed, "codex", server, monkeypatch)
-    _check_conversation(run_dir, server, "codex")  # solved, every step answered, tokens exact, key unseen
-    limited = server.statuses.count(429)
-    assert limited >= 5, server.statuses  # 15 s of 429s at one request per ~2 s
-    records = [json.loads(line) for line in (run_dir / RPN / "model-requests.jsonl").read_text().splitlines()]
-    assert not [r for r in records if r["status"] == 429], "the CLI never saw a 429"
-    assert sum(len(r["retries"]) for r in records) == limited
-    summary = json.loads((run_dir / "summary.json").read_text())
-    tokens = summary["tasks"][RPN]["tokens"]
-    assert tokens["retries"] == limited
-    assert tokens["retry_wait_s"] >= 2 * limited
-    assert tokens["gave_up"] == 0
-    assert summary["tokens"]["retries"] == limited
-    assert summary["headline"]["errors"] == 0
+
+def _sessions_at_once(pytester: pytest.Pytester, sessions: dict[str, list[str]],
+                      timeout: float) -> dict[str, pytest.RunResult]:
+    """pytest sessions started together, each in a directory of its own (output files, basetemp, cwd), then waited
+    for: what ``runpytest_subprocess`` does for one, without paying their waits one after the other."""
+    started: dict[str, tuple[subprocess.Popen[bytes], Path, float]] = {}
+    try:
+        for name, args in sessions.items():
+            where = pytester.mkdir(name)
+            with (where / "stdout").open("w") as out, (where / "stderr").open("w") as err:
+                started[name] = (pytester.popen([sys.executable, "-m", "pytest", f"--basetemp={where / 'tmp'}", *args],
+                                                stdout=out, stderr=err, cwd=where), where, time.monotonic())
+        deadline = time.monotonic() + timeout
+        results = {}
+        for name, (proc, where, began) in started.items():
+            ret = proc.wait(max(1.0, deadline - time.monotonic()))
+            outlines = (where / "stdout").read_text(errors="replace").splitlines()
+            errlines = (where / "stderr").read_text(errors="replace").splitlines()
+            results[name] = pytest.RunResult(ret, outlines, errlines, time.monotonic() - began)
+        return results
+    finally:
+        for proc, _, _ in started.values():
+            if proc.poll() is None:  # timed out, or the test failed while it ran
+                proc.kill()
+                proc.wait()
+
+
+def test_cli_agents_solve_a_task_while_the_provider_rate_limits_at_the_start(
+        pytester: pytest.Pytester, testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real codex and claude-code presets each solve rpn while their scripted server answers 429
+    (Retry-After: 2) to every model request of its first minute: the item passes, every 429 stays in the relay (the
+    CLI gets only the final 200s, one per model request it sent), the retries and the minute waited are metered in
+    the records, pb-meta.json and summary.json. The two sessions run at once, so the minute is paid once."""
+    from pytest_programbench.agents import agent_presets
+    from tests.test_cli_agents import KEY, STEPS, check_conversation, check_session, session_args
+
+    presets = ("codex", "claude-code")
+    for preset in presets:
+        parsed = agent_presets.parse(preset)
+        assert parsed is not None
+        agent_presets.ensure_installed(*parsed)
+    monkeypatch.setenv("PB_TEST_MODEL_KEY", KEY)
+    faults = Faults(rate_limit_for=RATE_LIMITED_S, retry_after="2")
+    with ScriptedModels(STEPS, faults=faults) as codex, ScriptedModels(STEPS, faults=faults) as claude:
+        servers = dict(zip(presets, (codex, claude), strict=True))
+        results = _sessions_at_once(pytester, {
+            preset: session_args(testbed, preset, server, pytester.path / preset / "run",
+                                 pytester.path / preset / "junit.xml") for preset, server in servers.items()},
+            timeout=900)
+    for preset, server in servers.items():
+        run_dir = pytester.path / preset / "run"
+        check_session(results[preset], run_dir, pytester.path / preset / "junit.xml")
+        check_conversation(run_dir, server, preset)  # solved, every step answered, tokens exact, key unseen
+        limited = server.statuses.count(429)
+        assert limited >= RATE_LIMITED_S / 2.2, (preset, server.statuses)  # a try every 2-2.2 s for the minute
+        assert set(server.statuses) == {429, 200}, (preset, server.statuses)
+        records = [json.loads(line) for line in (run_dir / RPN / "model-requests.jsonl").read_text().splitlines()]
+        model = [r for r in records if r["api"] in ("responses", "anthropic.messages")
+                 and not r["path"].endswith("/count_tokens")]
+        # What the CLI got: one 200 per model request, each the server's 200 after the relay's tries of 429s.
+        assert [r["status"] for r in model] == [200] * server.statuses.count(200), (preset, model)
+        assert not [r for r in records if r["status"] == 429], (preset, "a 429 reached the CLI")
+        assert [t["status"] for r in model for t in r["retries"]] == [429] * limited, preset
+        waited = sum(r["retry_wait_s"] for r in model)
+        assert waited >= RATE_LIMITED_S - 3, (preset, waited)  # the first request alone waited out the minute
+        relay = json.loads((run_dir / RPN / "pb-meta.json").read_text())["relay"]
+        assert (relay["retries"], relay["gave_up"], relay["errors"]) == (limited, 0, 0), (preset, relay)
+        assert relay["retry_wait_s"] == pytest.approx(waited, abs=0.01), (preset, relay)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        tokens = summary["tasks"][RPN]["tokens"]
+        assert (tokens["retries"], tokens["gave_up"]) == (limited, 0), (preset, tokens)
+        assert tokens["retry_wait_s"] == pytest.approx(waited, abs=0.01), (preset, tokens)
+        assert summary["tokens"]["retries"] == limited, preset
+        assert (summary["headline"]["errors"], summary["headline"]["model_unavailable"]) == (0, 0), preset
 
 
 def test_budget_ends_the_running_task_stops_new_ones_and_resume_continues(pytester: pytest.Pytester,
                                                                          testbed: Testbed, docker_client: Any) -> None:
     """Each answer costs $1.10 (11 input tokens at $100,000 per million); each agent asks three times in a row; the
     budget is $1. The first task's third request finds $2.20 spent, past $1.10: refused, the task an error naming
-    the budget; no other task starts. Resumed with a larger budget, all three run and pass."""
+    the budget; no other task starts. Resumed with a larger budget, all three run and pass. Spent and projected are
+    in summary.json's ``budget``, the terminal summary and the live view's header."""
     run_dir = pytester.path / "run"
     with ScriptedModels([Step("done", None, 10, 2)]) as server:
         first = _session(pytester, testbed, server, run_dir, "pbfix__", "--pb-budget", "1", "--pb-token-price",
-                         "100000,0", requests=3, serial=True)
+                         "100000,0", "--pb-progress", "lines:0.5", requests=3, serial=True)
         first.assert_outcomes(errors=1)
         assert server.statuses == [200, 200], "the third request was never forwarded"
         first.stdout.fnmatch_lines([
+            "programbench 0/3: * | budget $*of $1 (projected $*)",  # the live view's header
             "*model budget spent: 1 request(s) refused once the run had spent $2.2000 of --pb-budget $1 (x1.1)*",
+            "budget $2.2000 of $1 (projected $2.2000); it stopped the run: the tasks not started are not run",
             "*programbench: stopping: budget: $2.2000 spent + $0.0000 projected for 0 running task(s) passes "
             "--pb-budget $1*"])
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["headline"]["errors"] == 1
         assert summary["headline"]["not_run"] == 2
         assert summary["headline"]["scored"] == 0
+        assert summary["budget"] == {"limit": 1.0, "spent": 2.2, "projected": 2.2, "running": 0, "refused_past": 1.1,
+                                     "stopped": True}
         second = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pb-resume", str(run_dir),
                                                "--pb-budget", "100", timeout=600)
     second.assert_outcomes(passed=3)
     assert len(server.statuses) == 2 + 9
+    budget = json.loads((run_dir / "summary.json").read_text())["budget"]
+    assert (budget["limit"], budget["spent"], budget["stopped"]) == (100.0, 12.1, False)  # 2.2 before, 9 x 1.1 now
+    second.stdout.fnmatch_lines(["budget $12.1000 of $100 (projected $12.1000)"])

@@ -297,6 +297,7 @@ class ProgramBenchSession:
         import shlex
         from importlib.metadata import version
 
+        from pytest_programbench.relay.spend import SPEND_DIR, RunBudget
         from pytest_programbench.results.artifacts import TaskArtifacts
         from pytest_programbench.results.package import masked_command
         from pytest_programbench.results.summary import RunSummary, TaskRecord
@@ -322,6 +323,8 @@ class ProgramBenchSession:
             token_price=self.settings.token_price,
             before_write=lambda data: self.config.hook.pytest_programbench_summary(summary=data, config=self.config),
             attempts=self.settings.gold or self.settings.attempts,
+            budget=None if self.settings.budget is None else RunBudget(self.identity.path / SPEND_DIR,
+                                                                         self.settings.budget),
         )
         self.summary.write()
 

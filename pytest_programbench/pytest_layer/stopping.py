@@ -53,21 +53,19 @@ class EarlyStops:
     def _watch_budget(self) -> None:
         """--pb-budget: once spent plus the running tasks' projected cost passes it, no new task starts (the rest
         is not run, resumable with a larger budget)."""
-        budget, summary = self.settings.budget, self.pb.summary
-        if budget is None or summary is None or self.stop_reason:
+        summary = self.pb.summary
+        if summary is None or summary.budget is None or self.stop_reason:
             return
-        from pytest_programbench.relay.spend import SPEND_DIR, run_spend
-
-        spent = run_spend(self.pb.identity.path / SPEND_DIR)
-        costs = [rec.cost_usd for rec in summary.records.values() if rec.outcome and rec.cost_usd is not None]
+        # At a task's end the live view may not have seen the others start (or is off): every other worker is
+        # assumed busy then.
         workers = getattr(self.pb.config.option, "numprocesses", None)
-        running = len(summary.in_flight) or max(0, (workers if isinstance(workers, int) else 1) - 1)
-        projected = (sum(costs) / len(costs)) * running if costs else 0.0
-        if spent + projected <= budget:
+        state = summary.budget_state(len(summary.in_flight) or max(0, (workers if isinstance(workers, int) else 1) - 1))
+        if state is None or not state.passes:
             return
-        self._stop(f"programbench: stopping: budget: ${spent:.4f} spent + ${projected:.4f} projected for {running} "
-                   f"running task(s) passes --pb-budget ${budget:g}; the tasks not started are not run "
-                   "(--pb-resume with a larger --pb-budget runs them)")
+        summary.budget.stopped = True
+        self._stop(f"programbench: stopping: budget: ${state.spent:.4f} spent + ${state.projected - state.spent:.4f} "
+                   f"projected for {state.running} running task(s) passes --pb-budget ${state.limit:g}; the tasks "
+                   "not started are not run (--pb-resume with a larger --pb-budget runs them)")
 
     def _watch_model_rejected(self, instance_id: str, properties: list[tuple[str, object]]) -> None:
         """Stop the session when the model API rejected the key on the first tasks: every task would do the same."""

@@ -289,6 +289,7 @@ class Counts:
     failed: int
     errors: int
     durations: tuple[float, ...]  # of the settled tasks, for the ETA
+    budget: str = ""  # --pb-budget: "budget $0.0123 of $0.05 (projected $0.0300)"
 
 
 def eta(counts: Counts, snapshot: Snapshot) -> float | None:
@@ -308,7 +309,8 @@ def status_line(counts: Counts, snapshot: Snapshot, elapsed: float) -> str:
     left = eta(counts, snapshot)
     return (f"programbench {done + counts.errors}/{counts.selected}: {counts.passed} passed, {counts.failed} failed, "
             f"{counts.errors} errors | {running} running, {queued} queued | {clock(elapsed)} elapsed | ETA "
-            + ("after the first task" if left is None else clock(left)))
+            + ("after the first task" if left is None else clock(left))
+            + (f" | {counts.budget}" if counts.budget else ""))
 
 
 def task_line(flight: InFlight) -> str:
@@ -648,8 +650,10 @@ def attach(pb_session: ProgressHost, session: pytest.Session) -> Callable[[], No
             if summary is None:
                 return None
             tally = summary.tally  # kept as tasks settle: nothing summed over every record each second
+            budget = summary.budget_state()
             return Counts(tally.selected, tally.outcomes["passed"], tally.outcomes["failed"],
-                          tally.outcomes["error"], tuple(tally.durations.values()))
+                          tally.outcomes["error"], tuple(tally.durations.values()),
+                          "" if budget is None else budget.text())
 
         def on_in_flight(in_flight: dict[str, dict[str, Any]]) -> None:
             if pb_session.summary is not None:

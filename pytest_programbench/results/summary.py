@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from _pytest._code.code import TerminalRepr
@@ -25,6 +25,9 @@ from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.pacing import Pacer
 from pytest_programbench.results.tally import Tally
 from pytest_programbench.text.printable import sanitise
+
+if TYPE_CHECKING:
+    from pytest_programbench.relay.spend import BudgetState, RunBudget
 
 PASSED, FAILED, ERROR = "passed", "failed", "error"
 RESOLVED, NEAR_RESOLVED = 1.0, 0.95  # programbench.submission.RESOLVED_THRESHOLD / NEAR_RESOLVED_THRESHOLD
@@ -136,7 +139,9 @@ def task_cost(run_dir: Path, rec: TaskRecord, token_price: tuple[float, float] |
 
 
 _METERED = ("cached_input_tokens", "turns", "tool_calls")  # the relay's counts summed besides the tokens
-_RETRIES = ("retries", "retry_wait_s", "stream_breaks")  # the relay's retry meter, summed over every task
+# The relay's retry meter and its waits for the run's limits (--pb-model-concurrency, -rpm, -tpm), summed over every
+# task.
+_RETRIES = ("retries", "retry_wait_s", "slot_wait_s", "rate_wait_s", "stream_breaks")
 
 
 def token_totals(records: Iterable[TaskRecord]) -> dict[str, Any]:
@@ -162,7 +167,8 @@ class RunSummary:
     def __init__(self, path: Path, header: dict[str, Any], records: Iterable[TaskRecord], *,
                  meta_loader: Callable[[str], Mapping[str, Any] | None] | None = None,
                  token_price: tuple[float, float] | None = None,
-                 before_write: Callable[[dict[str, Any]], None] | None = None, attempts: int = 1) -> None:
+                 before_write: Callable[[dict[str, Any]], None] | None = None, attempts: int = 1,
+                 budget: RunBudget | None = None) -> None:
         self.path = path
         self.before_write = before_write  # the pytest_programbench_summary hook: may change what is written
         self.header = header
@@ -170,6 +176,7 @@ class RunSummary:
         self.attempts = attempts
         self.meta_loader = meta_loader
         self.token_price = token_price
+        self.budget = budget  # --pb-budget: spent and projected (relay/spend.py), and whether it stopped the run
         self.in_flight: dict[str, dict[str, Any]] = {}  # task -> phase, worker, clocks (the progress view's)
         # The progress view's thread writes too (in_flight); records change only on the main thread.
         self._lock = threading.RLock()
@@ -230,6 +237,15 @@ class RunSummary:
         self.in_flight.pop(rec.key, None)
         self.write()
         return True
+
+    def budget_state(self, running: int | None = None) -> BudgetState | None:
+        """--pb-budget against the run: ``running`` tasks still spending (default: those in flight) projected at the
+        finished tasks' mean cost; ``None`` without a budget."""
+        if self.budget is None:
+            return None
+        with self._lock:  # the progress view's thread asks too
+            costs = [rec.cost_usd for rec in self.records.values() if rec.outcome and rec.cost_usd is not None]
+            return self.budget.state(costs, len(self.in_flight) if running is None else running)
 
     def by_task(self) -> dict[str, list[TaskRecord]]:
         """Each task's records, by attempt."""
@@ -333,6 +349,7 @@ class RunSummary:
             "by_difficulty": self.breakdown("difficulty"),
             "by_engine": self.by_engine(),
             "tokens": token_totals(self.records.values()),
+            "budget": None if (budget := self.budget_state()) is None else budget.as_dict(),
             "in_flight": dict(sorted(self.in_flight.items())),
             "tasks": self.tasks_dict(),
         }
@@ -404,6 +421,10 @@ class RunSummary:
         if self.attempts > 1:
             lines.extend(attempts_lines(intervals))
         lines.append(tokens_line(token_totals(self.records.values())))
+        budget = self.budget_state()
+        if budget is not None:
+            lines.append(budget.text() + ("; it stopped the run: the tasks not started are not run" if budget.stopped
+                                          else ""))
         for engine, row in self.by_engine().items():
             lines.append(f"engine {engine}: {row['tasks']} tasks ({row['passed']} passed, {row['failed']} failed, "
                          f"{row['errors']} errors), {row['seconds']:.0f} s")
@@ -446,6 +467,9 @@ def tokens_line(totals: dict[str, Any]) -> str:
         cost = f"cost: ${totals['cost_usd']:,.4f} ({totals['tasks_with_cost']} tasks)"
     retries = (f"   model API retries: {totals['retries']} ({totals['retry_wait_s']:.0f} s waited)"
                if totals.get("retries") else "")
+    limits = (totals.get("slot_wait_s") or 0) + (totals.get("rate_wait_s") or 0)
+    if limits:
+        retries += f"   waited for the run's model limits: {limits:.0f} s"
     return f"{tokens}   {cost}{retries}"
 
 
