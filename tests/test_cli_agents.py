@@ -46,26 +46,34 @@ def preset(request: pytest.FixtureRequest) -> str:
     return name
 
 
-def _run(pytester: pytest.Pytester, testbed: Testbed, preset: str, server: ScriptedModels,
-         monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PB_TEST_MODEL_KEY", KEY)
-    run_dir = pytester.path / "run"
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
-        "--pb-filter", RPN, "--pb-pull", "never", "--pb-cpus", "2", "--pb-output", str(run_dir),
-        "--pb-agent", preset, "--pb-model", "scripted-model", "--pb-model-endpoint", server.base_url,
-        "--pb-model-key-env", "PB_TEST_MODEL_KEY",
-        "--pb-agent-mount", f"{TESTBED}:/pb-testbed", "--pb-agent-timeout", "600",
-        "--junitxml", str(pytester.path / "junit.xml"), timeout=900)
+def session_args(testbed: Testbed, preset: str, server: ScriptedModels, run_dir: Path, junit: Path) -> list[str]:
+    """The session that runs ``preset`` on rpn against ``server`` (the key in $PB_TEST_MODEL_KEY, see :data:`KEY`)."""
+    return ["-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
+            "--pb-filter", RPN, "--pb-pull", "never", "--pb-cpus", "2", "--pb-output", str(run_dir),
+            "--pb-agent", preset, "--pb-model", "scripted-model", "--pb-model-endpoint", server.base_url,
+            "--pb-model-key-env", "PB_TEST_MODEL_KEY",
+            "--pb-agent-mount", f"{TESTBED}:/pb-testbed", "--pb-agent-timeout", "600", "--junitxml", str(junit)]
+
+
+def check_session(result: pytest.RunResult, run_dir: Path, junit: Path) -> None:
+    """The item passed (else the agent's log is shown) and the key is nowhere in what the session left."""
     log = (run_dir / RPN / "agent.log").read_text(errors="replace") if (run_dir / RPN / "agent.log").exists() \
         else "(no agent.log)"
     assert result.ret == 0, "\n".join(result.outlines[-40:]) + "\n--- agent.log:\n" + log[-6000:]
     result.assert_outcomes(passed=1)
-    assert_secret_nowhere(KEY, run_dir=run_dir, junit=pytester.path / "junit.xml", result=result)
+    assert_secret_nowhere(KEY, run_dir=run_dir, junit=junit, result=result)
+
+
+def _run(pytester: pytest.Pytester, testbed: Testbed, preset: str, server: ScriptedModels,
+         monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PB_TEST_MODEL_KEY", KEY)
+    run_dir, junit = pytester.path / "run", pytester.path / "junit.xml"
+    result = pytester.runpytest_subprocess(*session_args(testbed, preset, server, run_dir, junit), timeout=900)
+    check_session(result, run_dir, junit)
     return run_dir
 
 
-def _check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> None:
+def check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> None:
     assert not server.unexpected, server.unexpected
     assert set(server.keys) == {KEY}, server.keys  # in whichever header the API uses, added by the relay
     # Every step of the script was answered, in order, and the agent stopped after the last one.
@@ -185,7 +193,7 @@ def test_cli_agent_solves_a_task_through_the_relay_outlasting_a_withheld_first_r
     monkeypatch.setenv("PB_DOCKER_API_TIMEOUT", READ_TIMEOUT)
     with ScriptedModels(STEPS, withhold_first=SILENCE) as server:
         run_dir = _run(pytester, testbed, preset, server, monkeypatch)
-    _check_conversation(run_dir, server, preset)
+    check_conversation(run_dir, server, preset)
     records = [json.loads(line) for line in (run_dir / RPN / "model-requests.jsonl").read_text().splitlines()]
     waited = [r for r in records if r["first_byte_s"] is not None and r["first_byte_s"] >= SILENCE]
     assert len(waited) == 1, records
