@@ -247,6 +247,29 @@ def test_tokens_and_cost_reach_summary_terminal_and_report(tmp_path: Path) -> No
     assert '<span id="cost">$4.7500</span>' in page
 
 
+def test_model_retries_waits_and_budget_reach_the_report(tmp_path: Path) -> None:
+    """Each task's relay retries and seconds waited are a column (the waits for the run's limits beside them), the
+    run's totals and --pb-budget's spent and projected (relay/spend.py) a line under the headline."""
+    from pytest_programbench.relay.spend import SPEND_DIR, RunBudget
+
+    limited = TaskRecord(RPN, "c", "easy", outcome="passed", score=1.0, meta={"relay": {
+        "requests": 2, "retries": 3, "retry_wait_s": 12.4, "slot_wait_s": 1.0, "rate_wait_s": 4.2}})
+    calm = TaskRecord(CATLIKE, "c", "easy", outcome="failed", score=0.5, meta={"relay": {"requests": 1, "retries": 0}})
+    unmetered = TaskRecord(TUIISH, "c", "medium", outcome="failed", score=0.0)
+    (tmp_path / SPEND_DIR).mkdir()
+    (tmp_path / SPEND_DIR / f"{RPN}.json").write_text(json.dumps({"usd": 0.0123}))
+    budget = RunBudget(tmp_path / SPEND_DIR, 0.05)
+    budget.stopped = True
+    header = {"run_id": "r", "run_dir": str(tmp_path), "plugin_version": "0", "programbench_version": "1.2.5"}
+    data = RunSummary(tmp_path / "summary.json", header, [limited, calm, unmetered], budget=budget).as_dict()
+    text = re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", render(tmp_path, data, lambda _iid: None))))
+    assert ("Model API: 3 retries (12 s waited) · 5 s waited for the run's limits · budget $0.0123 of $0.05 "
+            "(projected $0.0123); it stopped the run") in text
+    assert f"{RPN} c easy passed 1.0000 - - - - - 3 (12 s waited) · 5 s for the run's limits " in text
+    assert f"{CATLIKE} c easy failed 0.5000 - - - - - 0 " in text
+    assert f"{TUIISH} c medium failed 0.0000 - - - - - - " in text
+
+
 
 def test_failing_test_messages_are_text_and_bounded(tmp_path: Path) -> None:
     """Hidden tests quote the submission's output: a message with markup is text on the page (in a real browser), a

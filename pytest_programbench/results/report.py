@@ -90,9 +90,22 @@ def task_rows(run_dir: Path, data: dict[str, Any],
             "score_text": _fmt(row.get("score")),
             "tests_text": (f"{row['n_passed']}/{row['n_tests']}" if row.get("n_tests") is not None else "-"),
             "cost_text": "-" if row.get("cost_usd") is None else f"${row['cost_usd']:.4f}",
+            **model_meter(tokens),
             "failing": _bounded(failing_by_branch(task_dir / f"{iid}.eval.json", scope(iid))),
         })
     return rows
+
+
+def model_meter(relay: dict[str, Any]) -> dict[str, Any]:
+    """A task's model API retries and seconds waited (its relay's meter in summary.json), for its row: "3 (12 s
+    waited)", "-" without a relay; the waits for the run's limits (--pb-model-concurrency, -rpm, -tpm) beside."""
+    retries = relay.get("retries")
+    if not isinstance(retries, int):
+        return {"retries": None, "retries_text": "-", "limits_text": ""}
+    waited = relay.get("retry_wait_s") or 0
+    limits = (relay.get("slot_wait_s") or 0) + (relay.get("rate_wait_s") or 0)
+    return {"retries": retries, "retries_text": f"{retries} ({waited:.0f} s waited)" if retries else "0",
+            "limits_text": f"{limits:.0f} s for the run's limits" if limits else ""}
 
 
 PANEL_DETAIL_MAX = 256 << 10  # characters of failing tests' messages per task panel; the rest are in eval.json
