@@ -6,6 +6,7 @@ improvement and on equal runs; compare.html as headless Chromium shows it."""
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 import re
@@ -256,3 +257,74 @@ def test_the_paired_interval_resamples_tasks_not_runs() -> None:
     observed = abs(diffs.mean())
     patterns = [abs(np.mean(diffs * signs)) for signs in itertools.product((1, -1), repeat=len(diffs))]
     assert test.p_value == pytest.approx(sum(p >= observed - 1e-12 for p in patterns) / len(patterns))
+
+
+def _attempts_run(run_dir: Path, tasks: dict[str, list[dict[str, str]]]) -> None:
+    """A finished --pb-attempts run directory as a session leaves it: each attempt's eval.json where it is written
+    (``<id>/``, ``attempts/<n>/<id>/``), summary.json by RunSummary from the attempts' records, pb-run.json."""
+    from pytest_programbench.pytest_layer.invocation import TaskKey
+    from pytest_programbench.pytest_layer.run_record import RUN_MARKER
+    from pytest_programbench.results.summary import RunSummary, TaskRecord
+
+    records = []
+    attempts = max(len(runs) for runs in tasks.values())
+    for iid, runs in tasks.items():
+        for n, statuses in enumerate(runs, 1):
+            key = TaskKey(iid, n=n, single=False)
+            key.task_dir(run_dir).mkdir(parents=True)
+            (key.task_dir(run_dir) / f"{iid}.eval.json").write_text(json.dumps({"test_results": [
+                {"branch": test.split("/")[0], "name": test.split("/")[1], "status": status}
+                for test, status in statuses.items()]}))
+            records.append(TaskRecord(iid, "c", "easy", outcome="failed", score=score(statuses), key=key.name,
+                                      attempt=n))
+    (run_dir / RUN_MARKER).write_text(json.dumps({"run_id": run_dir.name, "settings": {}}))
+    header = {"run_id": run_dir.name, "run_dir": str(run_dir), "plugin_version": "0", "programbench_version": "1"}
+    (run_dir / "summary.json").write_text(json.dumps(
+        RunSummary(run_dir / "summary.json", header, records, attempts=attempts).as_dict()))
+
+
+def test_compare_over_attempts_uses_every_attempt(tmp_path: Path) -> None:
+    """Two --pb-attempts runs (3 and 4 attempts) compared from their files: a test flips when its majority outcome
+    over the attempts changes, not attempt 1's; a task's delta is the difference of its means over the attempts."""
+    from pytest_programbench.results import compare
+
+    p, f = "passed", "failure"
+    # b/steady: attempt 1 fails in new alone (attempt 1's flip), mostly passes in both: no flip.
+    # b/broke: 3/3 -> 1/4; b/tie: 2/3 -> 2/4 (a tie is not a majority): pass->fail; b/mended: 1/3 -> 3/4.
+    base = {"t1": [{"b/steady": p, "b/broke": p, "b/tie": p, "b/mended": f},
+                   {"b/steady": p, "b/broke": p, "b/tie": f, "b/mended": p},
+                   {"b/steady": f, "b/broke": p, "b/tie": p, "b/mended": f}],
+            "t2": [{"b/x": p, "b/y": f}, {"b/x": p, "b/y": p}, {"b/x": f, "b/y": f}]}
+    new = {"t1": [{"b/steady": f, "b/broke": f, "b/tie": p, "b/mended": p},
+                  {"b/steady": p, "b/broke": p, "b/tie": f, "b/mended": p},
+                  {"b/steady": p, "b/broke": f, "b/tie": p, "b/mended": f},
+                  {"b/steady": p, "b/broke": f, "b/tie": f, "b/mended": p}],
+           "t2": [{"b/x": p, "b/y": p}, {"b/x": p, "b/y": f}, {"b/x": p, "b/y": f}, {"b/x": p, "b/y": f}]}
+    _attempts_run(tmp_path / "base", base)
+    _attempts_run(tmp_path / "new", new)
+    written = compare.write(tmp_path / "base", tmp_path / "new")
+    result = written.result
+    row = result["tasks"]["t1"]
+    assert [(r["test"], r["base"], r["new"]) for r in row["pass_to_fail"]] == [
+        ("b/broke", "3/3 passed", "1/4 passed"), ("b/tie", "2/3 passed", "2/4 passed")]
+    assert [(r["test"], r["base_passes"], r["new_passes"]) for r in row["fail_to_pass"]] == [("b/mended", 1, 3)]
+    assert result["tasks"]["t2"]["pass_to_fail"] == result["tasks"]["t2"]["fail_to_pass"] == []
+    assert result["flips"] == {"pass_to_fail": 2, "fail_to_pass": 1}
+
+    def mean(runs: list[dict[str, str]]) -> float:
+        return sum(map(score, runs)) / len(runs)
+
+    for iid, runs in base.items():
+        assert result["tasks"][iid]["delta"] == pytest.approx(mean(new[iid]) - mean(runs), abs=1e-6)
+    diffs = np.array([mean(new[t]) - mean(base[t]) for t in sorted(base)])
+    expected = bootstrap((diffs,), np.mean, confidence_level=0.95, n_resamples=statistics.RESAMPLES,
+                         method="percentile", rng=np.random.default_rng(statistics.SEED)).confidence_interval
+    difference = result["paired"]["difference"]
+    assert (difference["low"], difference["high"]) == (pytest.approx(expected.low, abs=1e-6),
+                                                        pytest.approx(expected.high, abs=1e-6))
+    assert difference["over"] == "tasks both runs scored (each task's mean over its attempts)"
+    assert result["method"] == {"attempts": {"base": 3, "new": 4}, "text": compare.OVER_ATTEMPTS}
+    page = html.unescape(written.html_path.read_text())
+    assert f"Compared: {compare.OVER_ATTEMPTS}." in page
+    assert 'b/broke <span class="muted">(3/3 → 1/4)</span>' in page
+    assert any(line.startswith("attempts per task: base 3, new 4: per task the mean") for line in written.lines())

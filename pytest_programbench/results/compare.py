@@ -8,6 +8,11 @@ directory; ``--pb-max-regression X`` turns the CI's lower bound into a gate.
 
 Reads only finished files (``pb-run.json``, ``summary.json``, ``<id>/<id>.eval.json``): comparing two finished runs
 needs no agent, engine or collection.
+
+Under ``--pb-attempts`` (either run) every attempt counts: a task's score is its mean over its scored attempts (as
+summary.json has it), the delta the difference of those means, and a hidden test's outcome in a run its pass rate over
+the attempts with a result (3/4): it flipped when its majority outcome (passed in more than half) changed. The paired
+bootstrap still resamples tasks. ``method`` in compare.json says which.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pytest_programbench.pytest_layer.invocation import TaskKey
 from pytest_programbench.pytest_layer.run_record import RUN_MARKER
 from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.report import TaskScope
@@ -78,10 +84,30 @@ class FinishedRun:
         return {iid: float(row["score"]) for iid, row in self.tasks.items()
                 if row.get("outcome") in ("passed", "failed") and isinstance(row.get("score"), int | float)}
 
-    def statuses(self, instance_id: str) -> dict[str, str] | None:
-        """``branch/test`` -> status of the tests that count for the score; ``None`` without a readable result."""
+    @property
+    def attempts(self) -> int:
+        """Attempts per task (``--pb-attempts``; the headline says it only when above 1)."""
+        value = (self.summary.get("headline") or {}).get("attempts")
+        return value if isinstance(value, int) and value > 1 else 1
+
+    def attempt_numbers(self, instance_id: str) -> list[int]:
+        """The task's attempts as summary.json lists them (``[1]`` with one attempt per task)."""
+        listed = (self.tasks.get(instance_id) or {}).get("attempts")
+        if self.attempts == 1 or not isinstance(listed, dict):
+            return [1]
+        return sorted(int(n) for n in listed)
+
+    def outcomes(self, instance_id: str) -> AttemptStatuses:
+        """Every attempt's statuses of the tests that count (attempts without a readable result left out)."""
+        runs = [self.statuses(instance_id, n) for n in self.attempt_numbers(instance_id)]
+        return AttemptStatuses([r for r in runs if r is not None])
+
+    def statuses(self, instance_id: str, attempt: int = 1) -> dict[str, str] | None:
+        """``branch/test`` -> status of the tests that count for the score in one attempt's result (attempt 1's
+        in ``<id>/``, attempt N's in ``attempts/<N>/<id>/``); ``None`` without a readable result."""
+        task_dir = TaskKey(instance_id, n=attempt, single=attempt == 1).task_dir(self.path)
         try:
-            data = json.loads((self.path / instance_id / f"{instance_id}.eval.json").read_text())
+            data = json.loads((task_dir / f"{instance_id}.eval.json").read_text())
         except (OSError, ValueError):
             return None
         scope = self.scopes.get(instance_id)
@@ -162,20 +188,58 @@ def _delta(base: Any, new: Any, digits: int = 6) -> float | None:
     return None
 
 
-def flips(base: Mapping[str, str] | None, new: Mapping[str, str] | None, instance_id: str,
+@dataclass(frozen=True)
+class AttemptStatuses:
+    """A task's hidden tests over a run's attempts: each attempt's ``branch/test`` -> status."""
+
+    runs: list[dict[str, str]]
+
+    def passes(self, test: str) -> int:
+        return sum(run.get(test) == PASSED for run in self.runs)
+
+    def mostly_passed(self, test: str) -> bool:
+        """The majority outcome: passed in more than half the attempts with a result (a tie is not passed)."""
+        return 2 * self.passes(test) > len(self.runs)
+
+    def shown(self, test: str) -> str:
+        """The status with one attempt (``failure``; ``absent``: not in the result), the pass rate with several."""
+        if len(self.runs) == 1:
+            return self.runs[0].get(test, "absent")
+        return f"{self.passes(test)}/{len(self.runs)} passed"
+
+
+def flips(base: AttemptStatuses, new: AttemptStatuses, instance_id: str,
           ledger: FlakyTests | None) -> dict[str, list[dict[str, Any]]]:
-    """The tests whose pass/fail changed between two results (a test missing from one result did not pass)."""
+    """The tests whose majority outcome over the attempts changed between the runs (with one attempt each: whose
+    pass/fail changed); a test missing from a result did not pass there."""
     out: dict[str, list[dict[str, Any]]] = {"pass_to_fail": [], "fail_to_pass": []}
-    if base is None or new is None:
+    if not base.runs or not new.runs:
         return out
-    for test in sorted(set(base) | set(new)):
-        was, now = base.get(test, "absent"), new.get(test, "absent")
-        if (was == PASSED) == (now == PASSED):
+    for test in sorted({t for run in (*base.runs, *new.runs) for t in run}):
+        was, now = base.mostly_passed(test), new.mostly_passed(test)
+        if was == now:
             continue
-        row = {"test": test, "base": was, "new": now,
+        row = {"test": test, "base": base.shown(test), "new": new.shown(test),
+               "base_passes": base.passes(test), "base_attempts": len(base.runs),
+               "new_passes": new.passes(test), "new_attempts": len(new.runs),
                "flaky": None if ledger is None else ledger.is_flaky(instance_id, test)}
-        out["pass_to_fail" if was == PASSED else "fail_to_pass"].append(row)
+        out["pass_to_fail" if was else "fail_to_pass"].append(row)
     return out
+
+
+ONE_ATTEMPT = ("each task's score; a flip: a hidden test's pass/fail changed between the two results; the paired "
+               "bootstrap resamples tasks")
+OVER_ATTEMPTS = ("per task the mean of its scored attempts' scores, the delta the difference of those means; per "
+                 "hidden test its pass rate over the attempts with a result in each run, a flip a change of its "
+                 "majority outcome (passed in more than half); the paired bootstrap resamples tasks (attempts not "
+                 "resampled)")
+
+
+def method(base: FinishedRun, new: FinishedRun) -> dict[str, Any]:
+    """How the runs' attempts were compared, as compare.json and compare.html say it."""
+    several = max(base.attempts, new.attempts) > 1
+    return {"attempts": {"base": base.attempts, "new": new.attempts},
+            "text": OVER_ATTEMPTS if several else ONE_ATTEMPT}
 
 
 @dataclass(frozen=True)
@@ -209,12 +273,14 @@ def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = 
     """The comparison of ``new`` against ``base`` as compare.json holds it."""
     base_scores, new_scores = base.scores(), new.scores()
     paired = sorted(set(base_scores) & set(new_scores))
-    difference = paired_difference(base_scores, new_scores)
+    how = method(base, new)
+    over = None if how["text"] == ONE_ATTEMPT else "tasks both runs scored (each task's mean over its attempts)"
+    difference = paired_difference(base_scores, new_scores, over=over)
     permutation = paired_permutation_test(base_scores, new_scores)
     tasks: dict[str, dict[str, Any]] = {}
     for iid in sorted(set(base.tasks) & set(new.tasks)):
         b, n = base.tasks[iid], new.tasks[iid]
-        changed = flips(base.statuses(iid), new.statuses(iid), iid, ledger)
+        changed = flips(base.outcomes(iid), new.outcomes(iid), iid, ledger)
         tasks[iid] = {
             "base": {"outcome": b.get("outcome"), "score": b.get("score")},
             "new": {"outcome": n.get("outcome"), "score": n.get("score")},
@@ -236,7 +302,7 @@ def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = 
         key = f"{phase}_seconds"
         totals[key] = {"base": base_info[key], "new": new_info[key], "delta": _delta(base_info[key], new_info[key], 3)}
     result: dict[str, Any] = {
-        "base": base_info, "new": new_info,
+        "base": base_info, "new": new_info, "method": how,
         "paired": {
             "tasks": len(paired),
             "mean_base": round(sum(base_scores[t] for t in paired) / len(paired), 6) if paired else None,
@@ -264,6 +330,9 @@ def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = 
 def terminal_lines(result: Mapping[str, Any]) -> list[str]:
     paired = result["paired"]
     lines = [f"new  {result['new']['run_dir']}", f"base {result['base']['run_dir']}"]
+    how = result["method"]
+    if how["text"] == OVER_ATTEMPTS:
+        lines.append(f"attempts per task: base {how['attempts']['base']}, new {how['attempts']['new']}: {how['text']}")
     if paired["difference"] is not None:
         lines.append(f"mean over the {paired['tasks']} tasks both scored: {paired['mean_base']:.3f} -> "
                      f"{paired['mean_new']:.3f}; difference {interval_text(paired['difference'])}")

@@ -80,8 +80,9 @@ def mean_interval(samples: Mapping[str, Sequence[float]], *, seed: int = SEED,
 
 
 def paired_difference(base: Mapping[str, float], new: Mapping[str, float], *, seed: int = SEED,
-                      resamples: int = RESAMPLES) -> Interval | None:
-    """95% CI of mean(new - base) over the tasks both score (paired bootstrap); ``None`` below two such tasks."""
+                      resamples: int = RESAMPLES, over: str | None = None) -> Interval | None:
+    """95% CI of mean(new - base) over the tasks both score (paired bootstrap); ``None`` below two such tasks.
+    ``over`` says what a task's number is when it is not one attempt's score (a mean over attempts)."""
     common = sorted(set(base) & set(new))
     if len(common) < 2:
         return None
@@ -90,7 +91,7 @@ def paired_difference(base: Mapping[str, float], new: Mapping[str, float], *, se
     low, high = _bootstrap_mean((tuple(a), tuple(b)), paired=True, seed=seed, resamples=resamples)
     estimate = sum(y - x for x, y in zip(a, b, strict=True)) / len(common)
     return Interval(estimate, low, high, CONFIDENCE, METHOD + " (paired)", resamples, seed, len(common),
-                    "tasks both runs scored (one attempt per task)")
+                    over or "tasks both runs scored (one attempt per task)")
 
 
 @dataclass(frozen=True)
