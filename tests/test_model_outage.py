@@ -11,7 +11,9 @@ the sandbox, so that every task it touches would pass if it were scored.
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -277,6 +279,10 @@ def test_cli_agents_solve_a_task_while_the_provider_rate_limits_at_the_start(
         assert tokens["retry_wait_s"] == pytest.approx(waited, abs=0.01), (preset, tokens)
         assert summary["tokens"]["retries"] == limited, preset
         assert (summary["headline"]["errors"], summary["headline"]["model_unavailable"]) == (0, 0), preset
+        page = (run_dir / "report.html").read_text()
+        text = re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", page)))  # what the page says
+        assert f"Model API: {limited} retries ({summary['tokens']['retry_wait_s']:.0f} s waited)" in text, preset
+        assert f" {limited} ({tokens['retry_wait_s']:.0f} s waited) " in text, preset  # the task's row
 
 
 def test_budget_ends_the_running_task_stops_new_ones_and_resume_continues(pytester: pytest.Pytester,
