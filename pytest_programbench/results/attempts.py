@@ -54,6 +54,7 @@ def task_statistics(attempts: Sequence[Attempt]) -> dict[str, Any]:
         "mean": None if mean is None else round(mean, 6),
         "mean_over_attempts": round(sum(scores) / len(ended), 6) if ended else None,
         "best": max(scores) if scores else None,
+        "worst": min(scores) if scores else None,
         "std": round(_std(scores), 6) if len(scores) > 1 else None,
         "pass_at_k": at_k(attempts, lambda a: a.passed),
         "resolved_at_k": at_k(attempts, lambda a: a.score is not None and a.score >= RESOLVED),

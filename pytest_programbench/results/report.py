@@ -8,7 +8,7 @@ run directory is copied.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,8 +92,46 @@ def task_rows(run_dir: Path, data: dict[str, Any],
             "cost_text": "-" if row.get("cost_usd") is None else f"${row['cost_usd']:.4f}",
             **model_meter(tokens),
             "failing": _bounded(failing_by_branch(task_dir / f"{iid}.eval.json", scope(iid))),
+            "spread": attempt_spread(row), **gold_columns(row),
         })
     return rows
+
+
+# The error bars' scale: a score of 0..1 across WIDTH pixels of inline SVG, PAD pixels of margin either side.
+BAR_WIDTH, BAR_PAD = 280, 10
+SPREAD_WIDTH, SPREAD_PAD = 96, 2
+
+
+def _x(value: Any, width: int, pad: int) -> float:
+    return round(pad + width * min(1.0, max(0.0, float(value))), 2)
+
+
+def error_bar(ci: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A headline mean's 95% interval (``Interval.as_dict``) placed on the 0..1 score axis, for its SVG."""
+    if not ci:
+        return None
+    return {**ci, **{f"x_{end}": _x(ci[end], BAR_WIDTH, BAR_PAD) for end in ("low", "high", "estimate")}}
+
+
+def attempt_spread(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """--pb-attempts: a task's mean over its scored attempts, their range (worst..best) and pass@k, resolved@k at
+    the largest k, placed on the 0..1 axis of its row's bar; ``None`` with one attempt or none scored."""
+    pass_at = row.get("pass_at_k") or {}
+    if (row.get("n_attempts") or 0) < 2 or not pass_at or row.get("mean") is None:
+        return None
+    k = max(pass_at, key=int)
+    return {"mean": row["mean"], "worst": row["worst"], "best": row["best"], "k": k, "pass_at_k": pass_at[k],
+            "resolved_at_k": (row.get("resolved_at_k") or {}).get(k), "ended": row.get("ended"),
+            "n": row["n_attempts"], "scored": row.get("scored"),
+            **{f"x_{name}": _x(row[name], SPREAD_WIDTH, SPREAD_PAD) for name in ("worst", "best", "mean")}}
+
+
+def gold_columns(row: Mapping[str, Any]) -> dict[str, Any]:
+    """--pb-gold-ledger: the task's ceiling (its mean gold score) beside its score; --pb-ignore-flaky's score."""
+    ceiling, ignoring = row.get("gold_ceiling"), row.get("score_ignoring_gold_flaky")
+    ceiling = ceiling if isinstance(ceiling, int | float) else None
+    return {"ceiling": ceiling, "ceiling_text": _fmt(ceiling),
+            "ignoring_flaky_text": _fmt(ignoring) if isinstance(ignoring, int | float) else ""}
 
 
 def model_meter(relay: dict[str, Any]) -> dict[str, Any]:
@@ -148,6 +186,8 @@ def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope
         groups=[("language", data.get("by_language", {})), ("difficulty", data.get("by_difficulty", {}))],
         tokens=data.get("tokens") or {}, settings=data.get("settings") or {},
         when=_when(data.get("started"), data.get("updated")),
+        bars={name: error_bar(head.get(f"{name}_ci")) for name in ("mean_over_scored", "mean_over_selection")},
+        bar_box=(BAR_PAD, BAR_PAD + BAR_WIDTH), spread_box=(SPREAD_PAD, SPREAD_PAD + SPREAD_WIDTH),
     )
 
 

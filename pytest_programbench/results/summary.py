@@ -271,8 +271,8 @@ class RunSummary:
             rows.append(TaskRecord(
                 iid, first.language, first.difficulty, first.overridden, outcome,
                 sum(r.score or 0.0 for r in scored) / len(scored) if scored else None,
-                reasons=[x for r in recs for x in r.reasons], duration=sum(r.duration for r in recs),
-                cost_usd=sum(costs) if costs else None))
+                gold_properties(recs), reasons=[x for r in recs for x in r.reasons],
+                duration=sum(r.duration for r in recs), cost_usd=sum(costs) if costs else None))
         return rows
 
     def attempt_results(self) -> dict[str, list[Any]]:
@@ -420,6 +420,7 @@ class RunSummary:
                 lines.append(f"{name.removesuffix('_ci').replace('_', ' ')}: {interval_text(interval)}")
         if self.attempts > 1:
             lines.extend(attempts_lines(intervals))
+        lines.extend(gold_lines(self.task_rows()))
         lines.append(tokens_line(token_totals(self.records.values())))
         budget = self.budget_state()
         if budget is not None:
@@ -438,6 +439,33 @@ class RunSummary:
             lines.extend(f"  {r.instance_id}: {_first_line(r.reasons[-1]) if r.reasons else 'unknown'}"
                          for r in errors)
         return lines
+
+
+def gold_properties(recs: list[TaskRecord]) -> dict[str, Any]:
+    """A task's --pb-gold-ledger numbers over its attempts: the ceiling (the task's, the same in every attempt) and
+    --pb-ignore-flaky's score as the mean over the attempts that have one, as the task's score is."""
+    ceilings = [r.properties["gold_ceiling"] for r in recs if isinstance(r.properties.get("gold_ceiling"), int | float)]
+    ignoring = [v for r in recs if r.scored and isinstance(v := r.properties.get("score_ignoring_gold_flaky"),
+                                                               int | float)]
+    out: dict[str, Any] = {"gold_ceiling": ceilings[0]} if ceilings else {}
+    if ignoring:
+        out["score_ignoring_gold_flaky"] = round(sum(ignoring) / len(ignoring), 6)
+    return out
+
+
+def gold_lines(rows: Iterable[TaskRecord]) -> list[str]:
+    """--pb-gold-ledger: each task's score beside its ceiling (what a perfect clone reaches here)."""
+    lines = []
+    for rec in sorted(rows, key=lambda r: r.instance_id):
+        ceiling = rec.properties.get("gold_ceiling")
+        if not isinstance(ceiling, int | float):
+            continue
+        score = "-" if rec.score is None else f"{rec.score:.3f}"
+        ignoring = rec.properties.get("score_ignoring_gold_flaky")
+        extra = (f", {ignoring:.3f} ignoring the ledger's impossible and flaky tests"
+                 if isinstance(ignoring, int | float) else "")
+        lines.append(f"  {rec.instance_id}: score {score} of gold ceiling {ceiling:.3f}{extra}")
+    return ["score against the gold ceiling (--pb-gold-ledger):", *lines] if lines else []
 
 
 def attempts_lines(numbers: dict[str, Any]) -> list[str]:
