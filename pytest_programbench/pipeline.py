@@ -307,22 +307,23 @@ class TaskRun:
                 self.meta["model_unavailable"] = self.model_unavailable
 
     def _model_wait(self, seconds: float) -> None:
-        """The relay waits to retry a model request: the live view says so ("agent (rate-limited 40 s)")."""
+        """The relay waits to retry a model request: the live view says so ("agent (rate-limited 40 s)"), on the
+        item's key as the phase is (``<id>[attempt-2]`` under --pb-attempts)."""
         self.model_waited_s += seconds
         if self.session.progress is not None and self.record:
-            self.session.progress.note(self.task.instance_id, f"rate-limited {self.model_waited_s:.0f} s")
+            self.session.progress.note(self.key.name, f"rate-limited {self.model_waited_s:.0f} s")
 
     def _rate_wait(self, seconds: float) -> None:
         """--pb-model-rpm / --pb-model-tpm hold a request back: the live view says so, with the task's wait so far."""
         self.model_rate_waited_s += seconds
         if self.session.progress is not None and self.record:
-            self.session.progress.note(self.task.instance_id,
+            self.session.progress.note(self.key.name,
                                        f"waiting for the model rate limit {self.model_rate_waited_s:.0f} s")
 
     def _slot_wait(self) -> None:
         """Every --pb-model-concurrency slot is taken: the live view says the agent waits for one."""
         if self.session.progress is not None and self.record:
-            self.session.progress.note(self.task.instance_id, "waiting for a model slot")
+            self.session.progress.note(self.key.name, "waiting for a model slot")
 
     def require_model_available(self) -> None:
         """A model API that rejected the key or stayed down for a whole retry budget is not the agent's failure:

@@ -125,8 +125,11 @@ def test_concurrency_shared_by_every_worker(pytester: pytest.Pytester, testbed: 
     run_dir = pytester.path / "run"
     with ScriptedModels([Step("done", None, 10, 2)], faults=Faults(delay=0.5)) as server:
         result = _session(pytester, testbed, server, run_dir, "pbfix__rpn|pbfix__catlike", "-n", "4",
-                          "--pb-attempts", "2", "--pb-model-concurrency", "2", "--pb-model-rpm", "14", requests=4)
+                          "--pb-attempts", "2", "--pb-model-concurrency", "2", "--pb-model-rpm", "14",
+                          "--pb-progress", "lines:0.5", requests=4)
     result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["*attempt-* agent (waiting for a model slot) *"])  # the live view, per attempt
+    result.stdout.fnmatch_lines(["*attempt-* agent (waiting for the model rate limit * s) *"])
     assert server.statuses == [200] * 16
     assert server.peak_in_flight == 2
     relays = [json.loads(p.read_text())["relay"] for p in run_dir.rglob("pb-meta.json")]
