@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from pytest_programbench.relay.relay import (
@@ -518,6 +519,26 @@ def test_client_keys_pass_through_without_injection(upstream: ScriptedUpstream) 
         assert "OPENAI_API_KEY" not in relay.agent_env()
         post_json(tcp_client(relay), "/v1/chat/completions", {"model": "a"}, {"Authorization": "Bearer mine"})
     assert upstream.received[0].headers["authorization"] == "Bearer mine"
+
+
+def test_default_headers_and_cookies_as_httpx_client_sent_them(upstream: ScriptedUpstream) -> None:
+    """The relay sends through httpx's transport what ``httpx.Client`` used to add: its default headers under the
+    agent's own, and the cookies the upstream set (a provider's load balancer) back, unless the agent sends its own."""
+    upstream.route("POST", "/v1/chat/completions", [Reply([CHAT_BODY], headers=[("Set-Cookie", "lb=7; Path=/")]),
+                                                    Reply([CHAT_BODY]), Reply([CHAT_BODY])])
+    with ModelRelay(upstream.url, tcp=True) as relay:
+        conn = tcp_client(relay)
+        *_, first = post_json(conn, "/v1/chat/completions", {"model": "a"})
+        assert first.getheader("Set-Cookie") == "lb=7; Path=/"  # passed on to the agent too
+        post_json(conn, "/v1/chat/completions", {"model": "a"}, {"User-Agent": "codex/1", "Accept": "text/plain"})
+        post_json(conn, "/v1/chat/completions", {"model": "a"}, {"Cookie": "mine=1"})
+        conn.close()
+    one, two, three = (received.headers for received in upstream.received)
+    assert (one["user-agent"], one["accept"], one["connection"], one["accept-encoding"]) == (
+        f"python-httpx/{httpx.__version__}", "*/*", "keep-alive", "identity")
+    assert "cookie" not in one
+    assert (two["user-agent"], two["accept"], two["cookie"]) == ("codex/1", "text/plain", "lb=7")
+    assert three["cookie"] == "mine=1"
 
 
 REFUSED = [

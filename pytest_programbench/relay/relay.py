@@ -748,6 +748,13 @@ class ModelRelay:
                     write(b"0\r\n\r\n")
                 break
             exchange.mark_first_byte()
+            try:  # to the agent before the tap reads it: metering never delays a chunk
+                write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                gone = False
+            except OSError as exc:
+                exchange.error = f"client went away mid-response: {exc!r}"
+                handler.close_connection = True
+                gone = True
             tap.feed(chunk)
             exchange.response_bytes += len(chunk)
             captured = exchange.captured
@@ -757,11 +764,7 @@ class ModelRelay:
                     captured += chunk
                 else:
                     exchange.captured = None
-            try:
-                write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
-            except OSError as exc:
-                exchange.error = f"client went away mid-response: {exc!r}"
-                handler.close_connection = True
+            if gone:
                 break
         if exchange.first_byte_s is None:
             exchange.mark_first_byte()
