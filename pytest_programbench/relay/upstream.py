@@ -20,6 +20,7 @@ import re
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -301,7 +302,31 @@ class UpstreamClient:
             if len(self._urls) < _URLS_KEPT:
                 self._urls[path] = url
         log = attempts if attempts is not None else Attempts()
+        started = time.monotonic()  # the budget runs from the first try
+        try:
+            response = self._attempt(method, url, headers, body, log)
+        except _Transient as exc:
+            first: httpx.Response | _Transient = exc
+        else:
+            if response.status_code not in RETRY_STATUSES:
+                return response  # answered at once, as nearly every request is: no retry machinery on the way
+            first = response
+        return self._retry(first, started, lambda: self._attempt(method, url, headers, body, log), log)
+
+    def _retry(self, first: httpx.Response | _Transient, started: float, again: Callable[[], httpx.Response],
+               log: Attempts) -> httpx.Response:
+        """The tries after a first one worth another, run by tenacity: its first try is ``first``'s outcome, the
+        next ones ``again()``."""
         policy = self.policy
+        pending = [first]
+
+        def attempt() -> httpx.Response:
+            if pending:
+                done = pending.pop()
+                if isinstance(done, _Transient):
+                    raise done
+                return done
+            return again()
 
         def wait(state: tenacity.RetryCallState) -> float:
             outcome = state.outcome
@@ -314,7 +339,7 @@ class UpstreamClient:
             return hint + random.uniform(0, min(1.0, hint / 10))  # noqa: S311 (jitter, so waiters do not stampede)
 
         def stop(state: tenacity.RetryCallState) -> bool:
-            return self._closing.is_set() or (state.seconds_since_start or 0.0) + state.upcoming_sleep > policy.budget_s
+            return self._closing.is_set() or time.monotonic() - started + state.upcoming_sleep > policy.budget_s
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             outcome = state.outcome
@@ -340,7 +365,7 @@ class UpstreamClient:
             if outcome.failed:
                 exc = cast(_Transient, outcome.exception())
                 raise Refusal(exc.status, f"{exc.message} (tried {state.attempt_number} times over "
-                                          f"{state.seconds_since_start or 0.0:.0f} s)")
+                                          f"{time.monotonic() - started:.0f} s)")
             return cast(httpx.Response, outcome.result())  # the last answer, as it came
 
         retrying = tenacity.Retrying(
@@ -348,7 +373,7 @@ class UpstreamClient:
                    | tenacity.retry_if_result(lambda r: r.status_code in RETRY_STATUSES)),
             wait=wait, stop=stop, before_sleep=before_sleep, retry_error_callback=give_up,
             sleep=self._sleep)
-        return retrying(self._attempt, method, url, headers, body, log)
+        return retrying(attempt)
 
     def _sleep(self, seconds: float) -> None:
         self._closing.wait(seconds)  # closing the relay ends the wait
