@@ -134,6 +134,25 @@ def test_report_in_a_real_browser_shows_the_summary(pytester: pytest.Pytester, t
     assert text_of(dom, "counts") == f"{head['passed']} / {head['failed']} / {head['errors']}" == "2 / 1 / 1"
     assert text_of(dom, "resolved") == str(head["resolved"])
 
+    # Both means' 95% intervals drawn as error bars: the summary's bounds, placed on the bar's own 0..1 axis, with
+    # the method and resample count beside them; one attempt per task: over tasks only, said.
+    for name in ("mean-over-scored", "mean-over-selection"):
+        ci = head[f"{name.replace('-', '_')}_ci"]
+        svg = re.search(rf'<svg[^>]*\bid="ci-{name}".*?</svg>', dom, re.S)
+        assert svg is not None, name
+        assert (float(attr_of(dom, f"ci-{name}", "data-low")), float(attr_of(dom, f"ci-{name}", "data-high"))) \
+            == (ci["low"], ci["high"])
+        lines = {cls: tuple(map(float, xs)) for cls, *xs in re.findall(
+            r'<line class="(\w+)" x1="([-\d.]+)" y1="[\d.]+" x2="([-\d.]+)"', svg.group(0))}
+        zero, one = lines["axis"]
+        assert lines["range"] == (pytest.approx(zero + (one - zero) * ci["low"], abs=0.01),
+                                  pytest.approx(zero + (one - zero) * ci["high"], abs=0.01)), (name, lines, ci)
+        assert text_of(dom, f"ci-text-{name}") == (
+            f"95% CI [{ci['low']:.4f}, {ci['high']:.4f}] · bootstrap percentile, {ci['resamples']} resamples, seed "
+            f"{ci['seed']} · over {ci['n']} tasks (one attempt per task: the interval is over tasks only)")
+    assert head["mean_over_scored_ci"]["low"] < head["mean_over_scored_ci"]["high"], "a bar with a length"
+    assert "the intervals are over tasks only" in text_of(dom, "ci-note")
+
     rows = re.findall(r'<tr data-task="([^"]+)">.*?<td class="outcome-(\w+)">', dom, re.S)
     assert dict(rows) == {iid: row["outcome"] for iid, row in summary["tasks"].items()}
     for iid, row in summary["tasks"].items():
