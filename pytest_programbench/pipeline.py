@@ -72,7 +72,7 @@ class TaskRun:
         self.agent_result: AgentResult | None = None
         self.submission: Path | None = None
         self.lease: EngineLease | None = None  # this attempt's engine (--pb-docker-host)
-        self.engine: Any | None = None  # this attempt's engine client (None: the environment's engine)
+        self.engine: Any | None = None  # this attempt's engine client (set by lease_engine)
         self.engines_tried: list[str] = []
         self.retried_after: list[str] = []  # the infrastructure errors of earlier attempts (the item's retries)
         self.pack_error = ""
@@ -143,7 +143,7 @@ class TaskRun:
     def lease_engine(self) -> Any:
         """This attempt's engine client: --pb-docker-host's least busy one that is up (one the task failed on
         before only when no other is), else the environment's; the run directory's and engine's room checked."""
-        from pytest_programbench.engine import disk, docker_engine
+        from pytest_programbench.engine import disk
         from pytest_programbench.sandbox.sandbox import run_dir_need, sandbox_storage_need
 
         pool = self.session.engines
@@ -155,14 +155,14 @@ class TaskRun:
             self.meta["engine"] = lease.spec.name
             self.meta.setdefault("engines_tried", []).append(lease.spec.name)
             try:
-                self.engine = docker_engine.client(lease.url)
+                self.engine = self.session.docker_engines.client(lease.url)
             except BaseException:
                 lease.release()
                 raise
             self.lease = lease
         try:
             # A DiskSpaceError is an EngineUnavailable: an error. An agent run also needs its sandbox's storage.
-            engine = self.engine or docker_engine.client()
+            engine = self.engine = self.engine or self.session.docker_engines.client()
             runs_agent = self.session.submissions is None and not self.settings.gold
             sandbox_need = sandbox_storage_need(engine.api) if runs_agent else 0
             disk.require_for_run(self.artifacts.dir.parent, engine_api=engine.api, run_dir_need=run_dir_need(),
@@ -505,10 +505,9 @@ class TaskRun:
 
     def gold_submission(self, image: ResolvedImage) -> Path:
         """--pb-gold: the reference's own bytes as the submission (results/gold.py), read from the task image."""
-        from pytest_programbench.engine import docker_engine
         from pytest_programbench.results.gold import GoldError, reference_bytes, write_submission
 
-        engine = self.engine or docker_engine.client()
+        engine = self.engine or self.session.docker_engines.client()
         with self.phase("gold"):
             try:
                 data = reference_bytes(engine.api, image.id, self.labels.as_dict())
@@ -551,7 +550,7 @@ class TaskRun:
 
     def evaluate(self, submission: Path, image: ResolvedImage, blobs: BlobSet) -> EvaluationOutcome:
         """The official evaluation; the official result goes to <id>.eval.json."""
-        from pytest_programbench.engine import disk, docker_engine
+        from pytest_programbench.engine import disk
         from pytest_programbench.evaluation import evaluation
 
         with self.phase("evaluation"):
@@ -562,7 +561,7 @@ class TaskRun:
             )
         self.meta["evaluation"] = result.meta()
         if self.settings.prune_images and image.source in ("built", "pulled"):
-            engine = self.engine or docker_engine.client()
+            engine = self.engine or self.session.docker_engines.client()
             self.meta["pruned"] = dataclasses.asdict(disk.prune_images([image.id], engine=engine))
         if result.infra_error:
             raise InfrastructureError(result.infra_error)

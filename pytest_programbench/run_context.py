@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     import pytest
 
     from pytest_programbench.agents.agent import AgentSpec
+    from pytest_programbench.engine.docker_engine import Engines
     from pytest_programbench.engine.engines import EnginePool
     from pytest_programbench.pytest_layer import options
     from pytest_programbench.pytest_layer.run_record import RunIdentity
@@ -20,13 +21,15 @@ if TYPE_CHECKING:
 
 
 class RunContext(Protocol):
-    """The run a ``TaskRun`` belongs to: its settings and identity, this process's worker and live publisher, the
-    engines, the given submissions (evaluate-only) and the configured agent."""
+    """The run a ``TaskRun`` belongs to: its settings and identity, this process's worker and live publisher, its
+    Docker engines (this process's clients, with the run's labels and cap), the engine pool (``--pb-docker-host``),
+    the given submissions (evaluate-only) and the configured agent."""
 
     settings: options.Settings
     identity: RunIdentity
     worker_id: str
     progress: Publisher | None
+    docker_engines: Engines
     engines: EnginePool | None
     submissions: SubmissionsDir | None
     agent_spec: AgentSpec | None

@@ -334,13 +334,14 @@ def test_prefetched_branch_container_lives_from_its_own_start(testbed: Testbed, 
 def test_silent_compile_and_silent_hidden_tests_outlast_the_client_timeout(testbed: Testbed, tmp_path: Path) -> None:
     """The engine client's socket timeout at 3 s (PB_DOCKER_API_TIMEOUT's role); compile.sh and the hidden run
     are each silent for 10 s before their work: both windows end when the command exits, and the work counts."""
-    from pytest_programbench.engine.docker_engine import _client_class
+    from pytest_programbench.engine.backpressure import Backpressure
+    from pytest_programbench.engine.docker_engine import Engine, EngineRun
 
     branch = "4d3c2b1a0f9e"
     root = custom_rpn(testbed, tmp_path / "task", active=[branch], run_prefix="sleep 10")
     task, _instance = load(root)
     archive = rpn_archive(testbed, tmp_path / "s.tar.gz", "sleep 10\n" + GOOD_COMPILE)
-    engine = _client_class().from_env(timeout=3)
+    engine = Engine(None, EngineRun(None, Backpressure(0)), api_timeout=3).client
     try:
         outcome = run_ours(task, archive, root / "blobs", tmp_path, engine=engine)
     finally:

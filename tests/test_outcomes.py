@@ -31,7 +31,7 @@ NOENGINE = f"pbfix__noengine.{uuid.uuid4().hex[:7]}"
 BREAK_ENGINE_PLUGIN = textwrap.dedent("""
     import os
     import pytest
-    from pytest_programbench.engine import docker_engine
+    from pytest_programbench.pytest_layer.stash import ENGINES
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(item):
@@ -39,7 +39,7 @@ BREAK_ENGINE_PLUGIN = textwrap.dedent("""
             return (yield)
         saved = os.environ.get("DOCKER_HOST")
         os.environ["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"
-        docker_engine.reset_client()
+        item.config.stash[ENGINES].reset()
         try:
             return (yield)
         finally:
@@ -47,7 +47,7 @@ BREAK_ENGINE_PLUGIN = textwrap.dedent("""
                 os.environ.pop("DOCKER_HOST", None)
             else:
                 os.environ["DOCKER_HOST"] = saved
-            docker_engine.reset_client()
+            item.config.stash[ENGINES].reset()
 """)
 
 

@@ -110,10 +110,8 @@ def test_log_tap_reads_phases_and_leaves_what_pytest_sees_unchanged(tmp_path: Pa
     assert history == ["starting", "compile", "branch 2/3"]
 
 
-def test_slow_engine_call_is_said_once_naming_the_call(monkeypatch: pytest.MonkeyPatch,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(docker_engine, "SLOW_CALL", 30.0)
-    state = docker_engine._EngineState()
+def test_slow_engine_call_is_said_once_naming_the_call(caplog: pytest.LogCaptureFixture) -> None:
+    state = docker_engine.EngineHealth(slow_call=30.0)
     cid = "ab" * 32
     state.timed("POST", f"http+docker://localhost/v1.43/containers/{cid}/start", 31.0)
     state.timed("POST", f"http+docker://localhost/v1.43/containers/{'cd' * 32}/start", 45.0)  # same call

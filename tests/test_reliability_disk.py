@@ -15,6 +15,7 @@ import pytest
 
 from pytest_programbench import RUN_LABEL
 from pytest_programbench.engine import disk, docker_engine
+from pytest_programbench.engine.backpressure import Backpressure
 from pytest_programbench.engine.errors import DiskSpaceError, EngineUnavailable
 from pytest_programbench.sandbox.sandbox import run_dir_need
 from pytest_programbench.text.sizes import human, parse_size
@@ -24,15 +25,12 @@ CATLIKE = "pbfix__catlike.c47c47c"
 
 
 @pytest.fixture
-def fresh_client(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(docker_engine, "_client", None)
-    monkeypatch.setattr(docker_engine, "_state", docker_engine._EngineState())
+def fresh_client(monkeypatch: pytest.MonkeyPatch) -> Iterator[docker_engine.Engines]:
+    """Engines of their own (as a session's are): a new client, nothing learnt yet about the engine."""
     monkeypatch.delenv("DOCKER_HOST", raising=False)
-    yield
-    current = docker_engine._client
-    if current is not None:
-        with contextlib.suppress(Exception):
-            current.close()
+    engines = docker_engine.Engines(docker_engine.EngineRun(None, Backpressure(0)))
+    yield engines
+    engines.reset()
 
 
 def test_sizes() -> None:
@@ -58,7 +56,8 @@ def test_a_shortfall_names_what_where_free_and_need(tmp_path: Path) -> None:
     assert disk.require(tmp_path, 0, "x", label="y").free > 0  # 0 disables
 
 
-def test_docker_root_is_the_engines(fresh_client: None, docker_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_docker_root_is_the_engines(fresh_client: docker_engine.Engines, docker_client: Any,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     assert disk.docker_root(docker_client.api) == Path(docker_client.info()["DockerRootDir"])
 
     class RemoteApi:
@@ -69,7 +68,7 @@ def test_docker_root_is_the_engines(fresh_client: None, docker_client: Any, monk
     assert disk.docker_root(RemoteApi()) is None
 
 
-def test_run_check_covers_the_run_directory(fresh_client: None, tmp_path: Path, docker_client: Any,
+def test_run_check_covers_the_run_directory(fresh_client: docker_engine.Engines, tmp_path: Path, docker_client: Any,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PB_DISK_RUN_DIR_NEED", "1000t")
     with pytest.raises(DiskSpaceError, match=r"to run a task: the run directory .* 1000\.0 TiB needed"):
@@ -82,11 +81,11 @@ def test_run_check_covers_the_run_directory(fresh_client: None, tmp_path: Path, 
     disk.require_for_run(tmp_path / "run", engine_api=docker_client.api, run_dir_need=run_dir_need())
 
 
-def test_the_client_checks_before_every_build(fresh_client: None, testbed: Testbed, docker_client: Any,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_client_checks_before_every_build(fresh_client: docker_engine.Engines, testbed: Testbed,
+                                              docker_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PB_DISK_IMAGE_NEED", "1000t")
     tag = f"pbtest-disk/{uuid.uuid4().hex[:8]}:x"
-    api = docker_engine.client().api
+    api = fresh_client.client().api
     with pytest.raises(DiskSpaceError, match=rf"not enough disk space to build {tag}: the Docker data root"):
         api.build(fileobj=io.BytesIO(f"FROM {testbed.base_image}\n".encode()), tag=tag, network_mode="none")
     assert docker_client.api.images(name=tag.split(":", maxsplit=1)[0]) == []
@@ -150,7 +149,7 @@ def tiny_images(docker_client: Any, testbed: Testbed) -> Iterator[list[str]]:
             docker_client.api.remove_image(image_id, force=True)
 
 
-def test_prune_removes_the_runs_images_by_id(fresh_client: None, docker_client: Any, tiny_images: Any,
+def test_prune_removes_the_runs_images_by_id(fresh_client: docker_engine.Engines, docker_client: Any, tiny_images: Any,
                                             testbed: Testbed) -> None:
     name = f"pbtest-prune/{uuid.uuid4().hex[:8]}"
     unused = tiny_images(f"{name}:unused")
@@ -167,7 +166,7 @@ def test_prune_removes_the_runs_images_by_id(fresh_client: None, docker_client: 
     assert docker_client.api.images(name=name, quiet=True) == [used]
 
 
-def test_prune_never_forces(fresh_client: None, docker_client: Any, tiny_images: Any) -> None:
+def test_prune_never_forces(fresh_client: docker_engine.Engines, docker_client: Any, tiny_images: Any) -> None:
     image = tiny_images(f"pbtest-prune/{uuid.uuid4().hex[:8]}:x")
     child = docker_client.containers.create(image, ["true"], network_mode="none")
     try:

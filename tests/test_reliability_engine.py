@@ -29,7 +29,8 @@ import requests
 
 from pytest_programbench import RUN_LABEL
 from pytest_programbench.engine import backpressure, docker_engine
-from pytest_programbench.engine.docker_engine import HOW_TO_START
+from pytest_programbench.engine.backpressure import Backpressure
+from pytest_programbench.engine.docker_engine import HOW_TO_START, EngineRun, Engines, RetryPolicy
 from pytest_programbench.engine.errors import EngineConnectionError, EngineUnavailable
 from pytest_programbench.engine.ownership import EXPIRES_LABEL, OWNER_LABEL, Owner, boot_id
 from tests.conftest import Testbed
@@ -167,37 +168,20 @@ class FaultProxy:
                 dest.shutdown(socket.SHUT_RDWR)
 
 
-@pytest.fixture
-def fresh_engine_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """This process's client and engine health, as if new; restored afterwards."""
-    monkeypatch.setattr(docker_engine, "_client", None)
-    monkeypatch.setattr(docker_engine, "_state", docker_engine._EngineState())
-    monkeypatch.setattr(docker_engine, "_owner", None)
-    yield
-    current = docker_engine._client
-    if current is not None:
-        with contextlib.suppress(Exception):
-            current.close()
-
-
-def count_first_contacts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every first contact :func:`docker_engine.client` makes with an engine (one ``from_env``), recorded."""
-    real = docker_engine._client_class()
-    contacts: list[str] = []
-
-    class Counting(real):  # type: ignore[misc,valid-type]
-        @classmethod
-        def from_env(cls, *args: Any, **kwargs: Any) -> Any:
-            contacts.append(os.environ.get("DOCKER_HOST", ""))
-            return super().from_env(*args, **kwargs)
-
-    monkeypatch.setattr(docker_engine, "_client_class", lambda: Counting)
-    return contacts
+def new_engines(**options: Any) -> Engines:
+    """Engines of their own (as a session's are): new clients and health, no owner labels, no cap."""
+    return Engines(EngineRun(None, Backpressure(0)), **options)
 
 
 @pytest.fixture
-def proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_engine_state: None,
-          docker_client: Any) -> Iterator[FaultProxy]:
+def engines() -> Iterator[Engines]:
+    made = new_engines()
+    yield made
+    made.reset()
+
+
+@pytest.fixture
+def proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker_client: Any) -> Iterator[FaultProxy]:
     fault = FaultProxy(Path(f"/tmp/pbfp-{uuid.uuid4().hex[:8]}.sock"))
     fault.start()
     monkeypatch.setenv("DOCKER_HOST", fault.url)
@@ -225,36 +209,36 @@ def remove_run(docker_client: Any, run: str) -> None:
 
 
 def test_missing_engine_fails_fast_with_one_clear_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          fresh_engine_state: None) -> None:
+                                                          engines: Engines) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/docker.sock")
-    probes = count_first_contacts(monkeypatch)
+    health = engines.get().health
     with pytest.raises(EngineUnavailable) as first:
-        docker_engine.client()
+        engines.client()
     # Fast: one attempt, nothing retried or waited out.
-    assert (len(probes), docker_engine.engine_state().retries, docker_engine.engine_state().outages) == (1, 0, 0)
+    assert (health.contacts, health.retries, health.outages) == (1, 0, 0)
     assert str(first.value) == (f"Docker engine unreachable at unix://{tmp_path}/docker.sock: there is no socket at "
                                 f"{tmp_path}/docker.sock (dockerd is not running); {HOW_TO_START}")
     # Remembered: a burst of items does not probe a dead engine one by one.
     with pytest.raises(EngineUnavailable) as second:
-        docker_engine.client()
-    assert len(probes) == 1
+        engines.client()
+    assert health.contacts == 1
     assert str(second.value) == str(first.value)
-    assert docker_engine.preflight() == str(first.value)
+    assert engines.preflight() == str(first.value)
+    assert health.down_reason() == str(first.value)
 
 
 def test_stale_socket_is_connection_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            fresh_engine_state: None) -> None:
+                                            engines: Engines) -> None:
     path = tmp_path / "stale.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
     server.close()  # the file stays, nobody listens: ECONNREFUSED
     monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
     with pytest.raises(EngineUnavailable, match=r"connection refused at .*stale\.sock \(dockerd is not running\)"):
-        docker_engine.client()
+        engines.client()
 
 
-def test_hung_engine_fails_within_the_ping_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   fresh_engine_state: None) -> None:
+def test_hung_engine_fails_within_the_ping_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "hung.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
@@ -270,14 +254,14 @@ def test_hung_engine_fails_within_the_ping_timeout(tmp_path: Path, monkeypatch: 
 
     acceptor = threading.Thread(target=accept, daemon=True)
     acceptor.start()
-    monkeypatch.setattr(docker_engine, "PING_TIMEOUT", 2.0)
+    engines = new_engines(ping_timeout=2.0)
     monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
-    probes = count_first_contacts(monkeypatch)
+    health = engines.get().health
     try:
         # The ping's clock fired (the message says which), on the one connection made: not retried.
         with pytest.raises(EngineUnavailable, match=r"no answer within 2 s \(the engine is hung or overloaded\)"):
-            docker_engine.client()
-        assert (len(probes), len(held), docker_engine.engine_state().retries) == (1, 1, 0)
+            engines.client()
+        assert (health.contacts, len(held), health.retries) == (1, 1, 0)
     finally:
         stop.set()
         acceptor.join()
@@ -289,23 +273,22 @@ def test_hung_engine_fails_within_the_ping_timeout(tmp_path: Path, monkeypatch: 
 # ---------------------------------------------------------------------------------------------- outages, retries
 
 
-def test_a_read_waits_out_an_outage(proxy: FaultProxy, testbed: Testbed) -> None:
-    api = docker_engine.client().api
+def test_a_read_waits_out_an_outage(proxy: FaultProxy, engines: Engines, testbed: Testbed) -> None:
+    api = engines.client().api
     proxy.stop()
     restart_after(proxy, 1.5)
     started = time.monotonic()
     assert api.inspect_image(testbed.base_image)["Id"].startswith("sha256:")
     assert time.monotonic() - started >= 1.0
-    state = docker_engine.engine_state()
+    state = engines.get().health
     assert state.outages == 1
     assert state.retries >= 1
     assert state.outage_since is None, "the engine answered: the outage is over"
 
 
-def test_the_outage_budget_bounds_the_wait(proxy: FaultProxy, testbed: Testbed,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    api = docker_engine.client().api
-    monkeypatch.setattr(docker_engine, "OUTAGE_BUDGET", 2.0)
+def test_the_outage_budget_bounds_the_wait(proxy: FaultProxy, testbed: Testbed) -> None:
+    engines = new_engines(retry=RetryPolicy(outage_budget=2.0))
+    api = engines.client().api
     proxy.stop()
     started = time.monotonic()
     with pytest.raises(EngineConnectionError, match="gave up docker inspect_image after") as caught:
@@ -315,14 +298,14 @@ def test_the_outage_budget_bounds_the_wait(proxy: FaultProxy, testbed: Testbed,
     assert isinstance(caught.value, requests.exceptions.ConnectionError)
     assert HOW_TO_START in str(caught.value)
     # Still the same outage: the next call does not wait again (no retry).
-    retries = docker_engine.engine_state().retries
+    retries = engines.get().health.retries
     with pytest.raises(EngineConnectionError):
         api.images()
-    assert docker_engine.engine_state().retries == retries
+    assert engines.get().health.retries == retries
 
 
-def test_exec_calls_are_never_retried(proxy: FaultProxy) -> None:
-    api = docker_engine.client().api
+def test_exec_calls_are_never_retried(proxy: FaultProxy, engines: Engines) -> None:
+    api = engines.client().api
     proxy.stop()
     started = time.monotonic()
     with pytest.raises(EngineConnectionError):
@@ -330,13 +313,14 @@ def test_exec_calls_are_never_retried(proxy: FaultProxy) -> None:
     with pytest.raises(EngineConnectionError):
         api.exec_create("0123456789ab", ["true"])
     assert time.monotonic() - started < 30  # a retried call would wait out the 60 s outage budget
-    assert docker_engine.engine_state().retries == 0
+    assert engines.get().health.retries == 0
 
 
-def test_create_through_an_outage_makes_exactly_one_container(proxy: FaultProxy, testbed: Testbed,
+def test_create_through_an_outage_makes_exactly_one_container(proxy: FaultProxy, engines: Engines,
+                                                              testbed: Testbed,
                                                               docker_client: Any) -> None:
     run = "r" + uuid.uuid4().hex[:7]
-    api = docker_engine.client().api
+    api = engines.client().api
     try:
         proxy.stop()
         restart_after(proxy, 1.0)
@@ -348,10 +332,11 @@ def test_create_through_an_outage_makes_exactly_one_container(proxy: FaultProxy,
         remove_run(docker_client, run)
 
 
-def test_create_whose_response_was_lost_is_adopted_not_duplicated(proxy: FaultProxy, testbed: Testbed,
+def test_create_whose_response_was_lost_is_adopted_not_duplicated(proxy: FaultProxy, engines: Engines,
+                                                                  testbed: Testbed,
                                                                   docker_client: Any) -> None:
     run = "r" + uuid.uuid4().hex[:7]
-    api = docker_engine.client().api
+    api = engines.client().api
     proxy.fail("POST", r"/containers/create", "drop_response")
     try:
         created = api.create_container(testbed.base_image, command=["sleep", "60"], labels=labelled(run),
@@ -364,10 +349,11 @@ def test_create_whose_response_was_lost_is_adopted_not_duplicated(proxy: FaultPr
         remove_run(docker_client, run)
 
 
-def test_removal_whose_response_was_lost_succeeds(proxy: FaultProxy, testbed: Testbed, docker_client: Any) -> None:
+def test_removal_whose_response_was_lost_succeeds(proxy: FaultProxy, engines: Engines, testbed: Testbed,
+                                                  docker_client: Any) -> None:
     run = "r" + uuid.uuid4().hex[:7]
     created = docker_client.api.create_container(testbed.base_image, command=["sleep", "60"], labels=labelled(run))
-    api = docker_engine.client().api
+    api = engines.client().api
     proxy.fail("DELETE", r"/containers/", "drop_response")
     try:
         assert api.remove_container(created["Id"], force=True) is None
@@ -377,10 +363,10 @@ def test_removal_whose_response_was_lost_succeeds(proxy: FaultProxy, testbed: Te
         remove_run(docker_client, run)
 
 
-def test_server_errors_are_retried_for_heavy_operations(proxy: FaultProxy, testbed: Testbed,
+def test_server_errors_are_retried_for_heavy_operations(proxy: FaultProxy, engines: Engines, testbed: Testbed,
                                                         docker_client: Any) -> None:
     run = "r" + uuid.uuid4().hex[:7]
-    api = docker_engine.client().api
+    api = engines.client().api
     proxy.fail("POST", r"/containers/create", "status:500", times=2)
     proxy.fail("POST", r"/containers/[0-9a-f]+/start", "status:503", times=1)
     try:
@@ -394,20 +380,20 @@ def test_server_errors_are_retried_for_heavy_operations(proxy: FaultProxy, testb
         remove_run(docker_client, run)
 
 
-def test_server_errors_of_a_pull_are_not_retried(proxy: FaultProxy) -> None:
+def test_server_errors_of_a_pull_are_not_retried(proxy: FaultProxy, engines: Engines) -> None:
     from docker.errors import APIError
 
-    api = docker_engine.client().api
+    api = engines.client().api
     proxy.fail("POST", r"/images/create", "status:500", times=5)
     with pytest.raises(APIError, match="injected fault 500"):
         api.pull("programbench/does-not-exist", tag="nope")
     assert proxy.seen("POST", r"/images/create") == 1
 
 
-def test_client_errors_are_not_retried(proxy: FaultProxy) -> None:
+def test_client_errors_are_not_retried(proxy: FaultProxy, engines: Engines) -> None:
     from docker.errors import ImageNotFound
 
-    api = docker_engine.client().api
+    api = engines.client().api
     with pytest.raises(ImageNotFound):
         api.create_container("programbench/does-not-exist:nope", labels=labelled("r0000000"))
     assert proxy.seen("POST", r"/containers/create") == 1
@@ -424,19 +410,20 @@ class _Run:
     started: float
 
 
-def test_configured_runs_label_owner_and_deadline(fresh_engine_state: None, testbed: Testbed, docker_client: Any,
+def test_configured_runs_label_owner_and_deadline(testbed: Testbed, docker_client: Any,
                                                   monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(backpressure, "slots_root", lambda: tmp_path / "slots")
     monkeypatch.delenv("DOCKER_HOST", raising=False)
     for name in (backpressure.ENV_DIR, backpressure.ENV_LIMIT):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(backpressure, "_config", None)
     run = _Run("r" + uuid.uuid4().hex[:7], os.getpid(), socket.gethostname(), time.time())
-    docker_engine.configure_run(run, concurrency=3)
+    engines = Engines(EngineRun.for_run(run, concurrency=3))
     try:
-        assert backpressure.current() == (3, tmp_path / "slots" / run.run_id)
+        assert (engines.run.slots.limit, engines.run.slots.directory) == (3, tmp_path / "slots" / run.run_id)
+        # Exported: workers started from here share the run's slots; a process outside the session reads them.
         assert os.environ[backpressure.ENV_DIR] == str(tmp_path / "slots" / run.run_id)
-        api = docker_engine.client().api
+        assert Backpressure.from_environment().directory == tmp_path / "slots" / run.run_id
+        api = engines.client().api
         before = time.time()
         created = api.create_container(testbed.base_image, entrypoint=["sleep"], command=["120"],
                                        labels=labelled(run.run_id))
@@ -452,7 +439,7 @@ def test_configured_runs_label_owner_and_deadline(fresh_engine_state: None, test
         assert owner_json["controller_pid"] == os.getpid()
     finally:
         remove_run(docker_client, run.run_id)
-        backpressure.reset()
+        engines.reset()
 
 
 # ---------------------------------------------------------------------------------------------- backpressure
@@ -481,7 +468,7 @@ _WORKER = textwrap.dedent("""
 
     from pytest_programbench.engine import docker_engine
     image, run, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    api = docker_engine.client().api
+    api = docker_engine.client().api  # outside a session: the cap from the environment
 
     def one(k):
         created = api.create_container(image, command=["sleep", "30"], labels={"pytest-programbench": run},
@@ -527,9 +514,9 @@ def test_heavy_operations_are_capped_across_processes(tmp_path: Path, testbed: T
 def test_a_dead_holder_frees_its_slot(tmp_path: Path) -> None:
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys, time
-        from pytest_programbench.engine import backpressure
-        backpressure.configure(limit=1, directory=sys.argv[1], export=False)
-        held = backpressure.acquire("create")
+        from pathlib import Path
+        from pytest_programbench.engine.backpressure import Backpressure
+        held = Backpressure(1, Path(sys.argv[1])).acquire("create")
         print("held", flush=True)
         time.sleep(600)
     """), str(tmp_path)], stdout=subprocess.PIPE, text=True)
@@ -543,17 +530,16 @@ def test_a_dead_holder_frees_its_slot(tmp_path: Path) -> None:
     assert backpressure.in_use(tmp_path) == 0
 
 
-def test_a_streamed_build_holds_its_slot_until_the_stream_ends(fresh_engine_state: None, tmp_path: Path,
-                                                               testbed: Testbed, docker_client: Any,
+def test_a_streamed_build_holds_its_slot_until_the_stream_ends(tmp_path: Path, testbed: Testbed, docker_client: Any,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
     monkeypatch.delenv("DOCKER_HOST", raising=False)
-    monkeypatch.setattr(backpressure, "_config", None)
-    backpressure.configure(limit=2, directory=tmp_path / "slots", export=False)
+    (tmp_path / "slots").mkdir()
+    engines = Engines(EngineRun(None, Backpressure(2, tmp_path / "slots")))
     tag = f"pbtest-build/{uuid.uuid4().hex[:8]}:x"
     try:
-        api = docker_engine.client().api
+        api = engines.client().api
         dockerfile = f"FROM {testbed.base_image}\nLABEL pbtest=1\n".encode()
         stream = api.build(fileobj=io.BytesIO(dockerfile), tag=tag, network_mode="none", rm=True, decode=True)
         assert backpressure.in_use(tmp_path / "slots") == 1
@@ -563,19 +549,108 @@ def test_a_streamed_build_holds_its_slot_until_the_stream_ends(fresh_engine_stat
     finally:
         with contextlib.suppress(Exception):
             docker_client.api.remove_image(tag, force=True)
-        backpressure.reset()
+        engines.reset()
 
 
-def test_a_thread_holding_a_slot_does_not_deadlock_on_a_nested_call(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(backpressure, "_config", None)
-    backpressure.configure(limit=1, directory=tmp_path, export=False)
-    try:
-        with backpressure.slot("build"), backpressure.slot("create"):
-            assert backpressure.in_use(tmp_path) == 1
-        assert backpressure.in_use(tmp_path) == 0
-    finally:
-        backpressure.reset()
+def test_a_thread_holding_a_slot_does_not_deadlock_on_a_nested_call(tmp_path: Path) -> None:
+    slots = Backpressure(1, tmp_path)
+    with slots.slot("build"), slots.slot("create"):
+        assert backpressure.in_use(tmp_path) == 1
+    assert backpressure.in_use(tmp_path) == 0
+
+
+# ---------------------------------------------------------------------------------------------- the retry policy
+
+
+class ScriptedTransport(requests.adapters.BaseAdapter):
+    """A transport that answers the API client itself: ``faults`` ("METHOD path-regex" -> "reset" or a status,
+    each used once, in order) first, else a plausible answer; every request is recorded."""
+
+    def __init__(self, faults: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.faults = faults
+        self.seen: list[str] = []
+
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
+        line = f"{request.method} {re.sub(r'^/v[0-9.]+', '', request.path_url)}"  # the API version elided
+        self.seen.append(line)
+        for index, (pattern, fault) in enumerate(self.faults):
+            if re.search(pattern, line):
+                del self.faults[index]
+                if fault == "reset":
+                    raise requests.exceptions.ConnectionError(ConnectionResetError(104, "Connection reset by peer"))
+                return self._answer(request, int(fault), {"message": f"scripted {fault}"})
+        body: Any = "OK" if "/_ping" in line else {"Id": "c" * 64, "Warnings": [], "Config": {"Labels": {}}}
+        return self._answer(request, 201 if "/create" in line else 200, body)
+
+    @staticmethod
+    def _answer(request: requests.PreparedRequest, status: int, body: Any) -> requests.Response:
+        response = requests.Response()
+        response.status_code = status
+        response._content = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        response.headers["Content-Type"] = "text/plain" if isinstance(body, str) else "application/json"
+        response.request = request
+        response.url = request.url or ""
+        return response
+
+    def close(self) -> None:
+        pass
+
+    def count(self, pattern: str) -> int:
+        return sum(1 for line in self.seen if re.search(pattern, line))
+
+
+def scripted_engine(*faults: tuple[str, str]) -> tuple[Any, ScriptedTransport]:
+    """An :class:`Engine` whose client talks to a :class:`ScriptedTransport` (first contact made), its API client."""
+    from pytest_programbench.engine.engine_api import EngineAPIClient, EngineClient
+
+    transport = ScriptedTransport(list(faults))
+
+    def opener(engine: docker_engine.Engine, timeout: float) -> Any:
+        api = EngineAPIClient(engine, base_url="tcp://127.0.0.1:9", version="1.43", timeout=timeout)
+        api.mount("http://", transport)  # never a socket: the transport answers
+        return EngineClient(api)
+
+    engine = docker_engine.Engine(None, EngineRun(None, Backpressure(0)), opener=opener,
+                                  retry=RetryPolicy(backoff_first=0.01))
+    return engine, transport
+
+
+def test_retry_policy_retries_a_transient_error_on_an_idempotent_call_only() -> None:
+    from docker.errors import APIError
+
+    engine, transport = scripted_engine(("GET /containers/x/json", "reset"), ("GET /images/y/json", "503"),
+                                        ("POST /containers/create", "reset"), ("POST /containers/create", "500"),
+                                        ("POST /exec/e/start", "reset"))
+    api = engine.api
+    # A read: the reset connection is retried and the read answers; the outage is over. A read's 5xx stands.
+    assert api.inspect_container("x")["Id"] == "c" * 64
+    assert transport.count("GET /containers/x/json") == 2
+    assert (engine.health.retries, engine.health.outages, engine.health.outage_since) == (1, 1, None)
+    with pytest.raises(APIError, match="scripted 503"):
+        api.inspect_image("y")
+    # A create without a name cannot be told from its repeat: never retried, neither a reset nor a 5xx.
+    with pytest.raises(EngineConnectionError):
+        api.create_container("image", command=["true"])
+    with pytest.raises(APIError, match="scripted 500"):
+        api.create_container("image", command=["true"])
+    assert transport.count("POST /containers/create") == 2
+    # An exec start: its state dies with the engine, never retried.
+    with pytest.raises(EngineConnectionError):
+        api.exec_start("e")
+    assert transport.count("POST /exec/e/start") == 1
+    assert engine.health.retries == 1
+
+
+def test_retry_policy_repeats_a_named_create_under_the_same_name() -> None:
+    engine, transport = scripted_engine(("POST /containers/create", "reset"), ("POST /containers/create", "500"))
+    created = engine.api.create_container("image", command=["true"], labels=labelled("r1234567"))
+    assert created["Id"] == "c" * 64
+    creates = [line for line in transport.seen if line.startswith("POST /containers/create")]
+    assert len(creates) == 3
+    assert len(set(creates)) == 1, creates  # one name (in the query) for every attempt
+    assert "name=pb-r1234567-" in creates[0]
+    assert engine.health.retries == 2
 
 
 # ---------------------------------------------------------------------------------------------- real sessions

@@ -1,8 +1,8 @@
 """Backpressure on the Docker engine: at most N heavy operations at once across every process of a run.
 
 Heavy operations (create, start, build, pull, commit, remove, load) are what makes a shared engine stall when 8
-xdist workers each fire a burst of them. Every caller that gets its client from :func:`docker_engine.client` goes
-through :func:`slot` transparently; nobody else needs to know.
+xdist workers each fire a burst of them. Every call through an :class:`~pytest_programbench.engine.engine.Engine`
+takes a slot of its run's :class:`Backpressure` transparently; nobody else needs to know.
 
 Across processes the cap is a set of ``flock`` slot files in a run-scoped directory: ``slot-0`` .. ``slot-<N-1>``.
 A holder keeps one slot file locked for the duration of one operation (a streamed build or pull: until its stream
@@ -10,11 +10,12 @@ ends). The kernel drops a lock when its holder dies, so a crashed worker never l
 to the open file description, so threads of one process exclude each other too. A thread that already holds a
 slot does not take a second one (no self-deadlock when a heavy call nests another).
 
-Configuration, first match wins: :func:`configure` (the session calls it at configure time, on the controller and
-on every worker), else the environment (``PB_DOCKER_CONCURRENCY``, ``PB_DOCKER_SLOTS_DIR``; :func:`configure`
-exports both, so xdist workers spawned afterwards inherit them), else, in an xdist worker, :data:`DEFAULT_LIMIT`
-slots shared by the workers of the session (keyed by xdist's ``PYTEST_XDIST_TESTRUNUID``), else
-:data:`DEFAULT_LIMIT` slots local to the process. A limit of 0 means no cap.
+Where the cap comes from, first match wins: :meth:`Backpressure.for_run` (the session builds it at configure time,
+on the controller and on every worker, and keeps it in its run's engines), else the environment
+(``PB_DOCKER_CONCURRENCY``, ``PB_DOCKER_SLOTS_DIR``; :meth:`Backpressure.for_run` exports both, so xdist workers
+spawned afterwards inherit them), else, in an xdist worker, :data:`DEFAULT_LIMIT` slots shared by the workers of the
+session (keyed by xdist's ``PYTEST_XDIST_TESTRUNUID``), else :data:`DEFAULT_LIMIT` slots local to the process
+(:meth:`Backpressure.from_environment`). A limit of 0 means no cap.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_programbench.engine.ownership import Owner, boot_id, process_alive, process_start_time
@@ -49,64 +49,103 @@ _POLL_MIN = 0.01
 _POLL_MAX = 0.25
 
 
-@dataclass
-class _Config:
-    limit: int
-    directory: Path | None  # None: slots local to this process
-
-
-_lock = threading.Lock()
-_config: _Config | None = None
-_local_sem: threading.BoundedSemaphore | None = None
-_local_sem_limit = 0
-_depth: dict[int, int] = {}  # thread ident -> real slots it holds (a holder's nested calls take none)
-
-
 def slots_root() -> Path:
     """Where run-scoped slot directories live by default (local disk: ``flock`` wants a local filesystem)."""
     return Path(tempfile.gettempdir()) / f"pytest-programbench-{os.getuid()}" / "docker-slots"
 
 
-def configure(*, run_id: str | None = None, limit: int | None = None, directory: Path | str | None = None,
-              owner: dict[str, object] | None = None, export: bool = True) -> Path | None:
-    """Set the cap for this process (and, with ``export``, for processes started from it later).
+class Backpressure:
+    """One run's cap on heavy engine operations, as seen by this process: ``limit`` slots (0: no cap) in
+    ``directory`` (shared by every process of the run) or, without one, in this process only."""
 
-    ``directory`` defaults to ``slots_root() / run_id`` when a run id is given; without either the slots are local
-    to the process. ``owner`` (controller pid, host, start time) is written next to the slots so the reaper can
-    remove the directory of a dead run. Returns the slot directory.
-    """
-    global _config  # noqa: PLW0603 - process-wide configuration
-    if limit is None:
-        limit = _env_limit()
-    if limit < 0:
-        raise ValueError(f"docker concurrency must be >= 0, not {limit}")
-    path: Path | None = None
-    if directory is not None:
-        path = Path(directory)
-    elif run_id:
-        path = slots_root() / run_id
-    if path is not None:
-        path.mkdir(parents=True, exist_ok=True)
-        if owner is not None and not (path / OWNER_FILE).exists():
-            _write_owner(path, {"run_id": run_id, **owner})
-    with _lock:
-        _config = _Config(limit, path)
-    if export:
-        os.environ[ENV_LIMIT] = str(limit)
+    def __init__(self, limit: int, directory: Path | None = None) -> None:
+        if limit < 0:
+            raise ValueError(f"docker concurrency must be >= 0, not {limit}")
+        self.limit = limit
+        self.directory = directory
+        self._lock = threading.Lock()
+        self._sem = threading.BoundedSemaphore(limit) if limit and directory is None else None
+        self._depth: dict[int, int] = {}  # thread ident -> real slots it holds (a holder's nested calls take none)
+
+    @classmethod
+    def for_run(cls, *, run_id: str | None = None, limit: int | None = None, directory: Path | str | None = None,
+                owner: dict[str, object] | None = None, export: bool = True) -> Backpressure:
+        """The cap of a run (and, with ``export``, of processes started from this one later).
+
+        ``limit`` None: the environment's or :data:`DEFAULT_LIMIT`. ``directory`` defaults to
+        ``slots_root() / run_id`` when a run id is given; without either the slots are local to the process.
+        ``owner`` (controller pid, host, start time) is written next to the slots so the reaper can remove the
+        directory of a dead run.
+        """
+        if limit is None:
+            limit = _env_limit()
+        path: Path | None = None
+        if directory is not None:
+            path = Path(directory)
+        elif run_id:
+            path = slots_root() / run_id
         if path is not None:
-            os.environ[ENV_DIR] = str(path)
-        else:
-            os.environ.pop(ENV_DIR, None)
-    log.debug("docker backpressure: %s slots in %s", limit or "unlimited", path or "this process")
-    return path
+            path.mkdir(parents=True, exist_ok=True)
+            if owner is not None and not (path / OWNER_FILE).exists():
+                _write_owner(path, {"run_id": run_id, **owner})
+        if export:
+            os.environ[ENV_LIMIT] = str(limit)
+            if path is not None:
+                os.environ[ENV_DIR] = str(path)
+            else:
+                os.environ.pop(ENV_DIR, None)
+        log.debug("docker backpressure: %s slots in %s", limit or "unlimited", path or "this process")
+        return cls(limit, path)
 
+    @classmethod
+    def from_environment(cls) -> Backpressure:
+        """The cap a process outside a configured session works under (see the module docstring)."""
+        env_dir = os.environ.get(ENV_DIR, "").strip()
+        directory = Path(env_dir) if env_dir else _xdist_default()
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            if not env_dir and not (directory / OWNER_FILE).exists():
+                _write_owner(directory, _parent_owner())
+        return cls(_env_limit(), directory)
 
-def reset() -> None:
-    """Forget the configuration (tests); the environment is read again on next use."""
-    global _config, _local_sem  # noqa: PLW0603
-    with _lock:
-        _config = None
-        _local_sem = None
+    def acquire(self, operation: str) -> Slot:
+        """Block until a slot is free (or return at once when uncapped, or when this thread holds one already)."""
+        me = threading.get_ident()
+        with self._lock:
+            if self._depth.get(me, 0) > 0:
+                return Slot(self, None, None, real=False)
+        started = time.monotonic()
+        fd: int | None = None
+        sem = self._sem
+        if self.limit == 0:
+            pass  # uncapped: nothing to hold
+        elif sem is not None:
+            if not sem.acquire(blocking=False):
+                while not sem.acquire(timeout=WAIT_LOG_SECONDS):
+                    log.warning("docker %s: waited %.0f s for one of %d engine slots", operation,
+                                time.monotonic() - started, self.limit)
+        elif self.directory is not None:
+            fd = _acquire_file_slot(self.directory, self.limit, operation, started)
+        with self._lock:
+            self._depth[me] = self._depth.get(me, 0) + 1
+        return Slot(self, fd, sem)
+
+    @contextlib.contextmanager
+    def slot(self, operation: str) -> Iterator[None]:
+        """``with backpressure.slot("create"):`` around one heavy engine operation."""
+        held = self.acquire(operation)
+        try:
+            yield
+        finally:
+            held.release()
+
+    def _released(self, thread: int) -> None:
+        with self._lock:
+            held = self._depth.get(thread, 0) - 1
+            if held > 0:
+                self._depth[thread] = held
+            else:
+                self._depth.pop(thread, None)
 
 
 def _env_limit() -> int:
@@ -118,21 +157,6 @@ def _env_limit() -> int:
     except ValueError:
         log.warning("%s=%r is not an integer; using %d", ENV_LIMIT, raw, DEFAULT_LIMIT)
         return DEFAULT_LIMIT
-
-
-def current() -> tuple[int, Path | None]:
-    """The cap in force: (limit, slot directory or None)."""
-    global _config  # noqa: PLW0603
-    with _lock:
-        if _config is None:
-            env_dir = os.environ.get(ENV_DIR, "").strip()
-            directory = Path(env_dir) if env_dir else _xdist_default()
-            _config = _Config(_env_limit(), directory)
-            if directory is not None:
-                directory.mkdir(parents=True, exist_ok=True)
-                if not env_dir and not (directory / OWNER_FILE).exists():
-                    _write_owner(directory, _parent_owner())
-        return _config.limit, _config.directory
 
 
 def _xdist_default() -> Path | None:
@@ -160,25 +184,24 @@ def _write_owner(path: Path, owner: dict[str, object]) -> None:
 class Slot:
     """One held slot; :meth:`release` is idempotent (and safe from another thread)."""
 
-    def __init__(self, fd: int | None, sem: threading.BoundedSemaphore | None, *, real: bool = True) -> None:
+    def __init__(self, owner: Backpressure, fd: int | None, sem: threading.BoundedSemaphore | None, *,
+                 real: bool = True) -> None:
+        self._owner = owner
         self._fd = fd
         self._sem = sem
         self._real = real  # False: a nested acquisition, the thread's outer slot covers it
         self._thread = threading.get_ident()
         self._released = False
+        self._lock = threading.Lock()
 
     def release(self) -> None:
-        with _lock:
+        with self._lock:
             if self._released:
                 return
             self._released = True
-            if not self._real:
-                return
-            held = _depth.get(self._thread, 0) - 1
-            if held > 0:
-                _depth[self._thread] = held
-            else:
-                _depth.pop(self._thread, None)
+        if not self._real:
+            return
+        self._owner._released(self._thread)
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -196,50 +219,6 @@ class Slot:
     def __del__(self) -> None:  # an abandoned stream must not keep its slot
         with contextlib.suppress(Exception):
             self.release()
-
-
-def acquire(operation: str) -> Slot:
-    """Block until a slot is free (or return at once when uncapped, or when this thread holds one already)."""
-    me = threading.get_ident()
-    with _lock:
-        if _depth.get(me, 0) > 0:
-            return Slot(None, None, real=False)
-    limit, directory = current()
-    started = time.monotonic()
-    fd: int | None = None
-    sem: threading.BoundedSemaphore | None = None
-    if limit == 0:
-        pass  # uncapped: nothing to hold
-    elif directory is None:
-        sem = _process_semaphore(limit)
-        if not sem.acquire(blocking=False):
-            while not sem.acquire(timeout=WAIT_LOG_SECONDS):
-                log.warning("docker %s: waited %.0f s for one of %d engine slots", operation,
-                            time.monotonic() - started, limit)
-    else:
-        fd = _acquire_file_slot(directory, limit, operation, started)
-    with _lock:
-        _depth[me] = _depth.get(me, 0) + 1
-    return Slot(fd, sem)
-
-
-@contextlib.contextmanager
-def slot(operation: str) -> Iterator[None]:
-    """``with slot("create"):`` around one heavy engine operation."""
-    held = acquire(operation)
-    try:
-        yield
-    finally:
-        held.release()
-
-
-def _process_semaphore(limit: int) -> threading.BoundedSemaphore:
-    global _local_sem, _local_sem_limit  # noqa: PLW0603
-    with _lock:
-        if _local_sem is None or _local_sem_limit != limit:
-            _local_sem = threading.BoundedSemaphore(limit)
-            _local_sem_limit = limit
-        return _local_sem
 
 
 def _acquire_file_slot(directory: Path, limit: int, operation: str, started: float) -> int:
@@ -273,10 +252,8 @@ def _acquire_file_slot(directory: Path, limit: int, operation: str, started: flo
         delay = min(_POLL_MAX, delay * 2)
 
 
-def in_use(directory: Path | None = None) -> int:
-    """How many slots of ``directory`` (default: the configured one) are held right now, by anyone."""
-    if directory is None:
-        _limit, directory = current()
+def in_use(directory: Path | None) -> int:
+    """How many slots of ``directory`` are held right now, by anyone (0 for none: slots local to a process)."""
     if directory is None or not directory.is_dir():
         return 0
     busy = 0

@@ -1,32 +1,37 @@
-"""The Docker engine: one lazily created SDK client per process, the run's labels, and the sweep.
+"""The Docker engine: one :class:`Engine` per engine and process, the run's labels and cap, and the sweep.
 
 Every container and image the plugin makes carries ``pytest-programbench=<run id>`` plus worker and task labels,
-so the controller can remove everything of its run at session end, also after a worker crashed. Once the session
-called :func:`configure_run`, they also carry the run's owner (controller host, pid, start time) and a deadline,
-so :mod:`.reaper` can tell a dead run's leftovers from a live run's containers by labels alone.
+so the controller can remove everything of its run at session end, also after a worker crashed. The run's
+:class:`EngineRun` adds the run's owner (controller host, pid, start time) and a deadline, so :mod:`.reaper` can
+tell a dead run's leftovers from a live run's containers by labels alone.
 
-The client :func:`client` returns is reliable by construction, for every caller:
+An :class:`Engine` holds one engine's docker-py client (made on first use: docker-py is not fork-safe, so each
+process makes its own), its URL, its health and what was learnt about it. Its client is reliable by construction,
+for every caller (the calls go through :class:`pytest_programbench.engine.engine_api.EngineAPIClient`):
 
 * the first contact is a ping with a short timeout: a missing, stopped or hung engine gives one clear
   :class:`EngineUnavailable` (with :data:`HOW_TO_START`) within seconds, never a hang; a failure is remembered for
   a few seconds, so a burst of items does not probe a dead engine one by one;
-* heavy operations (create, start, build, pull, commit, remove, load) go through
-  :mod:`pytest_programbench.engine.backpressure`: at most N at once across all xdist workers of the run;
-* transient engine errors (connection refused or reset while the engine restarts, timeouts, 5xx) are retried with
-  exponential backoff, bounded by one outage budget per process, for the operations where a retry cannot change
-  the meaning of the result: the heavy ones (made idempotent: containers get a name, a repeated removal that finds
-  nothing succeeded) and pure reads. Exec and archive calls are never retried: their state dies with the engine;
+* heavy operations (create, start, build, pull, commit, remove, load) take a slot of the run's
+  :class:`~pytest_programbench.engine.backpressure.Backpressure`: at most N at once across all xdist workers;
+* transient engine errors (connection refused or reset while the engine restarts, timeouts, 5xx) are retried by
+  :class:`RetryPolicy` (tenacity) with exponential backoff, bounded by one outage budget per engine, for the
+  operations where a retry cannot change the meaning of the result: the heavy ones (made idempotent: a container
+  gets a name, a repeated removal that finds nothing succeeded; a create without a name is never retried) and pure
+  reads. Exec and archive calls are never retried: their state dies with the engine;
 * every connection failure surfaces as :class:`EngineConnectionError`, which is both an :class:`EngineUnavailable`
   (the pipeline's infrastructure error) and a ``requests`` ``ConnectionError`` (what the container layer expects);
 * a container whose engine restarted under it (an exec or archive call on it answers 404/409 after an outage, or
   the daemon's pid changed) raises :class:`EngineRestarted`, so a killed container is never read as a submission
   whose command failed: an infrastructure error, never a wrong score.
+
+A session keeps its :class:`Engines` in ``config.stash`` and hands them down; :func:`client` serves callers outside
+a session (library use, tests, bench scripts) from engines configured by the environment alone.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import os
 import re
@@ -38,14 +43,17 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import requests.exceptions
+import tenacity
 
 from pytest_programbench import RUN_LABEL, TASK_LABEL, WORKER_LABEL
-from pytest_programbench.engine import backpressure, disk
+from pytest_programbench.engine import disk
+from pytest_programbench.engine.backpressure import Backpressure
 from pytest_programbench.engine.errors import EngineConnectionError, EngineRestarted, EngineUnavailable
+from pytest_programbench.engine.facts import EngineFacts
 from pytest_programbench.engine.ownership import EXPIRES_LABEL, OWNER_LABEL, Owner, RunLike, boot_id
 
 if TYPE_CHECKING:
@@ -53,8 +61,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_client: docker.DockerClient | None = None
-_client_lock = threading.Lock()
+T = TypeVar("T")
 
 # The socket timeout of every API call. Generous: creates and commits wait behind other workers' on a loaded 2-core
 # machine. It bounds request/response calls only: no command's window depends on it (exec streams are read with no
@@ -62,7 +69,7 @@ _client_lock = threading.Lock()
 API_TIMEOUT = float(os.environ.get("PB_DOCKER_API_TIMEOUT", "300"))
 # The first contact: a hung engine must not hang every item.
 PING_TIMEOUT = float(os.environ.get("PB_DOCKER_PING_TIMEOUT", "10"))
-# After a failed first contact, further client() calls fail at once for this long (same message).
+# After a failed first contact, further uses of the engine fail at once for this long (same message).
 UNREACHABLE_MEMORY = 15.0
 # How long one outage (the engine refusing connections, e.g. while it restarts) is waited out by retries.
 OUTAGE_BUDGET = float(os.environ.get("PB_DOCKER_RETRY_SECONDS", "60"))
@@ -70,10 +77,6 @@ OUTAGE_BUDGET = float(os.environ.get("PB_DOCKER_RETRY_SECONDS", "60"))
 SLOW_CALL = float(os.environ.get("PB_SLOW_ENGINE_CALL", "30"))
 _WAITS_ON_PURPOSE = re.compile(r"/(exec/[^/]+/start|containers/[^/]+/(wait|attach|logs))$")
 _OBJECT_ID = re.compile(r"/[0-9a-f]{12,64}(?=/|$)")
-SERVER_ERROR_RETRIES = 3
-TIMEOUT_RETRIES = 1
-BACKOFF_FIRST = 0.25
-BACKOFF_MAX = 5.0
 
 # A container whose lifetime cannot be read from its command, and every image, expire this long after creation.
 DEFAULT_LIFETIME = float(os.environ.get("PB_RUN_LIFETIME", str(7 * 24 * 3600)))
@@ -85,60 +88,113 @@ HOW_TO_START = (
     "or point DOCKER_HOST at it"
 )
 
-
-# ---------------------------------------------------------------------------------------------- the run's owner
-
-
-_owner: Owner | None = None
-
-
-def configure_run(run: RunLike, *, concurrency: int | None = None) -> None:
-    """Once per process (controller and every worker) at configure time: the run's owner labels and the cap.
-
-    ``concurrency`` is ``--pb-docker-concurrency`` (None: ``$PB_DOCKER_CONCURRENCY`` or the default 4; 0: no cap).
-    """
-    global _owner  # noqa: PLW0603 - process-wide, set once by the session
-    same_host = run.hostname == socket.gethostname()
-    _owner = Owner(run.hostname, int(run.controller_pid), float(run.started), boot_id() if same_host else "")
-    backpressure.configure(run_id=run.run_id, limit=concurrency,
-                           owner={"hostname": run.hostname, "controller_pid": run.controller_pid,
-                                  "started": run.started, "boot_id": _owner.boot_id})
+# Heavy: capped by backpressure, retried on transient errors. Streaming ones hold their slot until the stream ends.
+HEAVY = ("create_container", "start", "commit", "remove_container", "remove_image", "build", "pull", "load_image",
+         "import_image")
+STREAMING = frozenset({"build", "pull", "load_image", "import_image"})
+# 5xx of these come from a registry or a Dockerfile: retrying changes nothing.
+NO_SERVER_RETRY = frozenset({"build", "pull", "import_image"})
+# They write images: the engine's disk is checked first.
+FETCHES = frozenset({"build", "pull", "import_image", "load_image"})
+# Pure reads: retried on transient errors, no slot.
+READS = ("inspect_image", "inspect_container", "containers", "images", "info", "version", "ping", "df")
+# State that dies with the engine: never retried; a 404/409 after a restart is EngineRestarted.
+CONTAINER_BOUND = ("exec_create", "put_archive", "get_archive")
+EXEC_BOUND = ("exec_start", "exec_inspect", "exec_resize")
 
 
-def owner() -> Owner | None:
-    return _owner
+# ---------------------------------------------------------------------------------------------- the run
 
 
-def owner_labels(lifetime: float | None = None) -> dict[str, str]:
-    """The labels :func:`configure_run` adds to everything this process creates (empty when not configured)."""
-    if _owner is None:
-        return {}
-    expires = time.time() + (lifetime if lifetime is not None else DEFAULT_LIFETIME) + EXPIRY_MARGIN
-    return {OWNER_LABEL: _owner.label(), EXPIRES_LABEL: str(int(expires))}
+class EngineRun:
+    """What a run adds to every engine call of one process: the owner and deadline labels on what it creates
+    (``owner`` None: none) and the cap on heavy operations shared by the run's processes."""
+
+    def __init__(self, owner: Owner | None, slots: Backpressure) -> None:
+        self.owner = owner
+        self.slots = slots
+
+    @classmethod
+    def for_run(cls, run: RunLike, *, concurrency: int | None = None) -> EngineRun:
+        """The session's, in every process (controller and workers) at configure time.
+
+        ``concurrency`` is ``--pb-docker-concurrency`` (None: ``$PB_DOCKER_CONCURRENCY`` or the default 4; 0: no cap).
+        """
+        same_host = run.hostname == socket.gethostname()
+        owner = Owner(run.hostname, int(run.controller_pid), float(run.started), boot_id() if same_host else "")
+        slots = Backpressure.for_run(run_id=run.run_id, limit=concurrency,
+                                     owner={"hostname": run.hostname, "controller_pid": run.controller_pid,
+                                            "started": run.started, "boot_id": owner.boot_id})
+        return cls(owner, slots)
+
+    @classmethod
+    def from_environment(cls) -> EngineRun:
+        """A process outside a configured session: no owner labels, the environment's cap."""
+        return cls(None, Backpressure.from_environment())
+
+    def owner_labels(self, lifetime: float | None = None) -> dict[str, str]:
+        """The labels added to everything of the run this process creates (empty without an owner)."""
+        if self.owner is None:
+            return {}
+        expires = time.time() + (lifetime if lifetime is not None else DEFAULT_LIFETIME) + EXPIRY_MARGIN
+        return {OWNER_LABEL: self.owner.label(), EXPIRES_LABEL: str(int(expires))}
+
+    def _merged(self, labels: Any, lifetime: float | None) -> Any:
+        """``labels`` of one of the run's objects with the owner's added (labels given win); others unchanged."""
+        if not isinstance(labels, dict) or RUN_LABEL not in labels:
+            return labels
+        return {**labels, **{k: v for k, v in self.owner_labels(lifetime).items() if k not in labels}}
+
+    def prepare_create(self, params: dict[str, Any]) -> None:
+        """Owner and deadline labels on the run's containers; a name, so a retried create is idempotent."""
+        labels = params.get("labels")
+        if isinstance(labels, dict) and RUN_LABEL in labels:
+            params["labels"] = self._merged(labels, _lifetime_of(params.get("command"), params.get("entrypoint")))
+            if not params.get("name"):
+                params["name"] = f"pb-{labels[RUN_LABEL]}-{uuid.uuid4().hex[:12]}"
+
+    def prepare_build(self, params: dict[str, Any]) -> None:
+        params["labels"] = self._merged(params.get("labels"), DEFAULT_LIFETIME)
+
+    def prepare_commit(self, params: dict[str, Any]) -> None:
+        conf = dict(params.get("conf") or {})
+        labels = dict(conf.get("Labels") or {})
+        if RUN_LABEL in labels:
+            conf["Labels"] = self._merged(labels, None)
+            params["conf"] = conf
 
 
-# ---------------------------------------------------------------------------------------------- the client
+# ---------------------------------------------------------------------------------------------- health
 
 
 @dataclass
-class _EngineState:
-    """Process-wide view of the engine's health, shared by every client call."""
+class EngineHealth:
+    """One engine's health as this process saw it: outages, restarts, the last failed first contact, slow calls."""
 
+    slow_call: float = SLOW_CALL
     lock: threading.Lock = field(default_factory=threading.Lock)
     outage_since: float | None = None
     epoch: int = 0  # bumped at the start of every outage
     outages: int = 0
     retries: int = 0
+    contacts: int = 0  # first contacts made (each a ping)
     created: OrderedDict[str, tuple[int, int | None]] = field(default_factory=OrderedDict)  # id -> (epoch, pid)
     execs: OrderedDict[str, str] = field(default_factory=OrderedDict)  # exec id -> container id
     unreachable: tuple[float, str] | None = None  # (when, message) of the last failed first contact
     slow_calls: dict[str, float] = field(default_factory=dict)  # "POST /containers/create" -> first slow time
 
+    def down_reason(self) -> str | None:
+        """Why the engine is taken for unreachable right now (a recent failed first contact), or None."""
+        remembered = self.unreachable
+        if remembered is not None and time.monotonic() - remembered[0] < UNREACHABLE_MEMORY:
+            return remembered[1]
+        return None
+
     def timed(self, method: str, url: str, seconds: float) -> None:
         """Say a slow engine call once per call (method and path, ids elided), with ``pb_slow_call`` for the view."""
         path = _OBJECT_ID.sub("/{id}", urlsplit(url).path)
         path = re.sub(r"^/v[0-9.]+(?=/)", "", path)
-        if seconds < SLOW_CALL or _WAITS_ON_PURPOSE.search(path):
+        if seconds < self.slow_call or _WAITS_ON_PURPOSE.search(path):
             return
         call = f"{method} {path}"
         with self.lock:
@@ -148,14 +204,14 @@ class _EngineState:
         log.warning("slow Docker engine call: %s took %.1f s (said once per call)", call, seconds,
                     extra={"pb_slow_call": call, "pb_seconds": round(seconds, 1)})
 
-    def connection_failed(self, exc: BaseException) -> None:
+    def connection_failed(self, exc: BaseException, budget: float) -> None:
         with self.lock:
             if self.outage_since is None:
                 self.outage_since = time.monotonic()
                 self.epoch += 1
                 self.outages += 1
                 log.warning("Docker engine connection failed (%s); waiting up to %.0f s for it", _short(exc),
-                            OUTAGE_BUDGET)
+                            budget)
 
     def answered(self) -> None:
         if self.outage_since is None:
@@ -169,8 +225,7 @@ class _EngineState:
         since = self.outage_since
         return 0.0 if since is None else time.monotonic() - since
 
-    def remember_container(self, container_id: str, url: str | None = None) -> None:
-        pid = engine_pid(url)  # now, not at client creation: the engine may have restarted since
+    def remember_container(self, container_id: str, pid: int | None) -> None:
         with self.lock:
             self.created[container_id] = (self.epoch, pid)
             while len(self.created) > 4096:
@@ -183,20 +238,380 @@ class _EngineState:
                 self.execs.popitem(last=False)
 
 
-_state = _EngineState()  # the environment's engine
-_states: dict[str, _EngineState] = {}  # engines named by URL (--pb-docker-host)
-_clients: dict[str, docker.DockerClient] = {}
+# ---------------------------------------------------------------------------------------------- retries
 
 
-def engine_state(url: str | None = None) -> _EngineState:
-    """The process's health counters of one engine (for reports and tests)."""
-    return _state if url is None else _states.setdefault(url, _EngineState())
+_NOT_HANDLED = object()
+
+
+class _OutageTooLong(EngineConnectionError):
+    """The outage outlasted the budget: given up, never retried."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When a call the engine did not answer is tried again (run by tenacity): connection failures while the
+    outage lasts at most ``outage_budget`` seconds, ``timeout_retries`` socket timeouts, and up to
+    ``server_error_retries`` 5xx answers for the calls that allow them; backoff doubles from ``backoff_first`` up
+    to ``backoff_max``. Only the caller knows whether a call is idempotent: it asks for retries only then."""
+
+    outage_budget: float = OUTAGE_BUDGET
+    server_error_retries: int = 3
+    timeout_retries: int = 1
+    backoff_first: float = 0.25
+    backoff_max: float = 5.0
+
+    def run(self, name: str, call: Callable[[], T], health: EngineHealth, *, server_retries: int,
+            rewind: Callable[[], bool] | None = None, on_repeat: Callable[[Any], Any] | None = None) -> T:
+        """``call()``, tried again on transient failures. ``rewind`` makes its input sendable again (False: it
+        cannot be, so the failure stands); ``on_repeat`` may turn an API error of a repeat into a result (the
+        first attempt did it: an adopted container, a removal that finds nothing)."""
+        from docker.errors import APIError
+
+        attempts = 0
+        timeouts = server_failures = 0
+        reason = ""
+
+        def attempt() -> T:
+            nonlocal attempts
+            attempts += 1
+            try:
+                return call()
+            except EngineRestarted:
+                raise
+            except EngineConnectionError as exc:
+                if health.outage_seconds() > self.outage_budget:
+                    raise _OutageTooLong(f"{exc} (gave up docker {name} after {health.outage_seconds():.0f} s of "
+                                         f"outage, {attempts} attempt(s))") from exc
+                raise
+            except APIError as exc:
+                if attempts > 1 and on_repeat is not None:
+                    handled = on_repeat(exc)
+                    if handled is not _NOT_HANDLED:
+                        return handled  # type: ignore[no-any-return]
+                raise
+
+        def transient(exc: BaseException) -> bool:
+            nonlocal timeouts, server_failures, reason
+            if isinstance(exc, EngineRestarted | _OutageTooLong):
+                return False
+            if isinstance(exc, EngineConnectionError):
+                reason = "engine unreachable"
+            elif isinstance(exc, requests.exceptions.Timeout):
+                timeouts += 1
+                if timeouts > self.timeout_retries:
+                    return False
+                reason = f"timed out ({_short(exc)})"
+            elif isinstance(exc, APIError):
+                status = _status(exc) or 0
+                if status < 500 or server_failures >= server_retries:
+                    return False
+                server_failures += 1
+                reason = f"engine error {status}: {_short(_explanation(exc))}"
+            else:
+                return False
+            return rewind is None or rewind()  # an input stream that cannot be rewound cannot be sent again
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            with health.lock:
+                health.retries += 1
+            delay = state.next_action.sleep if state.next_action is not None else 0.0
+            log.warning("docker %s: %s; retry %d in %.2f s", name, reason, state.attempt_number, delay)
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(transient),
+            wait=tenacity.wait_exponential(multiplier=self.backoff_first, max=self.backoff_max),
+            before_sleep=before_sleep, reraise=True)
+        return retrying(attempt)
+
+
+# ---------------------------------------------------------------------------------------------- one engine
+
+
+class Engine:
+    """One Docker engine as this process uses it: ``url`` (None: the environment's, ``DOCKER_HOST``), its client
+    (made at first use, after a ping), its health, what was learnt about it (:class:`EngineFacts`), the retry
+    policy and the run whose labels and cap its calls carry."""
+
+    def __init__(self, url: str | None, run: EngineRun, *, retry: RetryPolicy | None = None,
+                 api_timeout: float = API_TIMEOUT, ping_timeout: float = PING_TIMEOUT, slow_call: float = SLOW_CALL,
+                 opener: Callable[[Engine, float], docker.DockerClient] | None = None) -> None:
+        """``opener(engine, timeout)`` makes the client (default: from the environment, as ``docker.from_env``;
+        a test gives one over its own transport)."""
+        self.url = url
+        self._opener = opener
+        self.run = run
+        self.retry = retry or RetryPolicy()
+        self.api_timeout = api_timeout
+        self.ping_timeout = ping_timeout
+        self.health = EngineHealth(slow_call=slow_call)
+        self.facts = EngineFacts()
+        self._client: docker.DockerClient | None = None
+        self._ready = False  # False while the first contact is made: no retries, no outage accounting
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.url or _docker_host()
+
+    @property
+    def client(self) -> docker.DockerClient:
+        """The docker-py client; the first use makes first contact (:class:`EngineUnavailable` when it fails)."""
+        known = self._client
+        if known is not None:
+            return known
+        with self._lock:
+            if self._client is None:
+                self._client = self._connect()
+            return self._client
+
+    @property
+    def api(self) -> Any:
+        """The low-level client (an :class:`~pytest_programbench.engine.engine_api.EngineAPIClient`)."""
+        return self.client.api
+
+    def _connect(self) -> docker.DockerClient:
+        down = self.health.down_reason()
+        if down is not None:
+            raise EngineUnavailable(down)
+        from docker.errors import DockerException
+
+        from pytest_programbench.engine.engine_api import open_client
+
+        self._ready = False
+        self.health.contacts += 1
+        candidate: docker.DockerClient | None = None
+        try:
+            candidate = (self._opener or open_client)(self, self.ping_timeout)
+            candidate.api.ping()  # opening also fetched the API version
+        except (DockerException, requests.exceptions.RequestException, OSError) as exc:
+            if candidate is not None:
+                with contextlib.suppress(Exception):
+                    candidate.close()
+            message = describe_unreachable(exc, self.url, ping_timeout=self.ping_timeout)
+            self.health.unreachable = (time.monotonic(), message)
+            raise EngineUnavailable(message) from exc
+        candidate.api.timeout = self.api_timeout
+        self._ready = True  # from now on: retries, outage accounting
+        self.health.unreachable = None
+        return candidate
+
+    def close(self, *, forget_down: bool = False) -> None:
+        """Drop the client (the engine went away or restarted): the next use makes first contact again."""
+        with self._lock:
+            known, self._client = self._client, None
+            self._ready = False
+            if forget_down:
+                self.health.unreachable = None
+        if known is not None:
+            with contextlib.suppress(Exception):  # closing a dead connection is best effort
+                known.close()
+
+    # -- what the API client's calls go through ----------------------------------------------------------------
+
+    def request(self, send: Callable[..., T], method: str, url: str, *args: Any, **kwargs: Any) -> T:
+        """Every HTTP request: a connection failure becomes one described :class:`EngineConnectionError`."""
+        started = time.monotonic()
+        try:
+            response = send(method, url, *args, **kwargs)
+        except EngineConnectionError:
+            raise
+        except requests.exceptions.ConnectionError as exc:
+            if isinstance(exc, requests.exceptions.ConnectTimeout):
+                raise
+            if self._ready:
+                self.health.connection_failed(exc, self.retry.outage_budget)
+            raise EngineConnectionError(describe_unreachable(exc, self.url, ping_timeout=self.ping_timeout)) \
+                from exc
+        if self._ready:
+            self.health.answered()
+        self.health.timed(method, url, time.monotonic() - started)
+        return response
+
+    def read(self, name: str, call: Callable[[], T]) -> T:
+        """A pure read: retried on transient failures (never a 5xx: the engine said what it knows)."""
+        if not self._ready:
+            return call()
+        return self.retry.run(name, call, self.health, server_retries=0)
+
+    def heavy(self, api: Any, name: str, params: dict[str, Any], call: Callable[[], T]) -> T | Iterator[Any]:
+        """A heavy call (``params`` its bound arguments, read by ``call`` when it runs): labelled, capped by the
+        run's slots, retried only where a repeat cannot change the result."""
+        rewind: Callable[[], bool] | None = None
+        on_repeat: Callable[[Any], Any] | None = None
+        if name == "create_container":
+            self.run.prepare_create(params)
+            on_repeat = self._adopter(api, params)
+        elif name == "build":
+            self.run.prepare_build(params)
+            rewind = _rewinder(params.get("fileobj"))
+        elif name == "commit":
+            self.run.prepare_commit(params)
+        elif name in ("remove_container", "remove_image"):
+            on_repeat = _removed_already
+        if name in FETCHES:
+            what = {"build": f"build {params.get('tag') or 'an image'}",
+                    "pull": f"pull {params.get('repository')}:{params.get('tag') or 'latest'}"}.get(name, name)
+            disk.require_for_image(what, engine_api=api)
+        # A create without a name cannot be told apart from its repeat: never retried blindly.
+        idempotent = self._ready and (name != "create_container" or bool(params.get("name")))
+        held = self.run.slots.acquire(name)
+        try:
+            if idempotent:
+                server_retries = 0 if name in NO_SERVER_RETRY else self.retry.server_error_retries
+                result = self.retry.run(name, call, self.health, server_retries=server_retries, rewind=rewind,
+                                        on_repeat=on_repeat)
+            else:
+                result = call()
+        except BaseException:
+            held.release()
+            raise
+        if name in STREAMING and isinstance(result, Iterator):
+            return _held_stream(result, held)
+        held.release()
+        if name == "create_container" and isinstance(result, dict) and result.get("Id"):
+            # The engine's pid now, not at client creation: it may have restarted since.
+            self.health.remember_container(str(result["Id"]), engine_pid(self.url))
+        return result
+
+    def container_bound(self, name: str, container: Any, call: Callable[[], T]) -> T:
+        """A call on a container's live state: never retried; a 404/409 after a restart is EngineRestarted."""
+        from docker.errors import APIError
+
+        container_id = str(container.get("Id") if isinstance(container, dict) else container)
+        try:
+            result = call()
+        except APIError as exc:
+            self._raise_if_restarted(exc, container_id, name)
+            raise
+        if name == "exec_create" and isinstance(result, dict) and result.get("Id"):
+            self.health.remember_exec(str(result["Id"]), container_id)
+        return result
+
+    def exec_bound(self, name: str, exec_id: Any, call: Callable[[], T]) -> T:
+        from docker.errors import APIError
+
+        key = str(exec_id.get("Id") if isinstance(exec_id, dict) else exec_id)
+        try:
+            return call()
+        except APIError as exc:
+            self._raise_if_restarted(exc, self.health.execs.get(key, ""), name)
+            raise
+
+    def _adopter(self, api: Any, params: dict[str, Any]) -> Callable[[Any], Any]:
+        """A create retried after its first attempt may have happened: adopt the container of that name."""
+        from docker.errors import APIError
+
+        def adopt(exc: Any) -> Any:
+            name = params.get("name")
+            if _status(exc) != 409 or not name:
+                return _NOT_HANDLED
+            try:
+                info = api.inspect_once(name)
+            except APIError:
+                return _NOT_HANDLED
+            wanted = params.get("labels") or {}
+            have = info.get("Config", {}).get("Labels") or {}
+            if isinstance(wanted, dict) and all(have.get(k) == v for k, v in wanted.items()):
+                log.info("docker create_container: adopted %s, created by the attempt that failed", name)
+                return {"Id": info["Id"], "Warnings": []}
+            return _NOT_HANDLED
+
+        return adopt
+
+    def _raise_if_restarted(self, exc: Any, container_id: str, name: str) -> None:
+        """404/409 on a container (or exec) this process created before an engine outage or restart."""
+        if _status(exc) not in (404, 409) or not container_id:
+            return
+        created = self.health.created.get(container_id)
+        if created is None:
+            return
+        epoch, pid = created
+        now_pid = engine_pid(self.url) if pid is not None else None
+        # Same engine process: not a restart. No pid to compare (a TCP engine): any outage since creation counts.
+        restarted = now_pid != pid if pid is not None and now_pid is not None else self.health.epoch != epoch
+        if restarted:
+            raise EngineRestarted(
+                f"the Docker engine restarted while container {container_id[:12]} was in use ({name}: "
+                f"{_short(_explanation(exc))}); what ran in it is lost") from exc
+
+
+def engine_of(api: Any) -> Engine | None:
+    """The :class:`Engine` whose client ``api`` is (None: a plain docker-py client)."""
+    engine = getattr(api, "engine", None)
+    return engine if isinstance(engine, Engine) else None
 
 
 def url_of(api: Any) -> str | None:
     """The ``--pb-docker-host`` URL the client ``api`` was made for (None: the environment's engine)."""
-    url = getattr(api, "_pb_url", None)
-    return url if isinstance(url, str) else None
+    engine = engine_of(api)
+    return engine.url if engine is not None else None
+
+
+# ---------------------------------------------------------------------------------------------- a process's engines
+
+
+class Engines:
+    """The engines one process uses for one run, by URL; a session keeps them in ``config.stash``."""
+
+    def __init__(self, run: EngineRun, **options: Any) -> None:
+        self.run = run
+        self._options = options  # Engine's keyword arguments (timeouts, retry policy)
+        self._engines: dict[str | None, Engine] = {}
+        self._lock = threading.Lock()
+
+    def get(self, url: str | None = None) -> Engine:
+        """The engine at ``url`` (None: the environment's); made on first use, its client on its first call."""
+        if url is not None and url == os.environ.get("DOCKER_HOST"):
+            url = None  # the environment's engine under its explicit name: one client, one health
+        with self._lock:
+            engine = self._engines.get(url)
+            if engine is None:
+                engine = self._engines[url] = Engine(url, self.run, **self._options)
+            return engine
+
+    def client(self, url: str | None = None) -> docker.DockerClient:
+        return self.get(url).client
+
+    def preflight(self) -> str | None:
+        """For the controller at session start: None when the engine answers, else the one message every item gets."""
+        try:
+            self.client()
+        except EngineUnavailable as exc:
+            return str(exc)
+        return None
+
+    def forget(self, url: str | None) -> None:
+        """Drop the client of one engine (it went away): the next use makes first contact again."""
+        self.get(url).close()
+
+    def reset(self) -> None:
+        """Forget every client and every remembered failure (an engine was restarted or replaced)."""
+        with self._lock:
+            engines = list(self._engines.values())
+        for engine in engines:
+            engine.close(forget_down=True)
+
+
+_standalone: list[Engines] = []  # made on first use, outside any session
+_standalone_lock = threading.Lock()
+
+
+def standalone_engines() -> Engines:
+    """The engines of a process outside a pytest session (library use, tests, bench scripts): the environment's
+    run configuration. A session never uses these: it hands its own down."""
+    with _standalone_lock:
+        if not _standalone:
+            _standalone.append(Engines(EngineRun.from_environment()))
+        return _standalone[0]
+
+
+def client(url: str | None = None) -> docker.DockerClient:
+    """The client of the engine at ``url`` for callers outside a session (see :func:`standalone_engines`)."""
+    return standalone_engines().client(url)
+
+
+# ---------------------------------------------------------------------------------------------- diagnosis
 
 
 def _short(exc: BaseException | str) -> str:
@@ -248,7 +663,7 @@ def _causes(exc: BaseException) -> list[BaseException]:
     return found
 
 
-def describe_unreachable(exc: BaseException, url: str | None = None) -> str:
+def describe_unreachable(exc: BaseException, url: str | None = None, *, ping_timeout: float = PING_TIMEOUT) -> str:
     """One line: where the engine was looked for, why it did not answer, and how to start one."""
     host = url or _docker_host()
     path = _socket_path(url)
@@ -267,106 +682,12 @@ def describe_unreachable(exc: BaseException, url: str | None = None) -> str:
         why = f"permission denied on {path or host} (run as root or join the docker group)"
     elif any(isinstance(e, requests.exceptions.Timeout | TimeoutError) for e in causes) \
             or "timed out" in text.lower():
-        why = f"no answer within {PING_TIMEOUT:g} s (the engine is hung or overloaded)"
+        why = f"no answer within {ping_timeout:g} s (the engine is hung or overloaded)"
     elif any(isinstance(e, ConnectionResetError) for e in causes) or "reset by peer" in text:
         why = f"the connection to {path or host} was reset (the engine stopped or restarted)"
     else:
         why = _short(exc)
     return f"Docker engine unreachable at {host}: {why}; {HOW_TO_START}"
-
-
-def client(url: str | None = None) -> docker.DockerClient:
-    """The process's client of the engine at ``url`` (``None``: the environment's, ``DOCKER_HOST``); created on
-    first use so collection never touches an engine. Each engine has its own health state (outages, restarts)."""
-    if url is not None and url == os.environ.get("DOCKER_HOST"):
-        url = None  # the environment's engine under its explicit name: one client, one state
-    global _client  # noqa: PLW0603 - one client per engine and process, created lazily
-    with _client_lock:
-        existing = _client if url is None else _clients.get(url)
-        if existing is not None:
-            return existing
-        state = _state if url is None else _states.setdefault(url, _EngineState())
-        remembered = state.unreachable
-        if remembered is not None and time.monotonic() - remembered[0] < UNREACHABLE_MEMORY:
-            raise EngineUnavailable(remembered[1])
-        from docker.errors import DockerException
-
-        candidate: docker.DockerClient | None = None
-        try:
-            # from_env with DOCKER_HOST replaced: TLS settings (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) still apply;
-            # ssh:// goes through the system's ssh client (its config and keys), as the docker CLI does.
-            environment = None if url is None else {**os.environ, "DOCKER_HOST": url}
-            candidate = _client_class().from_env(timeout=PING_TIMEOUT, environment=environment,
-                                                 use_ssh_client=bool(url and url.startswith("ssh://")))
-            candidate.api.ping()  # from_env also fetched the API version
-        except (DockerException, requests.exceptions.RequestException, OSError) as exc:
-            if candidate is not None:
-                with contextlib.suppress(Exception):
-                    candidate.close()
-            message = describe_unreachable(exc, url)
-            state.unreachable = (time.monotonic(), message)
-            raise EngineUnavailable(message) from exc
-        candidate.api.timeout = API_TIMEOUT
-        candidate.api._pb_url = url
-        candidate.api._pb_state = None if url is None else state  # None: the module's (tests replace it)
-        candidate.api._pb_ready = True  # from now on: retries, outage accounting
-        state.unreachable = None
-        if url is None:
-            _client = candidate
-        else:
-            _clients[url] = candidate
-        return candidate
-
-
-def preflight() -> str | None:
-    """For the controller at session start: None when the engine answers, else the one message every item gets."""
-    try:
-        client()
-    except EngineUnavailable as exc:
-        return str(exc)
-    return None
-
-
-def forget_client(url: str | None) -> None:
-    """Drop the client of one engine (it went away): the next :func:`client` call makes first contact again."""
-    global _client  # noqa: PLW0603 - one client per engine and process, created lazily
-    with _client_lock:
-        known = _client if url is None else _clients.pop(url, None)
-        if url is None:
-            _client = None
-    if known is not None:
-        with contextlib.suppress(Exception):  # closing a dead connection is best effort
-            known.close()
-
-
-def reset_client() -> None:
-    """Forget every client (after fork, or when an engine was restarted)."""
-    global _client  # noqa: PLW0603 - one client per engine and process, created lazily
-    with _client_lock:
-        for known in [_client, *_clients.values()]:
-            if known is not None:
-                with contextlib.suppress(Exception):  # closing a dead connection is best effort
-                    known.close()
-        _client = None
-        _clients.clear()
-        _state.unreachable = None
-        for state in _states.values():
-            state.unreachable = None
-
-
-# ---------------------------------------------------------------------------------------------- the API layer
-
-# Heavy: capped by backpressure, retried on transient errors. Streaming ones hold their slot until the stream ends.
-HEAVY = ("create_container", "start", "commit", "remove_container", "remove_image", "build", "pull", "load_image",
-         "import_image")
-STREAMING = frozenset({"build", "pull", "load_image", "import_image"})
-# 5xx of these come from a registry or a Dockerfile: retrying changes nothing.
-NO_SERVER_RETRY = frozenset({"build", "pull", "import_image"})
-# Pure reads: retried on transient errors, no slot.
-READS = ("inspect_image", "inspect_container", "containers", "images", "info", "version", "ping", "df")
-# State that dies with the engine: never retried; a 404/409 after a restart is EngineRestarted.
-CONTAINER_BOUND = ("exec_create", "put_archive", "get_archive")
-EXEC_BOUND = ("exec_start", "exec_inspect", "exec_resize")
 
 
 def _status(exc: BaseException) -> int | None:
@@ -395,270 +716,12 @@ def _lifetime_of(command: Any, entrypoint: Any) -> float | None:
     return None
 
 
-_client_classes: list[type[docker.DockerClient]] = []
-
-
-def _client_class() -> type[docker.DockerClient]:
-    """``docker.DockerClient`` whose ``.api`` is the reliable API client (built once, on first use)."""
-    if _client_classes:
-        return _client_classes[0]
-    import docker
-    from docker.api.client import APIClient
-    from docker.errors import APIError
-
-    def heavy(name: str) -> Callable[..., Any]:
-        original = getattr(APIClient, name)
-        signature = inspect.signature(original)
-
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return self._pb_heavy(name, original, signature, args, kwargs)
-
-        method.__name__ = name
-        method.__doc__ = original.__doc__
-        return method
-
-    def read(name: str) -> Callable[..., Any]:
-        original = getattr(APIClient, name)
-
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return self._pb_retrying(name, lambda: original(self, *args, **kwargs), server_retries=0)
-
-        method.__name__ = name
-        method.__doc__ = original.__doc__
-        return method
-
-    def container_bound(name: str) -> Callable[..., Any]:
-        original = getattr(APIClient, name)
-
-        def method(self: Any, container: Any, *args: Any, **kwargs: Any) -> Any:
-            container_id = str(container.get("Id") if isinstance(container, dict) else container)
-            try:
-                result = original(self, container, *args, **kwargs)
-            except APIError as exc:
-                _raise_if_restarted(self, exc, container_id, name)
-                raise
-            if name == "exec_create" and isinstance(result, dict) and result.get("Id"):
-                self._pb_engine_state().remember_exec(str(result["Id"]), container_id)
-            return result
-
-        method.__name__ = name
-        method.__doc__ = original.__doc__
-        return method
-
-    def exec_bound(name: str) -> Callable[..., Any]:
-        original = getattr(APIClient, name)
-
-        def method(self: Any, exec_id: Any, *args: Any, **kwargs: Any) -> Any:
-            key = str(exec_id.get("Id") if isinstance(exec_id, dict) else exec_id)
-            try:
-                return original(self, exec_id, *args, **kwargs)
-            except APIError as exc:
-                _raise_if_restarted(self, exc, self._pb_engine_state().execs.get(key, ""), name)
-                raise
-
-        method.__name__ = name
-        method.__doc__ = original.__doc__
-        return method
-
-    class ReliableAPIClient(APIClient):  # type: ignore[misc]
-        """``APIClient`` with backpressure, bounded retries and restart detection (see the module docstring)."""
-
-        _pb_ready = False  # False while client() makes first contact: no retries, no outage accounting
-        _pb_url: str | None = None  # None: the environment's engine
-        _pb_state: _EngineState | None = None  # None: the module's state of the environment's engine
-
-        def _pb_engine_state(self) -> _EngineState:
-            return self._pb_state if self._pb_state is not None else _state
-
-        def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:  # requests.Session.request
-            started = time.monotonic()
-            try:
-                response = super().request(method, url, *args, **kwargs)
-            except EngineConnectionError:
-                raise
-            except requests.exceptions.ConnectionError as exc:
-                if isinstance(exc, requests.exceptions.ConnectTimeout):
-                    raise
-                if self._pb_ready:
-                    self._pb_engine_state().connection_failed(exc)
-                raise EngineConnectionError(describe_unreachable(exc, self._pb_url)) from exc
-            if self._pb_ready:
-                self._pb_engine_state().answered()
-            self._pb_engine_state().timed(method, url, time.monotonic() - started)
-            return response
-
-        # -- retries --------------------------------------------------------------------------------------
-
-        def _pb_retrying(self, name: str, call: Callable[[], Any], *, server_retries: int,
-                         before_retry: Callable[[], bool] | None = None,
-                         on_repeat: Callable[[APIError], Any] | None = None) -> Any:
-            if not self._pb_ready:
-                return call()
-            attempt = 0
-            server_failures = timeouts = 0
-            last: BaseException
-            while True:
-                attempt += 1
-                try:
-                    return call()
-                except EngineConnectionError as exc:
-                    if isinstance(exc, EngineRestarted):
-                        raise
-                    state = self._pb_engine_state()
-                    if state.outage_seconds() > OUTAGE_BUDGET:
-                        raise EngineConnectionError(
-                            f"{exc} (gave up docker {name} after {state.outage_seconds():.0f} s of outage, "
-                            f"{attempt} attempt(s))") from exc
-                    reason, last = "engine unreachable", exc
-                except requests.exceptions.Timeout as exc:
-                    timeouts += 1
-                    if timeouts > TIMEOUT_RETRIES:
-                        raise
-                    reason, last = f"timed out ({_short(exc)})", exc
-                except APIError as exc:
-                    if attempt > 1 and on_repeat is not None:
-                        handled = on_repeat(exc)
-                        if handled is not _NOT_HANDLED:
-                            return handled
-                    status = _status(exc) or 0
-                    if status < 500 or server_failures >= server_retries:
-                        raise
-                    server_failures += 1
-                    reason, last = f"engine error {status}: {_short(_explanation(exc))}", exc
-                if before_retry is not None and not before_retry():
-                    raise last  # its input stream is consumed: it cannot be sent again
-                delay = min(BACKOFF_MAX, BACKOFF_FIRST * (2 ** (attempt - 1)))
-                state = self._pb_engine_state()
-                with state.lock:
-                    state.retries += 1
-                log.warning("docker %s: %s; retry %d in %.2f s", name, reason, attempt, delay)
-                time.sleep(delay)
-
-        def _pb_heavy(self, name: str, original: Callable[..., Any], signature: inspect.Signature,
-                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            bound = signature.bind(self, *args, **kwargs)
-            params = bound.arguments
-            before_retry: Callable[[], bool] | None = None
-            on_repeat: Callable[[APIError], Any] | None = None
-            if name == "create_container":
-                _prepare_create(params)
-                on_repeat = self._pb_adopt_created(params)
-            elif name == "build":
-                _add_labels(params, "labels", DEFAULT_LIFETIME)
-                before_retry = _rewinder(params.get("fileobj"))
-            elif name == "commit":
-                conf = dict(params.get("conf") or {})
-                labels = dict(conf.get("Labels") or {})
-                if RUN_LABEL in labels:
-                    conf["Labels"] = {**labels, **{k: v for k, v in owner_labels().items() if k not in labels}}
-                    params["conf"] = conf
-            elif name in ("remove_container", "remove_image"):
-                on_repeat = _removed_already
-            if name in ("build", "pull", "import_image", "load_image"):
-                self._pb_check_disk(name, params)
-            call_args, call_kwargs = bound.args[1:], bound.kwargs
-
-            def call() -> Any:
-                return original(self, *call_args, **call_kwargs)
-
-            server_retries = 0 if name in NO_SERVER_RETRY else SERVER_ERROR_RETRIES
-            held = backpressure.acquire(name)
-            try:
-                result = self._pb_retrying(name, call, server_retries=server_retries, before_retry=before_retry,
-                                           on_repeat=on_repeat)
-            except BaseException:
-                held.release()
-                raise
-            if name in STREAMING and isinstance(result, Iterator):
-                return _held_stream(result, held)
-            held.release()
-            if name == "create_container" and isinstance(result, dict) and result.get("Id"):
-                self._pb_engine_state().remember_container(str(result["Id"]), self._pb_url)
-            return result
-
-        def _pb_adopt_created(self, params: dict[str, Any]) -> Callable[[APIError], Any]:
-            """A create retried after its first attempt may have happened: adopt the container of that name."""
-            def adopt(exc: APIError) -> Any:
-                name = params.get("name")
-                if _status(exc) != 409 or not name:
-                    return _NOT_HANDLED
-                try:
-                    info = APIClient.inspect_container(self, name)
-                except APIError:
-                    return _NOT_HANDLED
-                wanted = params.get("labels") or {}
-                have = info.get("Config", {}).get("Labels") or {}
-                if isinstance(wanted, dict) and all(have.get(k) == v for k, v in wanted.items()):
-                    log.info("docker create_container: adopted %s, created by the attempt that failed", name)
-                    return {"Id": info["Id"], "Warnings": []}
-                return _NOT_HANDLED
-
-            return adopt
-
-        def _pb_check_disk(self, name: str, params: dict[str, Any]) -> None:
-            what = {"build": f"build {params.get('tag') or 'an image'}",
-                    "pull": f"pull {params.get('repository')}:{params.get('tag') or 'latest'}"}.get(name, name)
-            disk.require_for_image(what, engine_api=self)
-
-    class ReliableDockerClient(docker.DockerClient):  # type: ignore[misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            self.api = ReliableAPIClient(*args, **kwargs)
-
-    for name in HEAVY:
-        setattr(ReliableAPIClient, name, heavy(name))
-    for name in READS:
-        setattr(ReliableAPIClient, name, read(name))
-    for name in CONTAINER_BOUND:
-        setattr(ReliableAPIClient, name, container_bound(name))
-    for name in EXEC_BOUND:
-        setattr(ReliableAPIClient, name, exec_bound(name))
-    _client_classes.append(ReliableDockerClient)
-    return ReliableDockerClient
-
-
-_NOT_HANDLED = object()
-
-
 def _removed_already(exc: Any) -> Any:
     """A removal retried after an attempt that may have succeeded: "not found" / "in progress" mean done."""
     status = _status(exc)
     if status == 404 or (status == 409 and "already in progress" in _explanation(exc)):
         return None
     return _NOT_HANDLED
-
-
-def _raise_if_restarted(api: Any, exc: Any, container_id: str, name: str) -> None:
-    """404/409 on a container (or exec) this process created before an engine outage or restart."""
-    if _status(exc) not in (404, 409) or not container_id:
-        return
-    state = api._pb_engine_state()
-    created = state.created.get(container_id)
-    if created is None:
-        return
-    epoch, pid = created
-    now_pid = engine_pid(api._pb_url) if pid is not None else None
-    # Same engine process: not a restart. No pid to compare (a TCP engine): any outage since creation counts.
-    restarted = now_pid != pid if pid is not None and now_pid is not None else state.epoch != epoch
-    if restarted:
-        raise EngineRestarted(
-            f"the Docker engine restarted while container {container_id[:12]} was in use ({name}: "
-            f"{_short(_explanation(exc))}); what ran in it is lost") from exc
-
-
-def _prepare_create(params: dict[str, Any]) -> None:
-    """Owner and deadline labels on the run's containers; a name, so a retried create is idempotent."""
-    labels = params.get("labels")
-    if isinstance(labels, dict) and RUN_LABEL in labels:
-        lifetime = _lifetime_of(params.get("command"), params.get("entrypoint"))
-        params["labels"] = {**labels, **{k: v for k, v in owner_labels(lifetime).items() if k not in labels}}
-        if not params.get("name"):
-            params["name"] = f"pb-{labels[RUN_LABEL]}-{uuid.uuid4().hex[:12]}"
-
-
-def _add_labels(params: dict[str, Any], key: str, lifetime: float) -> None:
-    labels = params.get(key)
-    if isinstance(labels, dict) and RUN_LABEL in labels:
-        params[key] = {**labels, **{k: v for k, v in owner_labels(lifetime).items() if k not in labels}}
 
 
 def _rewinder(fileobj: Any) -> Callable[[], bool] | None:

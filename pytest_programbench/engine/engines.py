@@ -23,9 +23,12 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_programbench.engine.errors import EngineUnavailable
+
+if TYPE_CHECKING:
+    from pytest_programbench.engine.docker_engine import Engines
 
 log = logging.getLogger(__name__)
 
@@ -123,19 +126,22 @@ class EngineLease:
 
 
 class EnginePool:
-    """The engines of a run. Every process of the run (controller, xdist workers) builds one on the same directory."""
+    """The engines of a run. Every process of the run (controller, xdist workers) builds one on the same directory;
+    ``engines`` are the process's clients of them (asked for CPUs and probed)."""
 
-    def __init__(self, specs: Sequence[EngineSpec], directory: Path, *, sandbox_cpus: float) -> None:
+    def __init__(self, specs: Sequence[EngineSpec], directory: Path, *, sandbox_cpus: float, engines: Engines) -> None:
         if not specs:
             raise EngineSpecError("an engine pool needs at least one engine")
         self.specs = list(specs)
         self.directory = directory
         self.sandbox_cpus = sandbox_cpus
+        self.engines = engines
         self._slots: dict[str, int] = {}
 
     @classmethod
-    def for_run(cls, specs: Sequence[EngineSpec], run_id: str, *, sandbox_cpus: float) -> EnginePool:
-        return cls(specs, leases_root() / run_id, sandbox_cpus=sandbox_cpus)
+    def for_run(cls, specs: Sequence[EngineSpec], run_id: str, *, sandbox_cpus: float,
+                engines: Engines) -> EnginePool:
+        return cls(specs, leases_root() / run_id, sandbox_cpus=sandbox_cpus, engines=engines)
 
     # -- slots ----------------------------------------------------------------------------------------------------
 
@@ -144,9 +150,7 @@ class EnginePool:
         if spec.slots is not None:
             return spec.slots
         if spec.key not in self._slots:
-            from pytest_programbench.engine.docker_engine import client
-
-            cpus = int(client(spec.url).info().get("NCPU") or 1)
+            cpus = int(self.engines.client(spec.url).info().get("NCPU") or 1)
             self._slots[spec.key] = max(1, int(cpus // max(self.sandbox_cpus, 0.001)))
         return self._slots[spec.key]
 
@@ -210,14 +214,11 @@ class EnginePool:
         self.mark_down(spec, str(data.get("reason") or "down"))  # probed: down for another period
         return str(data.get("reason") or "down")
 
-    @staticmethod
-    def _answers(spec: EngineSpec) -> bool:
-        from pytest_programbench.engine import docker_engine
-
+    def _answers(self, spec: EngineSpec) -> bool:
         try:
-            docker_engine.client(spec.url).api.ping()
+            self.engines.client(spec.url).api.ping()
         except Exception:
-            docker_engine.forget_client(spec.url)
+            self.engines.forget(spec.url)
             return False
         return True
 

@@ -1,7 +1,8 @@
-"""What was learnt once about the engine behind one docker-py client, kept as long as that client lives.
+"""What was learnt once about one engine: held by its :class:`~.docker_engine.Engine` (a plain docker-py client's,
+kept as long as that client lives).
 
-Its own module because both the client (:mod:`docker_engine`) and the disk checks (:mod:`disk`) ask it, and the
-client calls the disk checks: here neither imports the other for it.
+Its own module because both the engine (:mod:`docker_engine`) and the disk checks (:mod:`disk`) ask it, and the
+engine calls the disk checks: here neither imports the other for it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ _facts_lock = threading.Lock()
 
 
 def facts(api: Any) -> EngineFacts:
-    """The :class:`EngineFacts` of the engine client ``api`` (a ``docker.APIClient``; created empty)."""
+    """The :class:`EngineFacts` of the engine client ``api``: its engine's, or (a plain ``docker.APIClient``) the
+    client's own, created empty."""
+    held = getattr(getattr(api, "engine", None), "facts", None)  # an EngineAPIClient's Engine
+    if isinstance(held, EngineFacts):
+        return held
     with _facts_lock:
         known = _facts.get(api)
         if known is None:

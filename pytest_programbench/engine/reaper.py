@@ -1,7 +1,7 @@
 """Reaping dead runs: at session start, remove what runs that are gone left on the engine.
 
-Every container and image the plugin makes carries ``pytest-programbench=<run id>``; once the session called
-:func:`docker_engine.configure_run` they also carry the run's owner (``<host>/<boot id>/<controller pid>/<started>``)
+Every container and image the plugin makes carries ``pytest-programbench=<run id>``; made by a session (its
+:class:`docker_engine.EngineRun`) they also carry the run's owner (``<host>/<boot id>/<controller pid>/<started>``)
 and a deadline (``pytest-programbench.expires``). That is enough to decide from labels alone, without finding the
 run directory:
 

@@ -24,6 +24,7 @@ from pytest_programbench.text.sizes import human
 
 if TYPE_CHECKING:
     from pytest_programbench.agents.agent import AgentSpec
+    from pytest_programbench.engine.docker_engine import Engines
     from pytest_programbench.pytest_layer.options import Settings
     from pytest_programbench.pytest_layer.run_record import RunIdentity
     from pytest_programbench.tasks.catalogue import Task
@@ -80,27 +81,28 @@ def command_word(command: str) -> str | None:
 
 
 def run_preflight(settings: Settings, tasks: Sequence[Task], agent_spec: AgentSpec | None, identity: RunIdentity,
-                  *, environ: Mapping[str, str] | None = None) -> PreflightReport:
+                  *, engines: Engines, environ: Mapping[str, str] | None = None) -> PreflightReport:
+    """``engines``: the session's (its run's owner labels go on the sample sandbox: if this process dies with it
+    running, the reaper knows it is garbage)."""
     env = os.environ if environ is None else environ
     report = PreflightReport()
     check_inputs(report, settings, env)
     check_blobs(report, tasks, settings.blob_dir, env)
     check_model(report, settings, env)
-    from pytest_programbench.engine import backpressure, docker_engine
+    from pytest_programbench.engine import backpressure
 
     try:
-        engine = docker_engine.client()
+        engine = engines.client()
     except EngineUnavailable as exc:
         report.add("engine", "Docker engine", False, str(exc))
         return report
     report.add("engine", "Docker engine", True)
-    # Owner labels on the sample sandbox: if this process dies with it running, the reaper knows it is garbage.
-    docker_engine.configure_run(identity, concurrency=settings.docker_concurrency)
     try:
         present, to_fetch = check_images(report, engine, tasks, settings)
         check_disk(report, engine, identity.path, images_to_fetch=to_fetch, agent=agent_spec is not None)
         if agent_spec is not None:
-            check_agent(report, agent_spec, settings, tasks=tasks, present=present, identity=identity, env=env)
+            check_agent(report, agent_spec, settings, tasks=tasks, present=present, identity=identity, env=env,
+                        engine=engine)
     finally:
         backpressure.release_run(identity.run_id)
     return report
@@ -292,7 +294,7 @@ def _space(report: PreflightReport, what: str, path: Path, need: int, why: str) 
 
 
 def check_agent(report: PreflightReport, spec: AgentSpec, settings: Settings, *, tasks: Sequence[Task],
-                present: Mapping[str, str], identity: RunIdentity, env: Mapping[str, str]) -> None:
+                present: Mapping[str, str], identity: RunIdentity, env: Mapping[str, str], engine: Any) -> None:
     """The agent's command is found where it will run: the host, or a sample sandbox (after the set-up command)."""
     if spec.kind != "command":
         report.add("agent", spec.label, True, "a preset")
@@ -312,11 +314,11 @@ def check_agent(report: PreflightReport, spec: AgentSpec, settings: Settings, *,
         report.add("agent", word, False, "no selected task's image is present to start a sample sandbox in")
         return
     report.add(*_command_in_sandbox(word, settings, sample, image_id=present[sample.instance_id], identity=identity,
-                                    env=env))
+                                    env=env, engine=engine))
 
 
 def _command_in_sandbox(word: str, settings: Settings, task: Task, *, image_id: str, identity: RunIdentity,
-                        env: Mapping[str, str]) -> tuple[str, str, bool, str]:
+                        env: Mapping[str, str], engine: Any) -> tuple[str, str, bool, str]:
     from pytest_programbench.agents.agent import AgentEnvError, agent_env
     from pytest_programbench.engine import docker_engine
     from pytest_programbench.sandbox.sandbox import Sandbox, SandboxError
@@ -327,7 +329,7 @@ def _command_in_sandbox(word: str, settings: Settings, task: Task, *, image_id: 
     except AgentEnvError:
         extra = {}  # reported as an input
     labels = docker_engine.Labels(identity.run_id, "preflight", task.instance_id)
-    sandbox = Sandbox.for_task(task, settings, labels, image_id=image_id)
+    sandbox = Sandbox.for_task(task, settings, labels, image_id=image_id, engine=engine)
     try:
         sandbox.start()
         if settings.agent_setup:

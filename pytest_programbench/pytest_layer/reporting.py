@@ -112,23 +112,20 @@ class SessionReporting:
                                   for spec in self.pb.engines.specs)
             lines.append(f"programbench engines: {described}")
         elif not self.pb.collect_only:
-            from pytest_programbench.engine import docker_engine
-
-            problem = docker_engine.preflight()
+            problem = self.pb.docker_engines.preflight()
             if problem:
                 lines.append(f"programbench: {problem} (every item will error)")
         return lines
 
     def _storage_label(self) -> str:
         """Whether the engine can limit a sandbox's writable layer: said up front where it cannot."""
-        from pytest_programbench.engine import docker_engine
         from pytest_programbench.sandbox.sandbox import storage_limit, storage_quota
 
         limit = storage_limit()
         if not limit:
             return "no size limit asked (PB_SANDBOX_STORAGE=0)"
         try:
-            return storage_quota(docker_engine.client().api).describe(limit)
+            return storage_quota(self.pb.docker_engines.client().api).describe(limit)
         except EngineUnavailable as exc:
             return f"unknown ({exc})"
 

@@ -133,11 +133,15 @@ class ProgramBenchSession:
         self.collect_only = is_listing(config)  # --co, --fixtures, --markers...: nothing runs, no run directory
         self.explicit_paths = config.args_source == pytest.Config.ArgsSource.ARGS
         self.worker_id: str = getattr(config, "workerinput", {}).get("workerid", "controller")
-        if not self.collect_only:
-            from pytest_programbench.engine import docker_engine
+        from pytest_programbench.engine.backpressure import Backpressure
+        from pytest_programbench.engine.docker_engine import EngineRun, Engines
+        from pytest_programbench.pytest_layer.stash import ENGINES
 
-            # Owner labels on everything this process creates, and the cross-worker cap on heavy engine calls.
-            docker_engine.configure_run(identity, concurrency=settings.docker_concurrency)
+        # This process's engines: owner labels on everything it creates, the cross-worker cap on heavy engine calls
+        # (listing only: nothing runs, nothing is labelled or capped). Clients are made at first use, per process.
+        run = (EngineRun(None, Backpressure(0)) if self.collect_only
+               else EngineRun.for_run(identity, concurrency=settings.docker_concurrency))
+        self.docker_engines = config.stash[ENGINES] = Engines(run)
         self.summary: RunSummary | None = None
         self.progress: Publisher | None = None  # this process's phase publisher (--pb-progress)
         self._close_progress: Callable[[], None] | None = None
@@ -167,7 +171,7 @@ class ProgramBenchSession:
             from pytest_programbench.engine.engines import EnginePool, parse_docker_hosts
 
             self.engines = EnginePool.for_run(parse_docker_hosts(settings.docker_hosts), identity.run_id,
-                                              sandbox_cpus=settings.sandbox_cpus)
+                                              sandbox_cpus=settings.sandbox_cpus, engines=self.docker_engines)
         self.submissions: SubmissionsDir | None = None
         self.without_submission: list[str] = []
         if settings.submissions:
@@ -289,7 +293,8 @@ class ProgramBenchSession:
             from pytest_programbench.pytest_layer.preflight import run_preflight
 
             tasks = [i.task for i in session.items if isinstance(i, ProgramBenchItem)]
-            self.preflight = run_preflight(self.settings, tasks, self.agent_spec, self.identity)
+            self.preflight = run_preflight(self.settings, tasks, self.agent_spec, self.identity,
+                                           engines=self.docker_engines)
 
     def start_summary(self, node_ids: list[str]) -> None:
         if self.summary is not None or self.collect_only or is_worker(self.config):
@@ -374,7 +379,7 @@ class ProgramBenchSession:
 
         for url in self.engine_urls(up_only=True):  # a down engine's leftovers: reaped when it is used again
             try:
-                docker_engine.sweep(self.identity.run_id, task=instance_id, engine=docker_engine.client(url))
+                docker_engine.sweep(self.identity.run_id, task=instance_id, engine=self.docker_engines.client(url))
             except EngineUnavailable as exc:  # the item's own error already says so
                 log.debug("could not remove the containers of %s on %s: %s", instance_id, url or "default", exc)
             except Exception as exc:  # the session-end sweep and the reaper remain
@@ -392,7 +397,6 @@ class ProgramBenchSession:
             return
         from importlib.metadata import version
 
-        from pytest_programbench.engine import docker_engine
         from pytest_programbench.engine.reaper import reap_dead_runs
         from pytest_programbench.pytest_layer.run_record import RECORDED_KEY
         from pytest_programbench.results.package import masked_command
@@ -400,9 +404,9 @@ class ProgramBenchSession:
         # Leftovers of dead runs (their controller is gone or their lifetime expired), never a live run's.
         for url in self.engine_urls():
             try:
-                engine = docker_engine.client(url) if url is not None else None
+                engine = self.docker_engines.client(url)
             except EngineUnavailable as exc:
-                log.warning("engine %s does not answer: %s", url, exc)
+                log.warning("engine %s does not answer: %s", url or "(the default)", exc)
                 continue
             reaped = reap_dead_runs(self.identity.run_id, engine=engine,
                                     run_dirs=[self.config.invocation_params.dir / "pb-runs",
@@ -436,7 +440,7 @@ class ProgramBenchSession:
 
         for url in self.engine_urls():
             try:
-                report = docker_engine.sweep(self.identity.run_id, engine=docker_engine.client(url))
+                report = docker_engine.sweep(self.identity.run_id, engine=self.docker_engines.client(url))
             except EngineUnavailable as exc:  # its reaper will, once it answers again
                 log.warning("could not sweep run %s on %s: %s", self.identity.run_id, url or "the engine", exc)
                 continue
