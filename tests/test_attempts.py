@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import TESTBED, Testbed
+from tests.test_report import attr_of, chromium, text_of
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -151,6 +153,23 @@ def test_attempts_stochastic_agent_interrupted_and_resumed(tmp_path: Path, testb
     assert "attempts within each" in ci["method"]
     assert "attempts resampled within each task" in ci["over"]
     assert "pass@k (unbiased, mean over tasks)" in resumed.stdout
+
+    # report.html in a browser: the two-level interval as the selection mean's error bar, and per task its mean over
+    # the attempts with their range and pass@K, resolved@K, as recorded.
+    dom = chromium("--dump-dom", (run_dir / "report.html").as_uri(), profile=tmp_path / "chromium").stdout
+    assert (float(attr_of(dom, "ci-mean-over-selection", "data-low")),
+            float(attr_of(dom, "ci-mean-over-selection", "data-high"))) == (ci["low"], ci["high"])
+    assert "two-level: tasks resampled, then attempts within each drawn task" in \
+        text_of(dom, "ci-text-mean-over-selection")
+    assert text_of(dom, "pass-at-k").startswith(f"pass@k (unbiased, mean over tasks): k=1 {head['pass_at_k']['1']:.3f}")
+    for task, values in scores.items():
+        cell = re.search(rf'<tr data-task="{re.escape(task)}">.*?<td class="attempts"([^>]*)>', dom, re.S)
+        assert cell is not None, task
+        shown = dict(re.findall(r'data-([\w-]+)="([^"]*)"', cell.group(1)))
+        c = sum(s >= 1.0 for s in values)
+        assert (float(shown["min"]), float(shown["max"]), shown["k"]) == (min(values), max(values), str(K)), shown
+        assert float(shown["mean"]) == pytest.approx(sum(values) / K, abs=1e-6)
+        assert float(shown["pass-at-k"]) == float(shown["resolved-at-k"]) == pytest.approx(_pass_at_k(K, c, K))
     assert "standard deviation across attempts" in \
         resumed.stdout
 
