@@ -175,6 +175,11 @@ class TaskRun:
         self.artifacts.dir.mkdir(parents=True, exist_ok=True)
         return engine
 
+    def engine_client(self) -> Any:
+        """This attempt's engine client; the run's default engine when no lease was taken (a conftest.py that
+        overrides the engine fixture): never a client outside the session's, which would miss the run's labels."""
+        return self.engine or self.session.docker_engines.client()
+
     def release_engine(self) -> None:
         if self.lease is not None:
             self.lease.release()
@@ -213,7 +218,7 @@ class TaskRun:
         with self.phase("image"):
             try:
                 image = ensure_image(self.task, tag=self.settings.image_tag, pull=self.settings.pull,
-                                     labels=self.labels.as_dict(), engine=self.engine,
+                                     labels=self.labels.as_dict(), engine=self.engine_client(),
                                      lock_dir=self._image_lock_dir())
             except ImageError as exc:
                 raise InfrastructureError(str(exc)) from exc
@@ -353,7 +358,7 @@ class TaskRun:
 
         with self.phase("sandbox"):
             sandbox = Sandbox.for_task(self.task, self.settings, self.labels, image_id=image.id,
-                                       engine=self.engine, remote=self._engine_is_remote())
+                                       engine=self.engine_client(), remote=self._engine_is_remote())
             self.sandbox = sandbox
             try:
                 sandbox.start()
@@ -507,7 +512,7 @@ class TaskRun:
         """--pb-gold: the reference's own bytes as the submission (results/gold.py), read from the task image."""
         from pytest_programbench.results.gold import GoldError, reference_bytes, write_submission
 
-        engine = self.engine or self.session.docker_engines.client()
+        engine = self.engine_client()
         with self.phase("gold"):
             try:
                 data = reference_bytes(engine.api, image.id, self.labels.as_dict())
@@ -557,11 +562,11 @@ class TaskRun:
             result = evaluation.evaluate(
                 self.task, submission, blobs=blobs, image=image.id, labels=self.labels,
                 settings=evaluation.EvalSettings.from_settings(self.settings), workdir=self.artifacts.dir,
-                engine=self.engine,
+                engine=self.engine_client(),
             )
         self.meta["evaluation"] = result.meta()
         if self.settings.prune_images and image.source in ("built", "pulled"):
-            engine = self.engine or self.session.docker_engines.client()
+            engine = self.engine_client()
             self.meta["pruned"] = dataclasses.asdict(disk.prune_images([image.id], engine=engine))
         if result.infra_error:
             raise InfrastructureError(result.infra_error)

@@ -132,7 +132,7 @@ class Backpressure:
 
     @contextlib.contextmanager
     def slot(self, operation: str) -> Iterator[None]:
-        """``with backpressure.slot("create"):`` around one heavy engine operation."""
+        """``with slots.slot("create"):`` around one heavy engine operation."""
         held = self.acquire(operation)
         try:
             yield
