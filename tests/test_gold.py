@@ -5,6 +5,7 @@ ledger read back with --pb-gold-ledger and --pb-ignore-flaky on a normal run."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import tarfile
@@ -85,10 +86,22 @@ def test_the_readme_commands_gold_ledger_and_attempts(pytester: pytest.Pytester,
     for attempt in ("1", "2", "3"):
         assert task["attempts"][attempt]["gold_ceiling"] == pytest.approx(0.5)
         assert task["attempts"][attempt]["score_ignoring_gold_flaky"] == pytest.approx(1.0)
-    case = next(ET.parse(pytester.path / "junit.xml").getroot().iter("testcase"))
-    props = {p.get("name"): p.get("value") for p in case.iter("property")}
-    assert float(props["gold_ceiling"]) == pytest.approx(0.5)
-    assert float(props["score"]) == pytest.approx(1 / 3)
+    assert (task["gold_ceiling"], task["score_ignoring_gold_flaky"]) == (pytest.approx(0.5), pytest.approx(1.0))
+    cases = list(ET.parse(pytester.path / "junit.xml").getroot().iter("testcase"))
+    assert len(cases) == 3
+    for case in cases:
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        assert float(props["gold_ceiling"]) == pytest.approx(0.5)
+        assert float(props["score"]) == pytest.approx(1 / 3)
+    # The ceiling beside the score in the terminal summary and in report.html's table.
+    normal.stdout.fnmatch_lines(["score against the gold ceiling (--pb-gold-ledger):",
+                                 f"  {COIN}: score 0.333 of gold ceiling 0.500, 1.000 ignoring the ledger's "
+                                 "impossible and flaky tests"])
+    page = (next((pytester.path / "pb-runs").glob("2*/summary.json")).parent / "report.html").read_text()
+    row = re.search(rf'<tr data-task="{re.escape(COIN)}">.*?</tr>', page, re.S)
+    assert row is not None
+    assert re.search(r'<td class="num ceiling" data-sort="0.5">0.5000<br>.*?ignoring flaky 1.0000</span></td>',
+                     row.group(0), re.S), row.group(0)
 
     # A comparison the ledger explains: the odd run against gold run 2's submission (even: the flaky test passes),
     # two finished runs compared with the ledger: the one flip is marked flaky.
