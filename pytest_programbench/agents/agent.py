@@ -135,12 +135,14 @@ def put_tree(sandbox: Sandbox, source: Path, dest: str) -> None:
         raise OSError(f"could not copy {source} into the sandbox at {dest}")
 
 
-def kill_window_processes(window: str, *, rounds: int = 5) -> list[int]:
+def kill_window_processes(window: str, *, group: int | None = None, rounds: int = 5) -> list[int]:
     """SIGKILL every process on this host whose environment says it belongs to ``window`` (``PB_AGENT_WINDOW``).
 
     The process group catches what a host-loop agent forks; this catches what it detached from the group (``setsid``,
     a daemon's double fork). Each round stops all it finds before killing any, so none forks a replacement meanwhile.
-    Only this user's processes can be read (and a host-loop agent runs as this user). Returns the pids killed.
+    Only this user's processes can be read (and a host-loop agent runs as this user). Returns the pids killed that
+    were not in process group ``group``: members of the group the caller just killed may still be dying when the
+    scan reads them (under load), and they were never detached.
     """
     import psutil
 
@@ -159,9 +161,11 @@ def kill_window_processes(window: str, *, rounds: int = 5) -> list[int]:
             with contextlib.suppress(psutil.Error):
                 process.suspend()
         for process in found:
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(psutil.Error, OSError):
+                in_group = group is not None and os.getpgid(process.pid) == group
                 process.kill()
-                killed.append(process.pid)
+                if not in_group:
+                    killed.append(process.pid)
     return sorted(set(killed))
 
 
@@ -354,7 +358,8 @@ class AgentRunner:
                 with contextlib.suppress(OSError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                detached = kill_window_processes(window)  # setsid, a double fork: out of the group, still marked
+                # setsid, a double fork: out of the group, still marked
+                detached = kill_window_processes(window, group=proc.pid)
                 if detached:
                     notes.append(f"{len(detached)} process(es) the agent detached from its process group were killed "
                                  "when its window ended")
