@@ -12,13 +12,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy  # noqa: F401 - see below
 import pytest
+import scipy.stats  # noqa: F401 - see below
 
 from tests.network_guard import install as install_network_guard
 from tests.proxy_support import engine, probe_image, run_labels  # noqa: F401 - fixtures of the proxy/sandbox tests
 
 REPO = Path(__file__).resolve().parent.parent
 TESTBED = REPO / "testbed"
+
+# numpy and scipy are imported here, before any in-process pytester session: pytester takes its snapshot of
+# sys.modules then and removes what a session imported when it ends, and numpy's C core cannot be loaded twice in a
+# process ("cannot load module more than once per process"), so a second inline session computing an interval failed.
 
 # No test may reach the Hugging Face hub: every pytest session a test starts inherits this.
 os.environ["HF_HUB_OFFLINE"] = "1"
