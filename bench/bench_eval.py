@@ -1,6 +1,6 @@
 """Evaluation wall time: the official ``programbench eval`` against ``pytest --pb-submissions`` on the same submissions.
 
-    python bench/bench_eval.py [--repeat N] [--variant good] [--skip official-wheels,...]
+    python bench/bench_eval.py [--repeat N] [--variant good] [--only NAME]... [--skip NAME]...
 
 Runs, on copies of the test bed's run directory ``testbed/.state/submissions/<variant>`` (all four fixture tasks):
 
@@ -179,11 +179,32 @@ def run_plugin(name: str, source: Path, work: Path, tasks_dir: Path, env: dict[s
             "breakdown": step_breakdown(output)}
 
 
+def select_skipped(names: list[str], skip: list[str], only: list[str]) -> set[str]:
+    """The configurations to leave out. Names hold commas ("pytest -n 1, reruns off"), so a value is taken whole
+    when it names a configuration and split on commas otherwise (the old ``--skip a,b`` form)."""
+    def parse(values: list[str]) -> set[str]:
+        out: set[str] = set()
+        for value in values:
+            parts = [value] if value in names else [p.strip() for p in value.split(",") if p.strip()]
+            unknown = [p for p in parts if p not in names]
+            if unknown:
+                sys.exit(f"unknown configuration(s) {unknown}; known: {names}")
+            out |= set(parts)
+        return out
+
+    skipped = parse(skip)
+    if only:
+        skipped |= set(names) - parse(only)
+    return skipped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=1, help="runs of every configuration (the best is kept)")
     parser.add_argument("--variant", default="good", help="test bed run directory (good, wrong, hang, ...)")
-    parser.add_argument("--skip", default="", help="comma-separated configuration names to leave out")
+    parser.add_argument("--skip", action="append", default=[],
+                        help="a configuration to leave out (repeatable; a value naming none is split on commas)")
+    parser.add_argument("--only", action="append", default=[], help="run only this configuration (repeatable)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
 
@@ -197,7 +218,6 @@ def main() -> None:
     if not wheels.available:
         print(f"WARNING: no rerunfailures wheels ({wheels.reason}): official+wheels and the reruns-on rows "
               f"are skipped", file=sys.stderr)
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     configs: list[tuple[str, Any]] = [
         ("official", lambda w, t: run_official("official", source, w, t, env, "")),
         ("official+wheels", lambda w, t: run_official("official+wheels", source, w, t, env, str(wheels.directory))),
@@ -207,6 +227,8 @@ def main() -> None:
         ("pytest -n 1, reruns off", lambda w, t: run_plugin("pytest -n 1, reruns off", source, w, t, env, 1, False)),
         ("pytest -n 2, reruns off", lambda w, t: run_plugin("pytest -n 2, reruns off", source, w, t, env, 2, False)),
     ]
+    names = [name for name, _run in configs]
+    skip = select_skipped(names, args.skip, args.only)
     if not wheels.available:
         skip |= {"official+wheels", "pytest -n 1", "pytest -n 2"}
     rows: dict[str, dict[str, Any]] = {}

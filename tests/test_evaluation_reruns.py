@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from pytest_programbench.evaluation import rerunfailures
+from pytest_programbench.evaluation.install_cache import pip_writes, pristine_for_pip
 from pytest_programbench.evaluation.rerunfailures import (
     CONTAINER_WHEEL_DIR,
     RerunWheels,
@@ -18,7 +20,12 @@ from pytest_programbench.evaluation.rerunfailures import (
 )
 from tests.conftest import Testbed
 from tests.outcome_support import item_message
+from tests.test_evaluation_divergences import GOOD_COMPILE, rpn_archive
 from tests.test_evaluation_parity import RPN, run_ours, submission, tasks
+
+
+def with_line(script: str, line: str) -> str:
+    return script.rstrip("\n") + "\n" + line + "\n"
 
 
 def _wheel(directory: Path, name: str) -> None:
@@ -111,26 +118,92 @@ def test_pip_environment_is_offline() -> None:
 
 @pytest.mark.docker
 def test_reruns_on_in_a_real_evaluation(testbed: Testbed, tmp_path: Path) -> None:
-    outcome = run_ours(tasks(testbed)[RPN], submission(testbed, "wrong", RPN), testbed, tmp_path, reruns=True)
+    """pip runs (and is recorded) in the first evaluation of the image; the second replays the record: same log
+    entry, same statuses, and the plugin really there (a failing test is rerun)."""
+    cache = tmp_path / "installed"
+    runs_by_evaluation = []
+    for n, expected in enumerate(("pip, recorded", "replayed")):
+        outcome = run_ours(tasks(testbed)[RPN], submission(testbed, "wrong", RPN), testbed, tmp_path / str(n),
+                           reruns=True, install_cache=str(cache))
+        assert outcome.reruns, outcome.reruns_reason
+        assert outcome.reruns_install == expected
+        assert outcome.meta()["reruns_install"] == expected
+        result = outcome.result
+        assert result is not None
+        install = next(e for e in result.log if e["step"] == "install_rerunfailures")
+        # The official command, unchanged in the log; it ran offline against the host's wheels.
+        assert install["command"] == "pip3 install -q --disable-pip-version-check pytest-rerunfailures==16.4"
+        assert install["returncode"] == 0
+        runs = [e for e in result.log if e["step"] == "run_tests"]
+        assert all("--reruns=2 --reruns-delay=1" in e["command"] for e in runs)
+        assert any(" rerun" in e["output"] for e in runs)  # the failing test was rerun
+        assert "reruns: on" in item_message(outcome, tasks(testbed)[RPN])
+        runs_by_evaluation.append(({t.full_name: t.status for t in result.test_results},
+                                   [e["step"] for e in result.log], install["output"]))
+    assert runs_by_evaluation[0] == runs_by_evaluation[1]
+    # A compile.sh that touches what pip reads (here /etc/pip.conf, empty) gets pip itself, never the record.
+    planted = rpn_archive(testbed, tmp_path / "planted.tar.gz", with_line(GOOD_COMPILE, "touch /etc/pip.conf"))
+    outcome = run_ours(tasks(testbed)[RPN], planted, testbed, tmp_path / "planted", reruns=True,
+                       install_cache=str(cache))
     assert outcome.reruns, outcome.reruns_reason
-    result = outcome.result
-    assert result is not None
-    install = next(e for e in result.log if e["step"] == "install_rerunfailures")
-    # The official command, unchanged in the log; it ran offline against the host's wheels.
-    assert install["command"] == "pip3 install -q --disable-pip-version-check pytest-rerunfailures==16.4"
-    assert install["returncode"] == 0
-    runs = [e for e in result.log if e["step"] == "run_tests"]
-    assert all("--reruns=2 --reruns-delay=1" in e["command"] for e in runs)
-    assert any(" rerun" in e["output"] for e in runs)  # the failing test was rerun
-    assert "reruns: on" in item_message(outcome, tasks(testbed)[RPN])
+    assert outcome.reruns_install == "pip"
+    records = [d for d in cache.iterdir() if not d.name.startswith(".")]
+    assert len(records) == 1
+    with tarfile.open(records[0] / "files.tar") as tar:
+        names = tar.getnames()
+    assert any(n.endswith("pytest_rerunfailures.py") for n in names), names[:20]
+    assert not [n for n in names if n.startswith(("tmp/", "workspace/"))]
+
+
+def _change(path: str, kind: int = 1, stamp: tuple[int, int, int] | None = (1, 2, 0o100644)) -> dict[str, object]:
+    return {"Path": path, "Kind": kind, "Stamp": stamp}
+
+
+def test_pristine_for_pip_rule() -> None:
+    """Replay only where compile.sh left pip's world as shipped: the workspace, scratch, build caches and what the
+    official writes itself (with their parent directories) are fine; anything else, or no stamps, is not."""
+    ok = [_change("/workspace", 0, None), _change("/workspace/target/x"), _change("/tmp", 0, None),
+          _change("/root", 0, None), _change("/root/.cache", 1, None), _change("/etc", 0, None),
+          _change("/etc/resolv.conf", 0)]
+    assert pristine_for_pip(ok, [], "/usr/local/bin:/usr/bin:/bin") is None
+    assert pristine_for_pip([*ok, _change("/usr/local/lib/python3.11/dist-packages/x.pth")], [], "/usr/bin")
+    assert pristine_for_pip([*ok, _change("/etc/profile", 0)], [], "/usr/bin")
+    assert pristine_for_pip([*ok, _change("/root/.config/pip/pip.conf")], [], "/usr/bin")
+    assert pristine_for_pip([*ok, _change("/usr/local", 0, None)], [], "/usr/bin")  # a chmod of a directory
+    assert pristine_for_pip([_change("/tmp", 0, (1, 2, 0o120777))], [], "/usr/bin")  # /tmp made a symlink
+    assert pristine_for_pip(ok, [], "/usr/bin:.")
+    assert pristine_for_pip(ok, [], "/workspace/bin:/usr/bin")
+    assert pristine_for_pip(ok, [], None)
+    assert pristine_for_pip(ok, ["more than 400000 changed entries"], "/usr/bin")
+    assert pristine_for_pip([{"Path": "/workspace/x", "Kind": 1}], [], "/usr/bin")  # the engine's diff: no stamps
+
+
+def test_pip_writes_leaves_scratch_and_unchanged_entries() -> None:
+    before = [_change("/usr", 0, None), _change("/usr/local/bin/old", 0, (1, 1, 0o100755))]
+    after = [*before, _change("/usr/local/lib/python3.11", 1, None), _change("/usr/local/lib/python3.11/a.py"),
+             _change("/tmp/pip-xyz/f"), _change("/workspace/f"), _change("/usr/local/bin/gone", 2, None),
+             _change("/usr/local/bin/old2", 0, (1, 1, 0o100755))]
+    written, deleted = pip_writes(before, after)
+    assert written == ["/usr/local/bin/old2", "/usr/local/lib/python3.11", "/usr/local/lib/python3.11/a.py"]
+    assert deleted == ["/usr/local/bin/gone"]
 
 
 @pytest.mark.docker
 def test_reruns_off_is_said(testbed: Testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without wheels pip fails offline; a second evaluation replays that failure: reruns off all the same."""
     monkeypatch.setenv("PYTEST_PROGRAMBENCH_WHEELS", str(tmp_path / "no-wheels-here"))
-    outcome = run_ours(tasks(testbed)[RPN], submission(testbed, "good", RPN), testbed, tmp_path, reruns=True)
-    assert not outcome.reruns
-    assert "no pytest-rerunfailures wheels on this host" in outcome.reruns_reason
-    assert "reruns: off (no pytest-rerunfailures wheels" in item_message(outcome, tasks(testbed)[RPN])
-    assert outcome.meta()["reruns"] == "off"
-    assert outcome.score == 1.0
+    installs = []
+    for n, expected in enumerate(("pip, recorded", "replayed")):
+        outcome = run_ours(tasks(testbed)[RPN], submission(testbed, "good", RPN), testbed, tmp_path / str(n),
+                           reruns=True, install_cache=str(tmp_path / "installed"))
+        assert not outcome.reruns
+        assert outcome.reruns_install == expected
+        assert "no pytest-rerunfailures wheels on this host" in outcome.reruns_reason
+        assert "reruns: off (no pytest-rerunfailures wheels" in item_message(outcome, tasks(testbed)[RPN])
+        assert outcome.meta()["reruns"] == "off"
+        assert outcome.score == 1.0
+        assert outcome.result is not None
+        install = next(e for e in outcome.result.log if e["step"] == "install_rerunfailures")
+        assert install["returncode"] != 0
+        installs.append((install["returncode"], install["output"]))
+    assert installs[0] == installs[1]

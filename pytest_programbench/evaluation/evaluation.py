@@ -55,11 +55,22 @@ from pytest_programbench.evaluation.container_layer import (
     UndecodableOutput,
     _is_connection_failure,
 )
+from pytest_programbench.evaluation.install_cache import (
+    DIFF_PRUNE,
+    MAX_RECORD_BYTES,
+    InstallCache,
+    InstallRecord,
+    pip_writes,
+    pristine_for_pip,
+    record_key,
+)
 from pytest_programbench.evaluation.integrity import IntegrityFlag
 from pytest_programbench.evaluation.rerunfailures import (
     CONTAINER_WHEEL_DIR,
+    INSTALL_COMMAND,
     RerunWheels,
     ensure_wheels,
+    install_cache_dir,
     pip_environment,
 )
 from pytest_programbench.pytest_layer.options import cores
@@ -109,6 +120,9 @@ class EvalSettings:
     output_cap: int = DEFAULT_OUTPUT_CAP
     cache_dir: str | None = None
     storage: int = field(default_factory=eval_storage_limit)  # per container, where the engine can
+    # Recorded install steps (evaluation/install_cache.py); None: the default under the cache root, or none at all
+    # under $PYTEST_PROGRAMBENCH_PIP_REPLAY=0.
+    install_cache: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> EvalSettings:
@@ -140,6 +154,7 @@ class EvaluationOutcome:
     neutralised: list[str] = field(default_factory=list)
     reruns: bool = False
     reruns_reason: str = ""
+    reruns_install: str = ""  # how the install step ran: "pip", "pip, recorded", "replayed" ("" not reached)
     compile_seconds: float | None = None
     test_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -182,6 +197,7 @@ class EvaluationOutcome:
             "neutralised": list(self.neutralised),
             "reruns": "on" if self.reruns else "off",
             "reruns_reason": self.reruns_reason,
+            "reruns_install": self.reruns_install,
             "timings": {"compile_seconds": self.compile_seconds, "test_seconds": self.test_seconds,
                         "total_seconds": self.total_seconds},
             "clock_fired": self.clock_fired,
@@ -272,8 +288,13 @@ class _Probe:
     traceback). Only the engine going away (an infrastructure error) and --pb-strict failing to neutralise (its
     documented 0) leave here."""
 
-    def __init__(self, *, image: str, strict: bool, wheels: RerunWheels, eval_clean_hashes: list[str]) -> None:
+    def __init__(self, *, image: str, strict: bool, wheels: RerunWheels, eval_clean_hashes: list[str],
+                 install_cache: InstallCache | None = None) -> None:
         self.image = image
+        self.install_cache = install_cache
+        self.install = ""  # see EvaluationOutcome.reruns_install
+        self._recording: tuple[str, list[dict[str, Any]]] | None = None  # (key, the diff before pip)
+        self.scan_bounded: list[str] = []
         self.strict = strict
         self.wheels = wheels
         self.eval_clean_hashes = eval_clean_hashes
@@ -294,7 +315,11 @@ class _Probe:
             self.reference_hash = self._reference_hash(env)
         elif step == COMPILE_STEP:
             self.before = self._guarded("before compile.sh", lambda: self._diff(env).changes)
-        elif step == INSTALL_RERUNS_STEP and self.wheels.available:
+        elif step == INSTALL_RERUNS_STEP:
+            self.install = "pip"
+            # Without wheels pip fails offline, the same way every time for an image: replayed as well.
+            if self._plan_install(env) or not self.wheels.available:
+                return  # replayed (no wheels needed), or none to copy
             try:
                 env.put_files("/tmp", self.wheels.files(), subdir=CONTAINER_WHEEL_DIR.rsplit("/", 1)[-1])
             except RuntimeError as exc:
@@ -318,10 +343,87 @@ class _Probe:
             self._guarded("after compile.sh", lambda: self._scan_compile(env))
             if self.strict:
                 self._neutralise(env, self.compile_flags)
-        elif step == INSTALL_RERUNS_STEP and self.wheels_copied:
-            cleanup = env.execute(f"rm -rf {CONTAINER_WHEEL_DIR}", timeout=60)
-            if cleanup["returncode"] != 0:
-                log.warning("could not remove the wheel directory: %s", cleanup["output"].strip())
+        elif step == INSTALL_RERUNS_STEP:
+            if self.wheels_copied:
+                cleanup = env.execute(f"rm -rf {CONTAINER_WHEEL_DIR}", timeout=60)
+                if cleanup["returncode"] != 0:
+                    log.warning("could not remove the wheel directory: %s", cleanup["output"].strip())
+                    self._recording = None  # what pip wrote cannot be told from our leftovers
+            if self._recording is not None and (self.wheels_copied or not self.wheels.available):
+                self._record_install(env, result)
+
+    # ------------------------------------------------------------------------------ the install step's record
+
+    def _plan_install(self, env: SdkContainerEnvironment) -> bool:
+        """Before the install step: replay a record (True), or get ready to record this run of pip."""
+        if self.install_cache is None or self.scanned is None:
+            return False
+        try:
+            config = env._api.inspect_container(env.container_id).get("Config") or {}
+            path_env = next((str(v)[5:] for v in config.get("Env") or [] if str(v).startswith("PATH=")), None)
+            why = pristine_for_pip(self.scanned, self.scan_bounded, path_env)
+            if why is not None:
+                log.debug("install step not replayed: %s", why)
+                return False
+            key = record_key(self.image, self.wheels.wheels, INSTALL_COMMAND, pip_environment(self.wheels))
+            record = self.install_cache.load(key)
+            if record is not None:
+                env.exec_override = lambda command, _timeout: self._replay(env, record, command)
+                return True
+            before = env.bounded_diff(prune=DIFF_PRUNE)
+            if not before.bounded:
+                self._recording = (key, before.changes)
+        except EngineUnavailable:
+            raise
+        except Exception as exc:
+            if _is_connection_failure(exc):
+                raise
+            log.warning("install step record lookup failed (pip runs): %s", exc, exc_info=True)
+        return False
+
+    def _replay(self, env: SdkContainerEnvironment, record: InstallRecord, command: str) -> dict[str, Any] | None:
+        if command != INSTALL_COMMAND:
+            return None
+        try:
+            env.apply_tree(record.archive, list(record.deleted))
+        except (RuntimeError, OSError) as exc:
+            log.warning("replaying the recorded install step failed (pip runs): %s", exc)
+            self.install = "pip, after a failed replay"
+            return None
+        self.install = "replayed"
+        return {"output": record.output, "returncode": record.returncode, "exception_info": ""}
+
+    def _record_install(self, env: SdkContainerEnvironment, result: Mapping[str, Any]) -> None:
+        """After pip ran in a pristine container: what it wrote, for the next evaluation of this image."""
+        assert self.install_cache is not None
+        assert self._recording is not None
+        key, before = self._recording
+        self._recording = None
+        if result.get("exception_info") or not isinstance(result.get("returncode"), int):
+            return  # timed out: nothing worth replaying
+        try:
+            after = env.bounded_diff(prune=DIFF_PRUNE)
+            if after.bounded:
+                return
+            written, deleted = pip_writes(before, after.changes)
+            staging = self.install_cache.staging()
+            with (staging / "files.tar").open("wb") as f:
+                problem = env.export_tree(written, f, max_bytes=MAX_RECORD_BYTES)
+            if problem is not None:
+                import shutil
+
+                shutil.rmtree(staging, ignore_errors=True)
+                log.warning("install step not recorded: %s", problem)
+                return
+            self.install_cache.commit(key, staging, returncode=int(result["returncode"]),
+                                      output=str(result.get("output", "")), deleted=deleted)
+            self.install = "pip, recorded"
+        except EngineUnavailable:
+            raise
+        except Exception as exc:
+            if _is_connection_failure(exc):
+                raise
+            log.warning("recording the install step failed: %s", exc, exc_info=True)
 
     def before_commit(self, env: SdkContainerEnvironment) -> None:
         """The image the hidden tests run in, frozen, scanned again: what changed in /workspace since the scan."""
@@ -339,6 +441,7 @@ class _Probe:
     def _scan_compile(self, env: SdkContainerEnvironment) -> list[IntegrityFlag]:
         after = self._diff(env)
         self.scanned = after.changes
+        self.scan_bounded = list(after.bounded)
         self.compile_flags = [*self.compile_flags, *integrity.scan_compile(
             self.before or [], after.changes, lambda rel: _read(env, rel), bounded=after.bounded)]
         return self.compile_flags
@@ -579,7 +682,9 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
     wheels = (ensure_wheels(Path(settings.cache_dir) / "wheels" if settings.cache_dir else None)
               if settings.reruns else RerunWheels(None, reason="disabled for this evaluation"))
     remove_hashes = list(instance.get("eval_clean_hashes", []) or [])
-    probe = _Probe(image=image, strict=settings.strict, wheels=wheels, eval_clean_hashes=remove_hashes)
+    cache_dir = Path(settings.install_cache) if settings.install_cache else install_cache_dir()
+    probe = _Probe(image=image, strict=settings.strict, wheels=wheels, eval_clean_hashes=remove_hashes,
+                   install_cache=InstallCache(cache_dir) if cache_dir is not None else None)
     try:
         if engine is None:
             from pytest_programbench.engine.docker_engine import client
@@ -669,6 +774,7 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
     outcome.timeouts = list(evaluator.timed_out)
     outcome.reruns = bool(evaluator._has_rerunfailures)
     outcome.reruns_reason = _reruns_reason(evaluator, wheels)
+    outcome.reruns_install = probe.install
     outcome.reference_hash = probe.reference_hash
     outcome.neutralised = list(probe.neutralised)
     outcome.notes.extend(probe.notes)

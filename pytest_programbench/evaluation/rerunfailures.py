@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 PINNED_VERSION = "16.4"
 FORBIDDEN_VERSIONS = frozenset({"16.6.1"})
 REQUIREMENT = f"pytest-rerunfailures=={PINNED_VERSION}"
+# The official install step's command (eval.py 1.2.5), as it appears in the log.
+INSTALL_COMMAND = f"pip3 install -q --disable-pip-version-check {REQUIREMENT}"
 # Markers in pip's metadata are evaluated against the *host* interpreter by `pip download`, so dependencies that
 # only older Pythons need are named explicitly.
 EXTRA_REQUIREMENTS = ("exceptiongroup", "tomli")
@@ -48,6 +50,8 @@ FAILURE_TTL = 3600
 DOWNLOAD_TIMEOUT = 600
 ENV_WHEEL_DIR = "PYTEST_PROGRAMBENCH_WHEELS"
 ENV_CACHE_DIR = "PYTEST_PROGRAMBENCH_CACHE"
+# "0" turns off the replay of recorded install steps (evaluation/install_cache.py): pip runs in every evaluation.
+ENV_PIP_REPLAY = "PYTEST_PROGRAMBENCH_PIP_REPLAY"
 
 _WHEEL_RE = re.compile(r"^pytest_rerunfailures-(?P<version>[^-]+)-.*\.whl$")
 
@@ -187,6 +191,14 @@ def pip_environment(wheels: RerunWheels) -> dict[str, str]:
     env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": CONTAINER_WHEEL_DIR if wheels.available else "",
            "PIP_NO_INPUT": "1"}
     return env
+
+
+def install_cache_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """Where recorded install steps live (None: ``$PYTEST_PROGRAMBENCH_PIP_REPLAY=0``, pip runs every time)."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_PIP_REPLAY, "").strip() == "0":
+        return None
+    return cache_root(env) / f"rerunfailures-{PINNED_VERSION}" / "installed"
 
 
 def reset_memo() -> None:
