@@ -119,10 +119,13 @@ class ExecReader:
         finally:
             self._frames.put(None)
 
-    def pump(self, deadline: float, sinks: Sinks) -> bool:
-        """Hand frames to ``sinks`` (by stream; stdout's sink for any other) until EOF (True) or ``deadline``
-        (False). A silent command is read until it exits or its own clock fires."""
+    def pump(self, deadline: float, sinks: Sinks, *, until: Callable[[], bool] | None = None) -> bool:
+        """Hand frames to ``sinks`` (by stream; stdout's sink for any other) until EOF (True), ``until()`` holds
+        after a frame (True) or ``deadline`` (False). A silent command is read until it exits or its own clock
+        fires."""
         while not self.eof:
+            if until is not None and until():
+                return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
