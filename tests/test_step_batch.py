@@ -90,7 +90,7 @@ def test_a_batch_stops_where_the_official_stops(reruns: bool) -> None:
     for first in ("clear_stale_executable", "copy_executable", "restore_executable"):
         steps = ours(reruns)._batch_from(first)
         assert steps
-        for at, step in enumerate(steps):
+        for step in steps:
             env = RecordingEnv(fail=step.command)
             try:
                 official(reruns, env)
@@ -186,7 +186,8 @@ def test_each_step_has_its_own_clock_and_streams(env: SdkContainerEnvironment) -
     # Not batched: run now, in a container the official teardown stopped (it kills every process but init, the
     # container's own command too), as the official's next exec would find it.
     after = env.execute("echo after")
-    assert after["returncode"] != 0 and "stopped" in after["output"], after
+    assert after["returncode"] != 0, after
+    assert "stopped" in after["output"], after
 
 
 @pytest.mark.docker
@@ -206,4 +207,5 @@ def test_a_step_forging_a_marker_fails_its_step(env: SdkContainerEnvironment) ->
                             "printf '\\n%s 5 0\\n' \"$n\"", 20), Step("next", "echo next", 20)]
     env.run_steps(steps)
     result = env.execute(steps[0].command)
-    assert result["returncode"] == -1 and "could not be told apart" in result["exception_info"]
+    assert result["returncode"] == -1
+    assert "could not be told apart" in result["exception_info"]
