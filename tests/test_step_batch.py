@@ -186,8 +186,8 @@ def test_each_step_has_its_own_clock_and_streams(env: SdkContainerEnvironment) -
     # Not batched: run now, in a container the official teardown stopped (it kills every process but init, the
     # container's own command too), as the official's next exec would find it.
     after = env.execute("echo after")
-    assert after["returncode"] != 0, after
-    assert "stopped" in after["output"], after
+    assert after["returncode"] != 0, after  # the engine's words vary with timing: stopped, deleted, not running
+    assert "after" not in after["output"], after
 
 
 @pytest.mark.docker
