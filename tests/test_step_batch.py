@@ -15,7 +15,7 @@ from programbench.exceptions import EvalStepError
 from pytest_programbench.engine.container import OutputCap
 from pytest_programbench.evaluation import container_layer
 from pytest_programbench.evaluation.container_layer import SdkContainerEnvironment, SdkEvaluator
-from pytest_programbench.evaluation.step_batch import Step, _Splitter
+from pytest_programbench.evaluation.step_batch import Step, _Splitter, enabled
 from tests.conftest import Testbed
 
 LABELS = {"pytest-programbench": "pb-test-step-batch", "pytest-programbench.task": "step-batch"}
@@ -98,6 +98,12 @@ def test_a_batch_stops_where_the_official_stops(reruns: bool) -> None:
             except EvalStepError:
                 went_on = False
             assert went_on == step.accept_failure, step.name
+
+
+def test_the_batch_can_be_turned_off() -> None:
+    assert enabled({})
+    assert enabled({"PYTEST_PROGRAMBENCH_STEP_BATCH": "1"})
+    assert not enabled({"PYTEST_PROGRAMBENCH_STEP_BATCH": " 0 "})
 
 
 def split(chunks: list[bytes], steps: int = 2) -> tuple[_Splitter, list[OutputCap]]:

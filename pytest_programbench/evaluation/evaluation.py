@@ -40,7 +40,7 @@ from programbench.utils.load_data import get_active_branches, get_ignored_branch
 
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
-from pytest_programbench.evaluation import integrity, results_check
+from pytest_programbench.evaluation import integrity, results_check, step_batch
 from pytest_programbench.evaluation.container_layer import (
     COMPILE_STEP,
     DEFAULT_OUTPUT_CAP,
@@ -705,6 +705,7 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
             compile_timeout=settings.compile_timeout, test_timeout=settings.test_timeout,
             output_cap=settings.output_cap, hooks=probe.hooks(),
             network_mode="none" if settings.strict else "default", storage=settings.storage,
+            batch_steps=step_batch.enabled(),
         ),
         image_name=task.image_name,
         solution_branch=SOLUTION_BRANCH,

@@ -26,9 +26,10 @@ failure naming it.
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_programbench.engine.container import ExecReader, OutputCap
@@ -47,6 +48,8 @@ for arg in "$@"; do
     i=$((i + 1))
 done
 """
+# "0" runs every step by itself (one exec each), as the official does.
+ENV_STEP_BATCH = "PYTEST_PROGRAMBENCH_STEP_BATCH"
 # A marker's fields after the nonce are at most this long; a longer unfinished one is not ours.
 _MARKER_TAIL_MAX = 32
 
@@ -128,6 +131,10 @@ class _Splitter:
             return
         self.statuses.append(status)
         self.done += 1
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    return (os.environ if environ is None else environ).get(ENV_STEP_BATCH, "").strip() != "0"
 
 
 def driver_argv(steps: Sequence[Step], nonce: str) -> list[str]:
