@@ -347,6 +347,10 @@ class TaskRun:
         raise InfrastructureError(f"{reason}; the agent's files are kept in {self.artifacts.dir} "
                                   "(--pb-resume runs the task again)", retryable=False)
 
+    def model_held_seconds(self) -> float:
+        """Seconds the relay held this task's model requests back so far: the agent's clock gives them back."""
+        return self.relay.held_seconds() if self.relay is not None else 0.0
+
     def relay_env(self, *, on_host: bool) -> dict[str, str]:
         if self.relay is None:
             return {}

@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -85,6 +85,7 @@ class AgentResult:
     log: Path
     notes: list[str] = field(default_factory=list)
     transcript: Path | None = None  # a CLI preset's own transcript, copied out of the sandbox
+    clock_extended_s: float = 0.0  # seconds the clock gave back for model requests the harness held
 
     @property
     def clock_fired(self) -> str | None:
@@ -93,7 +94,8 @@ class AgentResult:
     def meta(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "timed_out": self.timed_out, "seconds": round(self.seconds, 3),
                 "clock_fired": self.clock_fired, "notes": self.notes,
-                "transcript": None if self.transcript is None else self.transcript.name}
+                "transcript": None if self.transcript is None else self.transcript.name,
+                "clock_extended_s": round(self.clock_extended_s, 3)}
 
 
 class AgentEnvError(Exception):
@@ -181,7 +183,7 @@ class AgentRunner:
 
     def __init__(self, spec: AgentSpec, task: Task, settings: Settings, *, log_path: Path,
                  extra_env: Mapping[str, str] | None = None, config: pytest.Config | None = None,
-                 attempt: int = 1) -> None:
+                 attempt: int = 1, held: Callable[[], float] | None = None) -> None:
         self.spec = spec
         self.attempt = attempt  # --pb-attempts: which one (PB_ATTEMPT)
         self.task = task
@@ -191,6 +193,13 @@ class AgentRunner:
         self.config = config  # its hooks (pytest_layer/newhooks.py): the prompt and the agent's environment
         self._invocation: Invocation | None = None
         self.transcript: Path | None = None
+        # The relay's held seconds (relay/held.py): the clock gives them back, up to the window again (clock_cap).
+        self.held = held
+        self.clock_cap = float(settings.agent_timeout) if held is not None else 0.0
+
+    def given_back(self) -> float:
+        """Seconds added to the agent's clock so far: the harness held its model requests that long."""
+        return min(self.clock_cap, self.held()) if self.held is not None else 0.0
 
     def environment(self, sandbox: Sandbox) -> dict[str, str]:
         env = {
@@ -255,7 +264,8 @@ class AgentRunner:
             exit_code, timed_out = self._on_host(sandbox, timeout, notes)
         else:
             result = sandbox.exec(self.spec.command, user="agent", timeout=timeout,
-                                  env=self.environment(sandbox), output=self.log_path)
+                                  env=self.environment(sandbox), output=self.log_path,
+                                  extension=self.given_back, extension_cap=self.clock_cap)
             exit_code, timed_out = result.exit_code, result.timed_out
         # The window ends here: the sandbox is frozen and stopped with whatever the agent left running, before
         # packing (from the stopped container). A sandbox the agent brought down itself says so.
@@ -265,7 +275,7 @@ class AgentRunner:
 
             self.transcript = save_transcript(sandbox, self._invocation, self.log_path.parent)
         return AgentResult(exit_code, timed_out, time.monotonic() - started, self.log_path, notes,
-                           transcript=self.transcript)
+                           transcript=self.transcript, clock_extended_s=self.given_back())
 
     # -- presets ----------------------------------------------------------------------------------------------
 
@@ -315,7 +325,8 @@ class AgentRunner:
             self._log(notes[-1])
         env = environment(invocation, self.spec.cli, relay)
         env.update(self.environment(sandbox))  # the task's variables and --pb-agent-env win
-        result = sandbox.exec(invocation.command, user="agent", timeout=timeout, env=env, output=self.log_path)
+        result = sandbox.exec(invocation.command, user="agent", timeout=timeout, env=env, output=self.log_path,
+                              extension=self.given_back, extension_cap=self.clock_cap)
         return result.exit_code, result.timed_out
 
     def _on_host(self, sandbox: Sandbox, timeout: float, notes: list[str]) -> tuple[int | None, bool]:
@@ -344,7 +355,7 @@ class AgentRunner:
             reader = threading.Thread(target=pump, args=(read_fd, log, stop), daemon=True)
             reader.start()
             try:
-                return proc.wait(timeout=timeout), False
+                return self._wait_host_loop(proc, time.monotonic() + timeout), False
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGTERM)
                 try:
@@ -367,6 +378,17 @@ class AgentRunner:
                 stop.set()
                 reader.join()
                 os.close(read_fd)
+
+    def _wait_host_loop(self, proc: subprocess.Popen[bytes], deadline: float) -> int:
+        """``proc``'s exit status; TimeoutExpired once ``deadline`` plus what the clock gave back has passed."""
+        while True:
+            remaining = deadline + self.given_back() - time.monotonic()
+            if remaining <= 0:
+                raise subprocess.TimeoutExpired(proc.args, 0)
+            try:
+                return proc.wait(timeout=min(remaining, 1.0))
+            except subprocess.TimeoutExpired:
+                continue
 
     def _log(self, line: str) -> None:
         with CappedLog(self.log_path) as log:

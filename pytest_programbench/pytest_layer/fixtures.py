@@ -72,7 +72,7 @@ class ConfiguredAgent:
         run = self.task_run
         runner = AgentRunner(self.spec, run.task, run.settings, log_path=run.artifacts.agent_log,
                              extra_env=run.relay_env(on_host=self.on_host), config=run.session.config,
-                             attempt=run.key.n)
+                             attempt=run.key.n, held=run.model_held_seconds if run.relay is not None else None)
         return runner.run(sandbox, prompt)
 
 

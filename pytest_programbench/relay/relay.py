@@ -460,6 +460,12 @@ class ModelRelay:
     def stats(self) -> RelayStats:
         return self._recorder.stats()
 
+    def held_seconds(self) -> float:
+        """Seconds the harness held this task's model requests back so far (slots, rate limits, retry pauses;
+        concurrent holds counted once): what the agent's clock gives back (``relay/held.py``)."""
+        upstream = self._upstream
+        return upstream.held.seconds() if isinstance(upstream, UpstreamClient) else 0.0
+
     def describe(self) -> str:
         where = [str(self.socket_path)] if self.socket_path is not None else []
         if self.tcp_url is not None:

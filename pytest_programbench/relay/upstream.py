@@ -31,6 +31,7 @@ from urllib.parse import unquote, urlsplit
 import httpx
 import tenacity
 
+from pytest_programbench.relay.held import HeldTime
 from pytest_programbench.relay.rate import RunRateLimit
 from pytest_programbench.relay.server import Refusal
 from pytest_programbench.relay.slots import ModelSlots, SlotsClosed
@@ -276,6 +277,7 @@ class UpstreamClient:
         self._on_slot_wait = on_slot_wait
         self.rate = rate
         self._on_rate_wait = on_rate_wait
+        self.held = HeldTime()  # every wait below: the seconds the agent's clock gives back
         self._held: dict[httpx.Response, int] = {}  # the slot each response in flight holds
         timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=_MAX_POOLED,
@@ -376,7 +378,8 @@ class UpstreamClient:
         return retrying(attempt)
 
     def _sleep(self, seconds: float) -> None:
-        self._closing.wait(seconds)  # closing the relay ends the wait
+        with self.held.holding():
+            self._closing.wait(seconds)  # closing the relay ends the wait
 
     def _attempt(self, method: str, url: httpx.URL, headers: list[tuple[str, str]], body: bytes,
                  log: Attempts) -> httpx.Response:
@@ -385,14 +388,16 @@ class UpstreamClient:
         slot: int | None = None
         if self.slots is not None:
             try:
-                slot, waited = self.slots.acquire(self._closing, self._on_slot_wait)
+                with self.held.holding():
+                    slot, waited = self.slots.acquire(self._closing, self._on_slot_wait)
             except SlotsClosed:
                 raise Refusal(503, "the relay is closing") from None
             log.slot_wait_s = round(log.slot_wait_s + waited, 3)
         try:
             if self.rate is not None:  # after the slot: the request goes out as soon as its token is taken
                 try:
-                    waited = self.rate.acquire(self._closing, self._on_rate_wait)
+                    with self.held.holding():
+                        waited = self.rate.acquire(self._closing, self._on_rate_wait)
                 except SlotsClosed:
                     raise Refusal(503, "the relay is closing") from None
                 log.rate_wait_s = round(log.rate_wait_s + waited, 3)

@@ -587,25 +587,33 @@ class Sandbox:
         stdin: bytes | None = None,
         max_output: int = 64 << 20,
         use_timeout: bool = True,
+        extension: Callable[[], float] | None = None,
+        extension_cap: float = 0.0,
     ) -> ExecResult:
         """Run ``command`` (argv, or a string for ``sh -c``) as ``user`` ("agent", "root" or uid[:gid]).
 
         The wall clock is enforced inside (coreutils ``timeout``, TERM then KILL after a grace) and by a host
         watchdog that kills the agent's processes and disconnects. Output (stdout and stderr interleaved) is
         streamed to ``output`` when given, else returned (at most ``max_output`` bytes, the rest dropped).
+
+        ``extension()``: seconds the clock is given back so far (never more than ``extension_cap``), read as the
+        command runs; the host watchdog decides then, the inside ``timeout`` sits ``extension_cap`` further out.
         """
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
         if use_timeout and self._layout is not None and not self._layout.raw.get("timeout_command"):
             use_timeout = False  # no coreutils timeout in the image: the host watchdog alone enforces it
+        if extension is None:
+            extension_cap = 0.0
         if use_timeout:
-            argv = ["timeout", "-k", str(EXEC_KILL_GRACE), str(max(1, int(timeout))), *argv]
+            argv = ["timeout", "-k", str(EXEC_KILL_GRACE), str(max(1, int(timeout + extension_cap))), *argv]
         environment = dict(self.agent_env()) if user == "agent" and self._layout is not None else {}
         environment.update(env or {})
         from docker.errors import APIError
 
         try:
             return self._exec(argv, timeout=timeout, user=user, workdir=workdir, environment=environment,
-                              output=output, stdin=stdin, max_output=max_output, use_timeout=use_timeout)
+                              output=output, stdin=stdin, max_output=max_output, use_timeout=use_timeout,
+                              extension=extension, extension_cap=extension_cap)
         except APIError as exc:  # the container or its exec vanished under a running command: not the agent's doing
             raise SandboxError(f"the engine lost the command of sandbox container {self.id[:12]} "
                                f"({shell_join(argv)[:200]}): {exc}") from exc
@@ -616,7 +624,8 @@ class Sandbox:
         return self.exec([BINARY_PATH, *args], stdin=stdin, timeout=timeout, user=user, workdir=workdir)
 
     def _exec(self, argv: list[str], *, timeout: float, user: str, workdir: str, environment: dict[str, str],
-              output: Path | None, stdin: bytes | None, max_output: int, use_timeout: bool) -> ExecResult:
+              output: Path | None, stdin: bytes | None, max_output: int, use_timeout: bool,
+              extension: Callable[[], float] | None = None, extension_cap: float = 0.0) -> ExecResult:
         box = self._handle
         started = time.monotonic()
         exec_id, reader = box.start_exec(argv, user=self._user(user), workdir=workdir, environment=environment,
@@ -631,7 +640,19 @@ class Sandbox:
                     reader.send(stdin)
             write: Callable[[bytes], object] = sink.write if sink is not None else captured.write
             sinks = {1: write, 2: write}  # (a file is flushed while in its head, its tail held until close)
-            deadline = started + timeout + (WATCHDOG_GRACE if use_timeout else 0)
+            # With seconds given back (``extension``) the host keeps the clock: at the extended end it does what the
+            # inside ``timeout`` would (TERM, then KILL after its grace); without, the inside ``timeout`` does it and
+            # the host watchdog only backs it up.
+            termed_at: list[float] = []
+
+            def clock_end() -> float:
+                return started + timeout + (min(extension_cap, extension()) if extension is not None else 0.0)
+
+            def deadline() -> float:
+                if termed_at:
+                    return termed_at[0] + EXEC_KILL_GRACE + 2
+                return clock_end() + (WATCHDOG_GRACE if use_timeout else 0)
+
             timed_out = False
             finished_at: float | None = None
             # Quick answers for short commands, few engine calls for a six-hour agent run.
@@ -641,7 +662,10 @@ class Sandbox:
                     finished_at = now  # the command ended; a background process may still hold the stream
                 if finished_at is not None and now - finished_at > 2.0:
                     reader.shutdown()
-                elif now > deadline:
+                elif extension is not None and not termed_at and now > clock_end():
+                    termed_at.append(now)
+                    self._term_agent_processes()
+                elif now > deadline():
                     timed_out = True
                     self.kill_agent_processes()
                     reader.shutdown()
@@ -656,11 +680,11 @@ class Sandbox:
         info = box.exec_info(exec_id)
         exit_code = None if info.get("Running") else info.get("ExitCode")
         duration = time.monotonic() - started
-        if use_timeout and exit_code in (124, 137) and duration >= timeout:
+        if termed_at or (use_timeout and exit_code in (124, 137) and duration >= timeout):
             timed_out = True
         return ExecResult(exit_code, bytes(captured.head), duration, timed_out, captured.omitted > 0, tuple(notes))
 
-    def _outlive_broken_stream(self, exec_id: str, deadline: float, notes: list[str]) -> bool:
+    def _outlive_broken_stream(self, exec_id: str, deadline: Callable[[], float], notes: list[str]) -> bool:
         """The connection ended while the command still runs: wait for the command itself (an exec cannot be
         re-attached), up to its clock. True when the clock fired. Engine trouble while waiting propagates: an
         infrastructure error, never a score."""
@@ -672,12 +696,21 @@ class Sandbox:
         log.warning("exec %s: the output stream broke while the command runs; polling until it ends", exec_id[:12])
         delay = 0.5
         while box.running(exec_id):
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline():
                 self.kill_agent_processes()
                 return True
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
         return False
+
+    def _term_agent_processes(self) -> None:
+        """SIGTERM to every process of the agent user, sent as that user (``kill -TERM -1``): the clock's end, as
+        coreutils ``timeout`` would signal it; the KILL follows from the watchdog."""
+        with contextlib.suppress(Exception):  # the sandbox is gone: nothing of the agent's runs either
+            layout = self.layout
+            api = self.engine.api
+            api.exec_start(api.exec_create(self.id, ["sh", "-c", "kill -TERM -1 2>/dev/null; true"],
+                                           user=f"{layout.agent_uid}:{layout.agent_gid}", workdir="/")["Id"])
 
     def kill_agent_processes(self) -> dict[str, Any]:
         """Stop, then SIGKILL, every process of the agent user until none is left (see ``_KILL_AGENT``), in a
