@@ -273,8 +273,11 @@ def test_cli_agents_solve_a_task_while_the_provider_rate_limits_at_the_start(
         assert [t["status"] for r in model for t in r["retries"]] == [429] * limited, preset
         waited = sum(r["retry_wait_s"] for r in model)
         assert waited >= RATE_LIMITED_S - 3, (preset, waited)  # the first request alone waited out the minute
-        relay = json.loads((run_dir / RPN / "pb-meta.json").read_text())["relay"]
+        meta = json.loads((run_dir / RPN / "pb-meta.json").read_text())
+        relay = meta["relay"]
         assert (relay["retries"], relay["gave_up"], relay["errors"]) == (limited, 0, 0), (preset, relay)
+        # The minute the relay held the CLI's first request was given back to its clock (tests/test_agent_clock.py).
+        assert meta["agent"]["clock_extended_s"] >= RATE_LIMITED_S - 3, (preset, meta["agent"])
         assert relay["retry_wait_s"] == pytest.approx(waited, abs=0.01), (preset, relay)
         summary = json.loads((run_dir / "summary.json").read_text())
         tokens = summary["tasks"][RPN]["tokens"]
