@@ -9,7 +9,9 @@
 
 Usage is ``None`` when the upstream gave none, never 0. The server-sent event decoder is ours and incremental: the
 relay passes the raw bytes on as they arrive (no re-framing, no added delay) and the tap reads a copy with bounded
-memory (an event past 16 MiB is dropped, not held).
+memory (an event past 16 MiB is dropped, not held). It stays ours rather than httpx-sse's: httpx-sse's public API
+decodes only by iterating an ``httpx.Response`` itself (its line decoders are private), so it cannot be fed a copy of
+the raw byte chunks the relay passes on, and it holds an event's data whole, with no bound per event.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ Host-loop agents get the same relay on ``127.0.0.1:<ephemeral port>``.
 
 Its parts, one module each:
 
-* ``server.py``: the agent-facing HTTP/1.1 server (request line and header caps, connection cap, refusals);
+* ``server.py``: the agent-facing HTTP/1.1 server, its wire work h11's (request line and header caps, connection
+  cap, refusals);
 * ``upstream.py``: the endpoint and the httpx client that reaches it;
 * ``metering.py``: token usage and tool calls read from responses as they stream by (every API shape);
 * ``recording.py``: one :class:`RelayRecord` per request, in ``model-requests.jsonl`` and summed in
@@ -498,9 +499,8 @@ class ModelRelay:
             if handler.command == "HEAD" and handler.path == "/" and not self.upstream.contains("/"):
                 # claude-code's connectivity probe at start: the relay itself is what it can reach, so it answers.
                 exchange.status = 200
-                handler.send_response(200)
-                handler.send_header("Content-Length", "0")
-                handler.end_headers()
+                handler.start_response(200, [(b"Content-Length", b"0")])
+                handler.end_response()
                 exchange.mark_first_byte()
                 return
             self._forward(handler, exchange)
@@ -568,51 +568,9 @@ class ModelRelay:
         exchange.held += size
 
     def _read_body(self, handler: Handler, exchange: Exchange) -> bytes:
-        headers = handler.headers
-        encodings = [part.strip().lower() for part in ",".join(headers.get_all("Transfer-Encoding") or []).split(",")
-                     if part.strip()]
-        if encodings:
-            if encodings != ["chunked"]:
-                raise Refusal(501, f"unsupported request transfer coding {','.join(encodings)!r}")
-            return self._read_chunked(handler, exchange)
-        lengths = headers.get_all("Content-Length") or []
-        if not lengths:
-            return b""
-        if len(set(lengths)) != 1 or not lengths[0].strip().isdigit():
-            raise Refusal(400, "invalid Content-Length")
-        length = int(lengths[0])
-        if length > self.max_request_bytes:
-            raise Refusal(413, f"request body of {length} bytes exceeds the relay's limit")
-        self._hold(exchange, length)
-        body = handler.rfile.read(length)
-        if len(body) != length:
-            raise ConnectionResetError("the client closed before sending the whole body")
-        return body
-
-    def _read_chunked(self, handler: Handler, exchange: Exchange) -> bytes:
-        body = bytearray()
-        rfile = handler.rfile
-        while True:
-            line = rfile.readline(1026)
-            if not line.endswith(b"\n"):
-                raise Refusal(400, "malformed chunked request body")
-            try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError as exc:
-                raise Refusal(400, "malformed chunk size in request body") from exc
-            if size == 0:
-                while rfile.readline(65537) not in (b"\r\n", b"\n", b""):  # trailers, discarded
-                    pass
-                self._hold(exchange, len(body))  # the copy below exists next to the chunks for a moment
-                return bytes(body)
-            if len(body) + size > self.max_request_bytes:
-                raise Refusal(413, "request body exceeds the relay's limit")
-            self._hold(exchange, size)
-            data = rfile.read(size)
-            if len(data) != size:
-                raise ConnectionResetError("the client closed inside a chunk")
-            body += data
-            rfile.readline(3)
+        # h11 decodes the framing (Content-Length or chunked; other codings it refuses with the head); the caps are
+        # ours: the relay's request limit and its budget of bodies held at once.
+        return handler.read_body(self.max_request_bytes, lambda size: self._hold(exchange, size))
 
     def _headers(self, handler: Handler, body: bytes) -> list[tuple[str, str]]:
         incoming = handler.headers
@@ -708,37 +666,31 @@ class ModelRelay:
             self._note_outage(f"{status}")
         elif exchange.attempts.gave_up:
             self._note_outage(f"{status}")
-        bodyless = handler.command == "HEAD" or status in (204, 304) or 100 <= status < 200
-        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in response.headers.raw]
-        named = {token.strip().lower() for name, value in headers if name.lower() == "connection"
-                 for token in value.split(",")}
-        handler.send_response_only(status, response.reason_phrase)
-        for name, value in headers:
-            lowered = name.lower()
+        bodyless = handler.command == "HEAD" or status in (204, 304)
+        raw = response.headers.raw
+        named = {token.strip().lower() for name, value in raw if name.lower() == b"connection"
+                 for token in value.decode("latin-1").split(",")}
+        headers: list[tuple[bytes, bytes]] = []
+        for name, value in raw:
+            lowered = name.decode("latin-1").lower()
             dropped = lowered in RESPONSE_DROP or lowered in named
             if dropped and not (bodyless and lowered == "content-length"):  # HEAD keeps its length
                 continue
-            handler.send_header(name, value)
-        chunked = False
+            headers.append((name, value))
         length = content_length(response.headers)
-        if bodyless:
-            pass
-        elif length is not None:
-            handler.send_header("Content-Length", str(length))
-        elif handler.request_version == "HTTP/1.1":
-            handler.send_header("Transfer-Encoding", "chunked")
-            chunked = True
-        else:
-            handler.close_connection = True
+        if not bodyless and length is not None:
+            headers.append((b"Content-Length", b"%d" % length))
         if handler.close_connection:
-            handler.send_header("Connection", "close")
-        handler.end_headers()
+            headers.append((b"Connection", b"close"))
+        # h11 frames the body: the length when known, else chunked to HTTP/1.1 and close-delimited to HTTP/1.0.
+        handler.start_response(status, headers, response.reason_phrase.encode("latin-1"))
         if bodyless:
+            handler.end_response()
             exchange.mark_first_byte()
             response.read()  # nothing, but lets the connection be reused
             return
         tap = UsageTap(response.headers.get("Content-Type") or "", response.headers.get("Content-Encoding") or "")
-        write = handler.wfile.write
+        write = handler.send_body
         # Raw bytes as they arrive (no decompression: the client gets the upstream's encoding, the tap inflates).
         chunks = response.iter_raw()
         while True:
@@ -750,12 +702,11 @@ class ModelRelay:
                 handler.close_connection = True  # no terminating chunk: the client sees a truncated body
                 break
             if not chunk:
-                if chunked:
-                    write(b"0\r\n\r\n")
+                handler.end_response()
                 break
             exchange.mark_first_byte()
             try:  # to the agent before the tap reads it: metering never delays a chunk
-                write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                write(chunk)
                 gone = False
             except OSError as exc:
                 exchange.error = f"client went away mid-response: {exc!r}"
