@@ -417,11 +417,18 @@ def test_item_timeout_is_above_every_clock() -> None:
                  branch_retries=0, infra_retries=0),
         Settings(agent="true", agent_timeout=1000, compile_timeout=100, test_timeout=10, branch_workers=1,
                  branch_retries=2, infra_retries=3),
+        # A model endpoint: held requests give the clock back, up to the clock again or the retry budget.
+        Settings(agent="true", agent_timeout=100, model_endpoint="http://127.0.0.1:9", model_retry_budget=5000,
+                 compile_timeout=100, test_timeout=10, infra_retries=0),
+        Settings(agent="true", agent_timeout=5000, model_endpoint="http://127.0.0.1:9", compile_timeout=100,
+                 test_timeout=10, infra_retries=0),
     ]
     for settings in cases:
         workers = min(settings.branch_workers, branches)
         serial_rounds = -(-branches // workers)  # the slowest schedule of the branches over the workers
-        attempt = ((settings.agent_timeout if settings.agent else 0) + settings.compile_timeout
+        given_back = {"http://127.0.0.1:9": max(settings.agent_timeout, settings.model_retry_budget)}
+        agent = settings.agent_timeout + given_back.get(settings.model_endpoint or "", 0) if settings.agent else 0
+        attempt = (agent + settings.compile_timeout
                    + serial_rounds * (1 + settings.branch_retries) * settings.test_timeout)
         assert item_timeout(task, settings) > (1 + settings.infra_retries) * attempt, settings
     # Every clock moves the backstop by at least its own growth times the attempts.
@@ -429,3 +436,7 @@ def test_item_timeout_is_above_every_clock() -> None:
     for field, grow in (("agent_timeout", 500), ("compile_timeout", 500), ("test_timeout", 50)):
         grown = Settings(**{**base.__dict__, field: getattr(base, field) + grow})
         assert item_timeout(task, grown) - item_timeout(task, base) >= grow * (1 + base.infra_retries), field
+    # A model endpoint moves it by the most the agent's clock can be given back: the retry budget, or the clock again.
+    for endpoint, most in ((cases[3], 5000), (cases[4], 5000)):
+        plain = Settings(**{**endpoint.__dict__, "model_endpoint": None})
+        assert item_timeout(task, endpoint) - item_timeout(task, plain) >= most, endpoint

@@ -193,9 +193,9 @@ class AgentRunner:
         self.config = config  # its hooks (pytest_layer/newhooks.py): the prompt and the agent's environment
         self._invocation: Invocation | None = None
         self.transcript: Path | None = None
-        # The relay's held seconds (relay/held.py): the clock gives them back, up to the window again (clock_cap).
+        # The relay's held seconds (relay/held.py): the clock gives them back, up to Settings.agent_clock_cap.
         self.held = held
-        self.clock_cap = float(settings.agent_timeout) if held is not None else 0.0
+        self.clock_cap = settings.agent_clock_cap if held is not None else 0.0
 
     def given_back(self) -> float:
         """Seconds added to the agent's clock so far: the harness held its model requests that long."""

@@ -452,6 +452,15 @@ class Settings:
     gold_ledger: str | None = None
     ignore_flaky: bool = False
 
+    @property
+    def agent_clock_cap(self) -> float:
+        """The most the agent's clock is given back for model requests the relay held (relay/held.py): the longer of
+        the clock itself and the retry budget, so one request held for its whole budget never costs the agent its
+        window, and a window otherwise at most doubles. 0 without a model endpoint."""
+        if not self.agent or not self.model_endpoint:
+            return 0.0
+        return float(max(self.agent_timeout, self.model_retry_budget))
+
 
 def parse(config: pytest.Config, *, environ: Sequence[tuple[str, str]] | None = None) -> Settings:
     """Read every option from the command line or ini and validate it; bad input is a UsageError."""

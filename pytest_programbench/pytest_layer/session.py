@@ -70,9 +70,8 @@ def item_timeout(task: Task, settings: options.Settings) -> int:
         branches = max(1, sum(1 for info in task.load_instance()["branches"].values() if not info.get("ignored")))
     except CatalogueError:
         branches = 1  # the pipeline reports the malformed tests.json itself
-    agent = settings.agent_timeout if settings.agent else 0
-    if settings.agent and settings.model_endpoint:  # held model requests give the clock back, up to its length again
-        agent *= 2
+    # Held model requests give the clock back, up to its cap.
+    agent = settings.agent_timeout + int(settings.agent_clock_cap) if settings.agent else 0
     evaluation = evaluation_budget(compile_timeout=settings.compile_timeout, test_timeout=settings.test_timeout,
                                    branches=branches, branch_workers=settings.branch_workers,
                                    branch_retries=settings.branch_retries)

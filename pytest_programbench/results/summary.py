@@ -76,6 +76,7 @@ class TaskRecord:
             "n_passed": self.properties.get("n_passed"), "n_tests": self.properties.get("n_tests"),
             "error_code": self.properties.get("error_code"), "reasons": self.reasons,
             "clock_fired": self.properties.get("clock_fired"), "agent_exit": agent.get("exit_code"),
+            "clock_extended_s": agent.get("clock_extended_s"),  # seconds given back for held model requests
             "integrity_flags": evaluation.get("integrity_flags", []),
             "timings": {**meta.get("timings", {}), **(evaluation.get("timings") or {})},
             "image_id": (meta.get("image") or {}).get("id"),
