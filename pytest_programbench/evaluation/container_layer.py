@@ -509,6 +509,11 @@ class SdkContainerEnvironment:
         returncode = self._exit_code(exec_id)
         return {"output": _strict_output(out, err), "returncode": returncode, "exception_info": ""}
 
+    def path_variable(self) -> str | None:
+        """The container's configured ``PATH`` (what every exec starts from), None when it sets none."""
+        config = self._api.inspect_container(self.container_id).get("Config") or {}
+        return next((str(v)[5:] for v in config.get("Env") or [] if str(v).startswith("PATH=")), None)
+
     def run_steps(self, steps: list[Step]) -> None:
         """Run ``steps`` in one exec (:mod:`.step_batch`); :meth:`execute` then answers each of them, in order,
         from what it gave. Steps the batch did not reach run by themselves when asked for."""
@@ -519,9 +524,9 @@ class SdkContainerEnvironment:
             return
         _exec_id, stream = started
         try:
-            results, timed_out = collect(stream, steps, nonce, output_cap=self.output_cap,
-                                         started=time.monotonic())
-            if timed_out:
+            results, stop_driver = collect(stream, steps, nonce, output_cap=self.output_cap,
+                                           started=time.monotonic())
+            if stop_driver:
                 self._kill_after_timeout(stream)
         finally:
             stream.close()
@@ -604,18 +609,11 @@ class SdkContainerEnvironment:
         Runs ``bash -c`` (not a login shell: no profile the submission wrote runs) with builtins only (no fork):
         one ``kill -STOP -1`` stops every other process in a single kernel pass (a fork in flight is restarted,
         so no chain can outrun it), then each one is killed, and the container's command continued."""
-        started = self._start_exec(["bash", "-c", STOP_ALL_BUT_INIT])
-        if isinstance(started, dict):
-            log.warning("container %s: could not stop its processes: %s", self.container_id[:12],
-                        str(started.get("output", "")).strip())
+        ran = self._harness_output(["bash", "-c", STOP_ALL_BUT_INIT], timeout=timeout)
+        if isinstance(ran, str):
+            log.warning("container %s: could not stop its processes: %s", self.container_id[:12], ran)
             return None
-        _exec_id, stream = started
-        out = OutputCap(4096)
-        try:
-            finished = stream.pump(time.monotonic() + timeout, {1: out.write, 2: out.write})
-        finally:
-            stream.close()
-        text = decode_for_display(bytes(out.head)).strip()
+        _exec_id, finished, text = ran
         last = text.splitlines()[-1] if text else ""
         if not finished or not last.isdigit():
             log.warning("container %s: stopping its processes did not finish: %r", self.container_id[:12], text[:200])
@@ -775,8 +773,10 @@ class SdkContainerEnvironment:
         code = self._exit_code(exec_id)
         return None if code == 0 else f"tar exited {code}: {decode_for_display(bytes(err.head)).strip()[:500]}"
 
-    def _harness_exec(self, argv: list[str], *, timeout: float) -> str | None:
-        """A harness command (no shell, no profile); its error text, or None when it exited 0."""
+    def _harness_output(self, argv: list[str], *, timeout: float) -> tuple[str, bool, str] | str:
+        """Run a harness command (argv as given: no login profile) and read its output (the first 4 KiB, stdout and
+        stderr together) until it ends or ``timeout``: (exec id, whether it ended, the output), or the engine's
+        text when it could not start."""
         started = self._start_exec(argv)
         if isinstance(started, dict):
             return str(started["output"]).strip()
@@ -786,10 +786,18 @@ class SdkContainerEnvironment:
             finished = stream.pump(time.monotonic() + timeout, {1: out.write, 2: out.write})
         finally:
             stream.close()
+        return exec_id, finished, decode_for_display(bytes(out.head)).strip()
+
+    def _harness_exec(self, argv: list[str], *, timeout: float) -> str | None:
+        """A harness command (no shell, no profile); its error text, or None when it exited 0."""
+        ran = self._harness_output(argv, timeout=timeout)
+        if isinstance(ran, str):
+            return ran
+        exec_id, finished, text = ran
         if not finished:
             return f"did not finish within {timeout:.0f} s"
         code = self._exit_code(exec_id)
-        return None if code == 0 else f"exit {code}: {decode_for_display(bytes(out.head)).strip()[:500]}"
+        return None if code == 0 else f"exit {code}: {text[:500]}"
 
     def put_files(self, directory: str, files: Mapping[str, bytes], *, mode: int = 0o644,
                   subdir: str = "") -> None:

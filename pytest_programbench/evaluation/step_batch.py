@@ -20,8 +20,8 @@ failure the official would stop on. What each step gives back stays its own:
 
 The nonce is only readable by code running in the container, and code that runs there during these steps (a login
 profile or a binary ``compile.sh`` replaced) already decides every step's output and status in the official
-pipeline too. A marker that does not parse (only such code can write one) ends the batch: that step's result is a
-failure naming it.
+pipeline too. A marker that does not parse (only such code can write one) ends the batch as a clock does (the
+official teardown, so the driver runs nothing more): that step's result is a failure naming it.
 """
 
 from __future__ import annotations
@@ -96,8 +96,7 @@ class _Splitter:
         while not self.broken:
             at = self.pending.find(self.tag)
             if at < 0:
-                keep = len(self.tag) - 1
-                self._emit(len(self.pending) - keep if len(self.pending) > keep else 0)
+                self._emit(len(self.pending) - (len(self.tag) - 1))  # a tag's start may be at the very end
                 return
             end = self.pending.find(b"\n", at + len(self.tag))
             if end < 0:
@@ -149,8 +148,9 @@ def new_nonce() -> str:
 def collect(reader: ExecReader, steps: Sequence[Step], nonce: str, *, output_cap: int,
             started: float) -> tuple[list[StepResult], bool]:
     """Read the driver's streams: each step's result as it ends, under its own clock from the previous one's end.
-    Returns the results of the steps that ended (the last may have a ``problem``) and whether a clock fired (the
-    caller then does the official teardown)."""
+    Returns the results of the steps that ended (the last may have a ``problem``) and whether the driver must be
+    stopped (a clock fired, or its framing broke while it may still run steps): the caller then does the official
+    teardown."""
     outs = [OutputCap(output_cap) for _ in steps]
     errs = [OutputCap(output_cap) for _ in steps]
     stdout = _Splitter(nonce.encode(), outs, with_status=True)
@@ -167,7 +167,7 @@ def collect(reader: ExecReader, steps: Sequence[Step], nonce: str, *, output_cap
         if broken:
             results.append(StepResult(step, outs[i], errs[i], -1, now - step_started,
                                       problem=f"the step's output could not be told apart: {broken}"))
-            return results, False
+            return results, True
         if stdout.done > i and stderr.done > i:
             status = stdout.statuses[i]
             results.append(StepResult(step, outs[i], errs[i], status, now - step_started))
