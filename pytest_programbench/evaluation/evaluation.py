@@ -23,6 +23,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import logging
+import shutil
 import subprocess
 import tarfile
 import threading
@@ -358,27 +359,24 @@ class _Probe:
         """Before the install step: replay a record (True), or get ready to record this run of pip."""
         if self.install_cache is None or self.scanned is None:
             return False
-        try:
-            config = env._api.inspect_container(env.container_id).get("Config") or {}
-            path_env = next((str(v)[5:] for v in config.get("Env") or [] if str(v).startswith("PATH=")), None)
-            why = pristine_for_pip(self.scanned, self.scan_bounded, path_env)
-            if why is not None:
-                log.debug("install step not replayed: %s", why)
-                return False
-            key = record_key(self.image, self.wheels.wheels, INSTALL_COMMAND, pip_environment(self.wheels))
-            record = self.install_cache.load(key)
-            if record is not None:
-                env.exec_override = lambda command, _timeout: self._replay(env, record, command)
-                return True
-            before = env.bounded_diff(prune=DIFF_PRUNE)
-            if not before.bounded:
-                self._recording = (key, before.changes)
-        except EngineUnavailable:
-            raise
-        except Exception as exc:
-            if _is_connection_failure(exc):
-                raise
-            log.warning("install step record lookup failed (pip runs): %s", exc, exc_info=True)
+        return bool(self._guarded("the install step's record lookup (pip runs)",
+                                  lambda: self._look_up_install(env), flag=False))
+
+    def _look_up_install(self, env: SdkContainerEnvironment) -> bool:
+        assert self.install_cache is not None
+        assert self.scanned is not None
+        why = pristine_for_pip(self.scanned, self.scan_bounded, env.path_variable())
+        if why is not None:
+            log.debug("install step not replayed: %s", why)
+            return False
+        key = record_key(self.image, self.wheels.wheels, INSTALL_COMMAND, pip_environment(self.wheels))
+        record = self.install_cache.load(key)
+        if record is not None:
+            env.exec_override = lambda command, _timeout: self._replay(env, record, command)
+            return True
+        before = env.bounded_diff(prune=DIFF_PRUNE)
+        if not before.bounded:
+            self._recording = (key, before.changes)
         return False
 
     def _replay(self, env: SdkContainerEnvironment, record: InstallRecord, command: str) -> dict[str, Any] | None:
@@ -395,35 +393,33 @@ class _Probe:
 
     def _record_install(self, env: SdkContainerEnvironment, result: Mapping[str, Any]) -> None:
         """After pip ran in a pristine container: what it wrote, for the next evaluation of this image."""
-        assert self.install_cache is not None
         assert self._recording is not None
         key, before = self._recording
         self._recording = None
         if result.get("exception_info") or not isinstance(result.get("returncode"), int):
             return  # timed out: nothing worth replaying
+        self._guarded("recording the install step",
+                      lambda: self._write_install_record(env, key, before, result), flag=False)
+
+    def _write_install_record(self, env: SdkContainerEnvironment, key: str, before: list[dict[str, Any]],
+                              result: Mapping[str, Any]) -> None:
+        assert self.install_cache is not None
+        after = env.bounded_diff(prune=DIFF_PRUNE)
+        if after.bounded:
+            return
+        written, deleted = pip_writes(before, after.changes)
+        staging = self.install_cache.staging()
         try:
-            after = env.bounded_diff(prune=DIFF_PRUNE)
-            if after.bounded:
-                return
-            written, deleted = pip_writes(before, after.changes)
-            staging = self.install_cache.staging()
             with (staging / "files.tar").open("wb") as f:
                 problem = env.export_tree(written, f, max_bytes=MAX_RECORD_BYTES)
             if problem is not None:
-                import shutil
-
-                shutil.rmtree(staging, ignore_errors=True)
                 log.warning("install step not recorded: %s", problem)
                 return
             self.install_cache.commit(key, staging, returncode=int(result["returncode"]),
                                       output=str(result.get("output", "")), deleted=deleted)
             self.install = "pip, recorded"
-        except EngineUnavailable:
-            raise
-        except Exception as exc:
-            if _is_connection_failure(exc):
-                raise
-            log.warning("recording the install step failed: %s", exc, exc_info=True)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # nothing left once committed (renamed into place)
 
     def before_commit(self, env: SdkContainerEnvironment) -> None:
         """The image the hidden tests run in, frozen, scanned again: what changed in /workspace since the scan."""
@@ -460,8 +456,10 @@ class _Probe:
         # Build caches and scratch space are listed, not descended into: what lies below them is never flagged.
         return env.bounded_diff(prune=integrity.ALLOWED_OUTSIDE)
 
-    def _guarded(self, where: str, probe: Callable[[], _T]) -> _T | None:
-        """Runs a flag probe: the engine going away is an infrastructure error; any other failure is a flag."""
+    def _guarded(self, where: str, probe: Callable[[], _T], *, flag: bool = True) -> _T | None:
+        """Runs a probe of ours: the engine going away is an infrastructure error; any other failure is a flag, or
+        with ``flag=False`` (the install step's record, which touches neither the score nor the flags) only
+        logged."""
         try:
             return probe()
         except EngineUnavailable:
@@ -469,6 +467,9 @@ class _Probe:
         except Exception as exc:
             if _is_connection_failure(exc):
                 raise
+            if not flag:
+                log.warning("%s failed: %s", where, exc, exc_info=True)
+                return None
             log.warning("integrity check %s failed (flagged, the score stays official)", where, exc_info=True)
             self.compile_flags = [*self.compile_flags, integrity.probe_failed(where, exc)]
             return None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -147,6 +148,4 @@ class InstallCache:
         try:
             os.rename(staging, target)
         except OSError:  # another worker recorded it first: theirs stays
-            import shutil
-
             shutil.rmtree(staging, ignore_errors=True)

@@ -113,13 +113,18 @@ def linger(handler: Handler, left: int) -> None:
             left -= len(data)
 
 
+# The refusals of a head past a cap (status, message): h11 can find either before the head is whole, the relay after.
+LINE_TOO_LONG = (414, f"request line longer than {REQUEST_LINE_MAX} bytes")
+HEADERS_TOO_LARGE = (431, f"request header fields larger than {HEADER_MAX} bytes")
+
+
 def _head_refusal(exc: h11.RemoteProtocolError, head: bytes | bytearray) -> tuple[int, str]:
     """The status and message for a request head h11 could not parse: 414/431 for the caps, else h11's hint."""
     if "buffer too long" in str(exc):  # h11 saw more than both caps without a complete head
         end = head.find(b"\n")
         if end < 0 or end > REQUEST_LINE_MAX + 1:
-            return 414, f"request line longer than {REQUEST_LINE_MAX} bytes"
-        return 431, f"request header fields larger than {HEADER_MAX} bytes"
+            return LINE_TOO_LONG
+        return HEADERS_TOO_LARGE
     return exc.error_status_hint, f"malformed request: {exc}"
 
 
@@ -176,7 +181,7 @@ class Handler(socketserver.BaseRequestHandler):
                 return False
             if event is h11.NEED_DATA:
                 if len(head) > REQUEST_LINE_MAX + 1 and b"\n" not in head:  # no need to wait for both caps
-                    self._relay.refuse(self, listener, 414, f"request line longer than {REQUEST_LINE_MAX} bytes")
+                    self._relay.refuse(self, listener, *LINE_TOO_LONG)
                     return False
                 data = self._recv()
                 if len(head) <= REQUEST_LINE_MAX + 2 + HEADER_MAX:
@@ -192,10 +197,10 @@ class Handler(socketserver.BaseRequestHandler):
         self.headers = Headers(raw)
         # One cap of both in h11: each its own here, for a head under the sum.
         if len(event.method) + len(event.target) + 10 > REQUEST_LINE_MAX:
-            self._relay.refuse(self, listener, 414, f"request line longer than {REQUEST_LINE_MAX} bytes")
+            self._relay.refuse(self, listener, *LINE_TOO_LONG)
             return False
         if sum(len(name) + len(value) + 4 for name, value in raw) + 2 > HEADER_MAX:
-            self._relay.refuse(self, listener, 431, f"request header fields larger than {HEADER_MAX} bytes")
+            self._relay.refuse(self, listener, *HEADERS_TOO_LARGE)
             return False
         self._relay.exchange(self, listener)
         if self.close_connection or conn.our_state is not h11.DONE:

@@ -643,14 +643,14 @@ class Sandbox:
             # With seconds given back (``extension``) the host keeps the clock: at the extended end it does what the
             # inside ``timeout`` would (TERM, then KILL after its grace); without, the inside ``timeout`` does it and
             # the host watchdog only backs it up.
-            termed_at: list[float] = []
+            termed_at: float | None = None
 
             def clock_end() -> float:
                 return started + timeout + (min(extension_cap, extension()) if extension is not None else 0.0)
 
             def deadline() -> float:
-                if termed_at:
-                    return termed_at[0] + EXEC_KILL_GRACE + 2
+                if termed_at is not None:
+                    return termed_at + EXEC_KILL_GRACE + 2
                 return clock_end() + (WATCHDOG_GRACE if use_timeout else 0)
 
             timed_out = False
@@ -662,8 +662,8 @@ class Sandbox:
                     finished_at = now  # the command ended; a background process may still hold the stream
                 if finished_at is not None and now - finished_at > 2.0:
                     reader.shutdown()
-                elif extension is not None and not termed_at and now > clock_end():
-                    termed_at.append(now)
+                elif extension is not None and termed_at is None and now > clock_end():
+                    termed_at = now
                     self._term_agent_processes()
                 elif now > deadline():
                     timed_out = True
@@ -680,7 +680,7 @@ class Sandbox:
         info = box.exec_info(exec_id)
         exit_code = None if info.get("Running") else info.get("ExitCode")
         duration = time.monotonic() - started
-        if termed_at or (use_timeout and exit_code in (124, 137) and duration >= timeout):
+        if termed_at is not None or (use_timeout and exit_code in (124, 137) and duration >= timeout):
             timed_out = True
         return ExecResult(exit_code, bytes(captured.head), duration, timed_out, captured.omitted > 0, tuple(notes))
 
