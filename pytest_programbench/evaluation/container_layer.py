@@ -522,12 +522,17 @@ class SdkContainerEnvironment:
         if isinstance(started, dict):
             log.debug("step batch not started (%s): the steps run one by one", started.get("output"))
             return
-        _exec_id, stream = started
+        exec_id, stream = started
         try:
             results, stop_driver = collect(stream, steps, nonce, output_cap=self.output_cap,
                                            started=time.monotonic())
             if stop_driver:
                 self._kill_after_timeout(stream)
+            elif results and results[-1].problem:
+                # The driver's streams ended before its step did. An engine that went away or restarted (the exec
+                # gone with it) raises here, as for a command run by itself once its stream ends: never a step's
+                # failure, scored.
+                self._exit_code(exec_id)
         finally:
             stream.close()
         self.batched.extend(results)
