@@ -33,7 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_programbench.engine.docker_engine import Labels, client, sweep  # noqa: E402
+from pytest_programbench.engine.docker_engine import EngineRun, Engines, Labels, sweep  # noqa: E402
 from pytest_programbench.relay.relay import BRIDGE_SCRIPT  # noqa: E402
 from pytest_programbench.relay.relay_bridge import connect_unix  # noqa: E402
 from pytest_programbench.relay.relay_tunnel import RelayTunnel  # noqa: E402
@@ -80,7 +80,7 @@ def _stats(times: list[float]) -> dict[str, float]:
             "p90_ms": round(ordered[int(len(ordered) * 0.9) - 1] * 1000, 3)}
 
 
-def bench_tunnel(requests: int) -> dict[str, Any]:
+def bench_tunnel(engine: Any, requests: int) -> dict[str, Any]:
     directory = Path(tempfile.mkdtemp(prefix="pb-bench-echo-"))
     socket_path = directory / "relay.sock"
     from tests.test_relay_tunnel import EchoServer
@@ -90,7 +90,7 @@ def bench_tunnel(requests: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     try:
         # Tunnel: no mount at all.
-        with Sandbox(IMAGE, labels=labels, cpus=1, memory=512 << 20, lifetime=1200) as box:
+        with Sandbox(IMAGE, labels=labels, cpus=1, memory=512 << 20, lifetime=1200, engine=engine) as box:
             box.put_file(CLIENT.encode(), "/tmp/bench_client.py", mode=0o644, owner="root")
             tunnel = RelayTunnel(box.engine.api, box.id, lambda: connect_unix(str(socket_path))).open(
                 PORT, script=BRIDGE_SCRIPT.read_bytes())
@@ -101,20 +101,19 @@ def bench_tunnel(requests: int) -> dict[str, Any]:
                 tunnel.close()
     finally:
         echo.close()
-        sweep(labels.run_id)
+        sweep(labels.run_id, engine=engine)
         shutil.rmtree(directory, ignore_errors=True)
     results["requests"] = requests
     return results
 
 
-def bench_throughput(engine_counts: list[int], per_engine: int) -> list[dict[str, Any]]:
+def bench_throughput(shared: Any, engine_counts: list[int], per_engine: int) -> list[dict[str, Any]]:
     sys.path.insert(0, str(REPO / "tests"))
     from tests.test_chaos_engine import FIXTURE_IMAGES, private_engine_running
 
     env_sh = REPO / "testbed" / ".state" / "env.sh"
     bed = dict(line.removeprefix("export ").split("=", 1) for line in env_sh.read_text().splitlines()
                if line.startswith("export "))
-    shared = client()
     rows = []
     with private_engine_running(shared, FIXTURE_IMAGES) as first, private_engine_running(shared, FIXTURE_IMAGES) \
             as second:
@@ -154,11 +153,16 @@ def main() -> int:
     parser.add_argument("--engines", default="1,2,3")
     parser.add_argument("--skip-throughput", action="store_true")
     args = parser.parse_args()
-    tunnel = bench_tunnel(args.requests)
-    print(f"relay path, {tunnel['requests']} exchanges of 1 KiB (new connection each):")
-    print(f"  tunnel median {tunnel['tunnel']['median_ms']:.3f} ms   p90 {tunnel['tunnel']['p90_ms']:.3f} ms")
-    rows = [] if args.skip_throughput else bench_throughput([int(n) for n in args.engines.split(",")],
-                                                            args.tasks_per_engine)
+    engines = Engines(EngineRun.from_environment())  # this script's client of the environment's engine
+    try:
+        engine = engines.client()
+        tunnel = bench_tunnel(engine, args.requests)
+        print(f"relay path, {tunnel['requests']} exchanges of 1 KiB (new connection each):")
+        print(f"  tunnel median {tunnel['tunnel']['median_ms']:.3f} ms   p90 {tunnel['tunnel']['p90_ms']:.3f} ms")
+        rows = [] if args.skip_throughput else bench_throughput(engine, [int(n) for n in args.engines.split(",")],
+                                                                args.tasks_per_engine)
+    finally:
+        engines.reset()
     for row in rows:
         print(f"engines {row['engines']}: {row['tasks']} tasks in {row['wall_s']} s = {row['tasks_per_min']} tasks/min "
               f"({row['seconds_per_task']} s per task)")

@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pytest_programbench.engine.docker_engine import Labels, sweep
+from pytest_programbench.engine.docker_engine import EngineRun, Engines, Labels, sweep
 from pytest_programbench.sandbox.sandbox import Sandbox
 
 DEFAULT_IMAGE = "programbench/pbfix_1776_catlike.c47c47c:task_cleanroom_v6"
@@ -101,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
 
     labels = Labels(f"pbbench-{uuid.uuid4().hex[:10]}", "bench")
     cpus = float(os.cpu_count() or 1)
+    engines = Engines(EngineRun.from_environment())  # this script's client of the environment's engine
+    engine = engines.client()
     try:
-        with Sandbox(args.image, labels=labels, cpus=cpus, memory=4 << 30, lifetime=3600) as box:
+        with Sandbox(args.image, labels=labels, cpus=cpus, memory=4 << 30, lifetime=3600, engine=engine) as box:
             setup = box.exec(f"mkdir -p -m 711 /opt/direct && cp /var/lib/pb-proxy/executable {DIRECT} && "
                              f"chmod 111 {DIRECT}", user="root", workdir="/", timeout=60)
             if setup.exit_code != 0:
@@ -116,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             client_label = box.proxy_client.label
             client_kind = box.proxy_client.kind
     finally:
-        sweep(labels.run_id)
+        sweep(labels.run_id, engine=engine)
+        engines.reset()
 
     direct, proxied = measured["direct"], measured["proxied"]
     added = proxied["call_ms_median"] - direct["call_ms_median"]

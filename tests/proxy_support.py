@@ -13,6 +13,7 @@ print what a reference sees (argv, env, ids, fds, terminal), crash, die by a sig
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import importlib.util
 import io
@@ -29,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench.engine.docker_engine import Labels, client, sweep
+from pytest_programbench.engine.docker_engine import EngineRun, Engines, Labels, sweep
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE
 from pytest_programbench.sandbox.sandbox import Sandbox
@@ -281,13 +282,25 @@ def fail_without_docker(reason: str) -> None:
                 "(as root) first. They are never skipped.", pytrace=False)
 
 
-@pytest.fixture(scope="session")
-def engine() -> Any:
+@contextlib.contextmanager
+def environment_engine() -> Iterator[Any]:
+    """A client of the environment's engine (the plugin's reliable one), from engines the caller owns and closes
+    on exit: no library code makes one behind a caller outside a session."""
+    engines = Engines(EngineRun.from_environment())
     try:
-        return client()
-    except EngineUnavailable as exc:
+        yield engines.client()
+    finally:
+        engines.reset()
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Any]:
+    """The test session's client of the environment's engine."""
+    try:
+        with environment_engine() as client:
+            yield client
+    except EngineUnavailable as exc:  # at first contact, before the yield
         fail_without_docker(str(exc))
-        raise  # unreachable
 
 
 def require_image(engine: Any, ref: str) -> str:
@@ -355,8 +368,8 @@ def _tar(files: dict[str, bytes], mode: int = 0o644) -> bytes:
     return buffer.getvalue()
 
 
-def open_sandbox(image: str, labels: Labels, **kwargs: Any) -> Sandbox:
-    options: dict[str, Any] = {"cpus": 2.0, "memory": 2 << 30, "lifetime": 1800}
+def open_sandbox(image: str, labels: Labels, engine: Any, **kwargs: Any) -> Sandbox:
+    options: dict[str, Any] = {"cpus": 2.0, "memory": 2 << 30, "lifetime": 1800, "engine": engine}
     options.update(kwargs)
     return Sandbox(image, labels=labels, **options).start()
 

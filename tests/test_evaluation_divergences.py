@@ -10,6 +10,7 @@ longer than the engine client's socket timeout, with their late work counted.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import random
@@ -37,6 +38,7 @@ from pytest_programbench.tasks.blobs import resolve_blobs
 from pytest_programbench.tasks.catalogue import Task, load_tasks_dir
 from tests.conftest import Testbed
 from tests.outcome_support import item_message
+from tests.proxy_support import environment_engine
 from tests.test_evaluation_parity import RPN, RUN_LABEL, pack, statuses
 
 pytestmark = pytest.mark.docker
@@ -109,11 +111,13 @@ def run_official_cli(instance: dict[str, Any], archive: Path, work: Path) -> tup
 
 def run_ours(task: Task, archive: Path, blob_dir: Path, work: Path, engine: Any = None,
              **settings: Any) -> EvaluationOutcome:
+    """``engine``: a client to evaluate with (None: one of the environment's engine, made for this call)."""
     instance = task.load_instance()
     blobs = resolve_blobs(task, get_active_branches(instance), blob_dir=blob_dir, cache_dir=work / "cache")
-    image = ensure_image(task, pull="never")
-    return evaluate(task, archive, blobs=blobs, image=image.id, labels=Labels(RUN_LABEL),
-                    settings=EvalSettings(cpus=2, reruns=False, **settings), workdir=work, engine=engine)
+    with contextlib.nullcontext(engine) if engine is not None else environment_engine() as client:
+        image = ensure_image(task, pull="never", engine=client)
+        return evaluate(task, archive, blobs=blobs, image=image.id, labels=Labels(RUN_LABEL),
+                        settings=EvalSettings(cpus=2, reruns=False, **settings), workdir=work, engine=client)
 
 
 def rpn_archive(testbed: Testbed, out: Path, compile_sh: str, extra: dict[str, bytes] | None = None) -> Path:
@@ -242,7 +246,7 @@ def test_network_per_container_as_the_official(testbed: Testbed, official_blobs:
     official_compile_out = next(e["output"] for e in official.log if e["step"] == "compile")
     assert "nameserver 0.0.0.0" in official_compile_out
     assert ("nameserver 0.0.0.0" in compile_out) == ("nameserver 0.0.0.0" in official_compile_out)
-    images = {ensure_image(task, pull="never").id}
+    images = {ensure_image(task, pull="never", engine=docker_client).id}
     compile_modes = [v["mode"] for v in seen.values() if v["image"] in images]
     branch_modes = [v["mode"] for v in seen.values() if v["image"] not in images]
     want = "none" if strict else "default"  # "default": what `docker run` without --network records

@@ -37,6 +37,7 @@ from pytest_programbench.evaluation.rerunfailures import CONTAINER_WHEEL_DIR, en
 from pytest_programbench.tasks.blobs import resolve_blobs
 from pytest_programbench.tasks.catalogue import Task, load_packaged, load_tasks_dir
 from tests.conftest import Testbed
+from tests.proxy_support import environment_engine
 
 pytestmark = pytest.mark.docker
 
@@ -133,9 +134,11 @@ def run_ours(task: Task, archive: Path, testbed: Testbed, tmp_path: Path, *, rer
     instance = task.load_instance()
     blobs = resolve_blobs(task, get_active_branches(instance), blob_dir=testbed.blob_dir,
                           cache_dir=tmp_path / "cache")
-    image = ensure_image(task, pull="never")
-    return evaluate(task, archive, blobs=blobs, image=image.id, labels=Labels(RUN_LABEL),
-                    settings=EvalSettings(cpus=2, reruns=reruns, strict=strict, **settings), workdir=tmp_path)
+    with environment_engine() as engine:
+        image = ensure_image(task, pull="never", engine=engine)
+        return evaluate(task, archive, blobs=blobs, image=image.id, labels=Labels(RUN_LABEL),
+                        settings=EvalSettings(cpus=2, reruns=reruns, strict=strict, **settings), workdir=tmp_path,
+                        engine=engine)
 
 
 def official_score(result: EvaluationResult, instance: dict[str, Any]) -> float:

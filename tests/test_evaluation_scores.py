@@ -20,6 +20,7 @@ from pytest_programbench.tasks.blobs import BlobSet, resolve_blobs
 from pytest_programbench.tasks.catalogue import Task
 from tests.conftest import Testbed
 from tests.outcome_support import item_message, item_properties
+from tests.proxy_support import environment_engine
 from tests.test_evaluation_parity import CATLIKE, RPN, TUIISH, pack, statuses, steps, submission, tasks
 
 pytestmark = pytest.mark.docker
@@ -37,9 +38,10 @@ def _evaluate(task: Task, archive: Path, testbed: Testbed, tmp_path: Path, *, ru
     if blobs is None:
         blobs = resolve_blobs(task, get_active_branches(task.load_instance()), blob_dir=testbed.blob_dir,
                               cache_dir=tmp_path / "cache")
-    return evaluate(task, archive, blobs=blobs, image=image or ensure_image(task, pull="never").id,
-                    labels=Labels(run_id or f"pb-test-{uuid.uuid4().hex[:8]}"), settings=EvalSettings(**settings),
-                    workdir=tmp_path)
+    with environment_engine() as engine:
+        return evaluate(task, archive, blobs=blobs, image=image or ensure_image(task, pull="never", engine=engine).id,
+                        labels=Labels(run_id or f"pb-test-{uuid.uuid4().hex[:8]}"), settings=EvalSettings(**settings),
+                        workdir=tmp_path, engine=engine)
 
 
 def _leftovers(docker_client: Any, run_id: str) -> tuple[list[Any], list[Any]]:
@@ -110,7 +112,7 @@ def test_invariants_fresh_container_per_branch_hash_rechecked_one_entry_per_step
     # A fresh container per branch (plus the compile container), never reused; branches run on the commit.
     ids = [cid for _, cid in made]
     assert len(ids) == len(set(ids)) == 1 + len(branches)
-    assert made[0][0] == ensure_image(task, pull="never").id
+    assert made[0][0] == ensure_image(task, pull="never", engine=docker_client).id
     assert {image for image, _ in made[1:]} == {made[1][0]}
     assert made[1][0].startswith(f"programbench-compiled/{RPN}:")
     reads = [e for e in result.log if e["step"] == "results_read"]

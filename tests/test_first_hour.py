@@ -86,7 +86,8 @@ def test_silent_agent_outlasting_the_read_timeout_keeps_its_window(pytester: pyt
     assert not agent["timed_out"]
 
 
-def test_broken_stream_waits_for_the_running_command(testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_broken_stream_waits_for_the_running_command(testbed: Testbed, engine: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The connection to a running command is cut: the harness waits for the command and keeps its exit status."""
     from pytest_programbench.engine import container as container_module
     from pytest_programbench.engine.docker_engine import Labels, sweep
@@ -103,7 +104,7 @@ def test_broken_stream_waits_for_the_running_command(testbed: Testbed, monkeypat
     monkeypatch.setattr(container_module, "ExecStream", Recorded)  # the one exec path (engine/container.py)
     labels = Labels(f"pbtest-first-hour-{uuid.uuid4().hex[:10]}", "controller", RPN)
     box = sandbox_module.Sandbox("programbench/pbfix_1776_rpn.0b5e55e:task_cleanroom_v6", labels=labels,
-                                 cpus=1, memory=512 << 20, lifetime=300)
+                                 cpus=1, memory=512 << 20, lifetime=300, engine=engine)
     try:
         with box:
             marker = "/workspace/src/finished"
@@ -124,7 +125,7 @@ def test_broken_stream_waits_for_the_running_command(testbed: Testbed, monkeypat
             assert any("broke" in note for note in result.notes), result.notes
             assert box.exec(f"test -e {marker}", timeout=30, user="root").exit_code == 0, "the command was cut short"
     finally:
-        sweep(labels.run_id)
+        sweep(labels.run_id, engine=engine)
 
 
 # ---------------------------------------------------------------------------------------------- the model relay

@@ -422,7 +422,7 @@ def test_an_unreadable_call_log_is_a_note_and_a_flag(pytester: pytest.Pytester, 
 @pytest.fixture(scope="module")
 def rpn_box(engine: Any, run_labels: Labels) -> Iterator[Sandbox]:
     require_image(engine, RPN)
-    box = open_sandbox(RPN, run_labels)
+    box = open_sandbox(RPN, run_labels, engine)
     try:
         yield box
     finally:
@@ -431,7 +431,7 @@ def rpn_box(engine: Any, run_labels: Labels) -> Iterator[Sandbox]:
 
 @pytest.fixture(scope="module")
 def probe_box(engine: Any, run_labels: Labels, probe_image: str) -> Iterator[Sandbox]:
-    box = open_sandbox(probe_image, run_labels)
+    box = open_sandbox(probe_image, run_labels, engine)
     try:
         yield box
     finally:

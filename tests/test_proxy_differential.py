@@ -35,7 +35,7 @@ BINARY_BLOB = bytes(range(256)) * 4096  # 1 MiB with every byte value, NULs incl
 
 def _box(engine: Any, labels: Labels, image: str) -> Iterator[Sandbox]:
     require_image(engine, image)
-    box = open_sandbox(image, labels)
+    box = open_sandbox(image, labels, engine)
     try:
         expose_direct_copy(box)
         yield box

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture(scope="module")
 def probe_box(engine: Any, run_labels: Labels, probe_image: str) -> Iterator[Sandbox]:
-    box = open_sandbox(probe_image, run_labels)
+    box = open_sandbox(probe_image, run_labels, engine)
     try:
         yield box
     finally:
@@ -34,7 +34,7 @@ def probe_box(engine: Any, run_labels: Labels, probe_image: str) -> Iterator[San
 @pytest.fixture(scope="module")
 def catlike_box(engine: Any, run_labels: Labels) -> Iterator[Sandbox]:
     require_image(engine, CATLIKE)
-    box = open_sandbox(CATLIKE, run_labels)
+    box = open_sandbox(CATLIKE, run_labels, engine)
     try:
         yield box
     finally:
@@ -459,7 +459,7 @@ def test_calls_are_recorded_and_proc_mem_flagged(probe_box: Sandbox) -> None:
 
 def test_script_reference_gets_a_plain_message(engine: Any, run_labels: Labels) -> None:
     require_image(engine, CALCULATOR)
-    with Sandbox(CALCULATOR, labels=run_labels, cpus=1, memory=1 << 30, lifetime=600) as box:
+    with Sandbox(CALCULATOR, labels=run_labels, cpus=1, memory=1 << 30, lifetime=600, engine=engine) as box:
         assert box.layout.reference_kind == "script"
         _code, text = agent(box, "/workspace/binary 1 + 2; echo rc=$?")
     assert "rc=126" in text

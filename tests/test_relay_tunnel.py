@@ -96,14 +96,14 @@ class EchoServer:
 
 
 @pytest.fixture
-def box(testbed: Testbed) -> Iterator[Sandbox]:
+def box(testbed: Testbed, engine: Any) -> Iterator[Sandbox]:
     labels = Labels(f"pbtest-tunnel-{uuid.uuid4().hex[:10]}", "controller", "pbfix__rpn.0b5e55e")
-    sandbox = Sandbox(IMAGE, labels=labels, cpus=1, memory=512 << 20, lifetime=600).start()
+    sandbox = Sandbox(IMAGE, labels=labels, cpus=1, memory=512 << 20, lifetime=600, engine=engine).start()
     try:
         yield sandbox
     finally:
         sandbox.close()
-        sweep(labels.run_id)
+        sweep(labels.run_id, engine=engine)
 
 
 @pytest.fixture

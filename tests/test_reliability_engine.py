@@ -270,6 +270,31 @@ def test_hung_engine_fails_within_the_ping_timeout(tmp_path: Path, monkeypatch: 
         server.close()
 
 
+def test_no_process_wide_engines() -> None:
+    """Every client comes from an Engines its caller made (a session keeps its own in ``config.stash``): the module
+    holds none, and the library's entry points take their engine explicitly instead of making one behind the caller."""
+    import inspect
+
+    from pytest_programbench.engine import images, reaper
+    from pytest_programbench.evaluation import evaluation
+    from pytest_programbench.sandbox.sandbox import Sandbox
+
+    for name in ("client", "standalone_engines", "_standalone", "_standalone_lock"):
+        assert not hasattr(docker_engine, name), name
+    kinds = (Engines, docker_engine.Engine)
+    for name, value in vars(docker_engine).items():
+        held = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        assert not any(isinstance(v, kinds) for v in held), name
+    for entry in (Sandbox, Sandbox.for_task, images.ensure_image, evaluation.evaluate, reaper.reap_dead_runs,
+                  docker_engine.sweep):
+        assert inspect.signature(entry).parameters["engine"].default is inspect.Parameter.empty, entry
+    labels = docker_engine.Labels("r" + uuid.uuid4().hex[:7], "w")
+    with pytest.raises(TypeError, match="engine"):
+        Sandbox("img", labels=labels, cpus=1, memory=1 << 30, lifetime=60)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"Engines\(EngineRun\.from_environment\(\)\)"):
+        Sandbox("img", labels=labels, cpus=1, memory=1 << 30, lifetime=60, engine=None)
+
+
 # ---------------------------------------------------------------------------------------------- outages, retries
 
 
@@ -468,7 +493,7 @@ _WORKER = textwrap.dedent("""
 
     from pytest_programbench.engine import docker_engine
     image, run, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    api = docker_engine.client().api  # outside a session: the cap from the environment
+    api = docker_engine.Engines(docker_engine.EngineRun.from_environment()).client().api  # the environment's cap
 
     def one(k):
         created = api.create_container(image, command=["sleep", "30"], labels={"pytest-programbench": run},

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.docker
 @pytest.fixture(scope="module")
 def box(engine: Any, run_labels: Labels) -> Iterator[Sandbox]:
     require_image(engine, CATLIKE)
-    sandbox = open_sandbox(CATLIKE, run_labels.for_task("pbfix__catlike.c47c47c"), cpus=1.5, memory=768 << 20,
+    sandbox = open_sandbox(CATLIKE, run_labels.for_task("pbfix__catlike.c47c47c"), engine, cpus=1.5, memory=768 << 20,
                            lifetime=900, pids_limit=512)
     try:
         yield sandbox
@@ -252,7 +252,7 @@ EOF""")
 def test_close_removes_the_container(engine: Any, run_labels: Labels) -> None:
     from docker.errors import NotFound
 
-    sandbox = open_sandbox(CATLIKE, run_labels, lifetime=300)
+    sandbox = open_sandbox(CATLIKE, run_labels, engine, lifetime=300)
     container_id = sandbox.id
     sandbox.close()
     sandbox.close()  # twice is fine
@@ -264,7 +264,7 @@ def test_failed_setup_leaves_nothing(engine: Any, run_labels: Labels) -> None:
     labels = run_labels.for_task("broken-setup")
     with pytest.raises(SandboxError, match="set-up failed"):
         # The test bed's base image has no /workspace/executable: the set-up must fail cleanly.
-        open_sandbox("pb-testbed-base:latest", labels, lifetime=300)
+        open_sandbox("pb-testbed-base:latest", labels, engine, lifetime=300)
     left = engine.api.containers(all=True, filters={"label": [f"{TASK_LABEL}=broken-setup"]})
     assert left == []
 
@@ -274,23 +274,24 @@ def test_pristine_image_is_checked_by_id(engine: Any, run_labels: Labels) -> Non
     wrong = engine.images.get(CATLIKE).id
     labels = run_labels.for_task("pristine-check")  # a task label only this test's sandbox carries
     with pytest.raises(SandboxError, match="expected the pristine"):
-        Sandbox(TUIISH, labels=labels, cpus=1, memory=1 << 30, lifetime=300, expected_image_id=wrong).start()
+        Sandbox(TUIISH, labels=labels, cpus=1, memory=1 << 30, lifetime=300, expected_image_id=wrong,
+                engine=engine).start()
     assert engine.api.containers(all=True, filters={"label": [f"{RUN_LABEL}={run_labels.run_id}",
                                                                  f"{TASK_LABEL}=pristine-check"]}) == []
 
 
-def test_missing_image_is_an_infrastructure_error(run_labels: Labels) -> None:
+def test_missing_image_is_an_infrastructure_error(engine: Any, run_labels: Labels) -> None:
     with pytest.raises(SandboxError, match="is not present"):
         Sandbox("programbench/no-such-task:task_cleanroom_v6", labels=run_labels, cpus=1, memory=1 << 30,
-                lifetime=300).start()
+                lifetime=300, engine=engine).start()
 
 
-def test_for_task_uses_the_settings(run_labels: Labels) -> None:
+def test_for_task_uses_the_settings(engine: Any, run_labels: Labels) -> None:
     task = Task(instance_id="pbfix__catlike.c47c47c", language="c", difficulty="easy",
                 image_name="programbench/pbfix_1776_catlike.c47c47c", task_dir=Path("/nonexistent"), packaged=False)
     settings = Settings(sandbox_cpus=3.0, sandbox_memory=3 << 30, agent_timeout=100, image_tag="task_cleanroom_v6",
                         agent_mounts=("/tmp:/opt/tmp",))
-    sandbox = Sandbox.for_task(task, settings, run_labels)
+    sandbox = Sandbox.for_task(task, settings, run_labels, engine=engine)
     assert sandbox.image == CATLIKE
     assert (sandbox.cpus, sandbox.memory, sandbox.lifetime) == (3.0, 3 << 30, 100 + LIFETIME_MARGIN)
     assert sandbox.labels.task == task.instance_id
@@ -299,7 +300,7 @@ def test_for_task_uses_the_settings(run_labels: Labels) -> None:
 
 def test_works_under_the_python_client(engine: Any, run_labels: Labels, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PB_PROXY_CLIENT", "python")
-    with Sandbox(CATLIKE, labels=run_labels, cpus=1, memory=1 << 30, lifetime=300) as sandbox:
+    with Sandbox(CATLIKE, labels=run_labels, cpus=1, memory=1 << 30, lifetime=300, engine=engine) as sandbox:
         assert sandbox.proxy_client.kind == "python"
         assert "Python fallback" in sandbox.proxy_client.label
         _code, text = agent(sandbox, "head -c 3 /workspace/binary; echo; echo abc | /workspace/binary; "

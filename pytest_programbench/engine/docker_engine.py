@@ -25,8 +25,9 @@ for every caller (the calls go through :class:`pytest_programbench.engine.engine
   the daemon's pid changed) raises :class:`EngineRestarted`, so a killed container is never read as a submission
   whose command failed: an infrastructure error, never a wrong score.
 
-A session keeps its :class:`Engines` in ``config.stash`` and hands them down; :func:`client` serves callers outside
-a session (library use, tests, bench scripts) from engines configured by the environment alone.
+A session keeps its :class:`Engines` in ``config.stash`` and hands them down. There is no process-wide default:
+a caller outside a session (library use, tests, bench scripts) makes its own, ``Engines(EngineRun.from_environment())``,
+and passes its client to every entry point that talks to an engine.
 """
 
 from __future__ import annotations
@@ -593,24 +594,6 @@ class Engines:
             engine.close(forget_down=True)
 
 
-_standalone: list[Engines] = []  # made on first use, outside any session
-_standalone_lock = threading.Lock()
-
-
-def standalone_engines() -> Engines:
-    """The engines of a process outside a pytest session (library use, tests, bench scripts): the environment's
-    run configuration. A session never uses these: it hands its own down."""
-    with _standalone_lock:
-        if not _standalone:
-            _standalone.append(Engines(EngineRun.from_environment()))
-        return _standalone[0]
-
-
-def client(url: str | None = None) -> docker.DockerClient:
-    """The client of the engine at ``url`` for callers outside a session (see :func:`standalone_engines`)."""
-    return standalone_engines().client(url)
-
-
 # ---------------------------------------------------------------------------------------------- diagnosis
 
 
@@ -774,12 +757,13 @@ class SweepReport:
     errors: list[str] = field(default_factory=list)
 
 
-def sweep(run_id: str, *, engine: Any | None = None, task: str | None = None) -> SweepReport:
-    """Remove every container, then every image, labelled with this run (optionally one task only)."""
+def sweep(run_id: str, *, engine: Any, task: str | None = None) -> SweepReport:
+    """Remove every container, then every image, labelled with this run (optionally one task only) from ``engine``
+    (a client)."""
     from docker.errors import APIError, NotFound
 
     report = SweepReport()
-    api = (engine or client()).api
+    api = engine.api
     filters = [f"{RUN_LABEL}={run_id}"]
     if task is not None:
         filters.append(f"{TASK_LABEL}={task}")

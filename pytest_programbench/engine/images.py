@@ -131,7 +131,7 @@ def ensure_image(
     tag: str = "task_cleanroom_v6",
     pull: str = "missing",
     labels: Mapping[str, str] | None = None,
-    engine: docker.DockerClient | Any | None = None,
+    engine: docker.DockerClient | Any,
     lock_dir: Path | None = None,
 ) -> ResolvedImage:
     """The task image's id: local, else pulled (``pull="missing"``), else built from the task's Dockerfile.
@@ -142,10 +142,6 @@ def ensure_image(
 
     if pull not in {"never", "missing"}:
         raise ValueError(f"pull must be 'never' or 'missing', not {pull!r}")
-    if engine is None:
-        from pytest_programbench.engine.docker_engine import client
-
-        engine = client()
     ref = image_ref(task, tag)
     try:
         found = _local_id(engine, ref)

@@ -33,7 +33,6 @@ from typing import Any
 
 from pytest_programbench import RUN_LABEL
 from pytest_programbench.engine.backpressure import stale_slot_dirs
-from pytest_programbench.engine.docker_engine import client
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.ownership import EXPIRES_LABEL, OWNER_LABEL, Owner, boot_id, process_alive
 
@@ -157,7 +156,7 @@ def _created(info: Mapping[str, Any]) -> float:
         return 0.0
 
 
-def reap_dead_runs(current_run: str | None, *, engine: Any | None = None, run_dirs: Iterable[Path] = (),
+def reap_dead_runs(current_run: str | None, *, engine: Any, run_dirs: Iterable[Path] = (),
                    now: float | None = None, slot_dirs: bool = True, runs: Iterable[str] | None = None) -> ReapReport:
     """Remove the containers, then the images, of every dead run on the engine; never raises for engine trouble.
 
@@ -169,8 +168,6 @@ def reap_dead_runs(current_run: str | None, *, engine: Any | None = None, run_di
 
     report = ReapReport()
     try:
-        if engine is None:
-            engine = client()
         api = engine.api
         containers = api.containers(all=True, filters={"label": RUN_LABEL})
         images = api.images(all=True, filters={"label": RUN_LABEL})

@@ -639,7 +639,7 @@ def evaluate(
     labels: Labels,
     settings: EvalSettings,
     workdir: Path,
-    engine: docker.DockerClient | None = None,
+    engine: docker.DockerClient,
 ) -> EvaluationOutcome:
     """Evaluate ``submission`` (a ``submission.tar.gz``) for ``task`` on ``image`` (an id, resolved beforehand)."""
     started = time.monotonic()
@@ -653,7 +653,7 @@ def evaluate(
 
 
 def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, labels: Labels, settings: EvalSettings,
-              workdir: Path, engine: docker.DockerClient | None, outcome: EvaluationOutcome) -> EvaluationOutcome:
+              workdir: Path, engine: docker.DockerClient, outcome: EvaluationOutcome) -> EvaluationOutcome:
     try:
         instance = task.load_instance()
     except CatalogueError as exc:
@@ -686,14 +686,6 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
     cache_dir = Path(settings.install_cache) if settings.install_cache else install_cache_dir()
     probe = _Probe(image=image, strict=settings.strict, wheels=wheels, eval_clean_hashes=remove_hashes,
                    install_cache=InstallCache(cache_dir) if cache_dir is not None else None)
-    try:
-        if engine is None:
-            from pytest_programbench.engine.docker_engine import client
-
-            engine = client()
-    except EngineUnavailable as exc:
-        outcome.infra_error = str(exc)
-        return outcome
     try:
         _require_disk(workdir, engine, branches=len(active))
     except EngineUnavailable as exc:  # a DiskSpaceError: the host, not the submission

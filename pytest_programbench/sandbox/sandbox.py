@@ -38,7 +38,7 @@ from pytest_programbench.agents.agent_log import CappedLog, agent_log_limit
 from pytest_programbench.engine import disk
 from pytest_programbench.engine.archive_out import CappedStream, TooLarge
 from pytest_programbench.engine.container import Container, OutputCap
-from pytest_programbench.engine.docker_engine import Labels, client
+from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.facts import facts
 from pytest_programbench.engine.tar_in import TarIn
@@ -308,12 +308,15 @@ class Sandbox:
         expected_image_id: str | None = None,
         pids_limit: int = DEFAULT_PIDS_LIMIT,
         proxy_client: ProxyClient | None = None,
-        engine: Any | None = None,
+        engine: Any,
         mounts: Sequence[tuple[str, str]] = (),
         copies: Sequence[tuple[str, str]] = (),
         allow_uids: Sequence[int] = (),
         name: str | None = None,
     ) -> None:
+        if engine is None:  # no hidden default: it would miss the session's run labels, cap and health
+            raise TypeError("Sandbox needs an engine client: a session's (config.stash), or outside one "
+                            "Engines(EngineRun.from_environment()).client()")
         self.image = image
         self.labels = labels
         self.cpus = cpus
@@ -339,8 +342,7 @@ class Sandbox:
     # ------------------------------------------------------------------ construction
     @classmethod
     def for_task(cls, task: Task, settings: Settings, labels: Labels, *, image_id: str | None = None,
-                 proxy_client: ProxyClient | None = None, engine: Any | None = None,
-                 remote: bool = False) -> Sandbox:
+                 engine: Any, proxy_client: ProxyClient | None = None, remote: bool = False) -> Sandbox:
         """The sandbox of ``task`` with the session's limits; lives agent timeout + margin at most.
 
         ``remote``: the engine does not share this machine's filesystem, so ``--pb-agent-mount`` directories are
@@ -383,8 +385,6 @@ class Sandbox:
 
     @property
     def engine(self) -> Any:
-        if self._engine is None:
-            self._engine = client()
         return self._engine
 
     # ------------------------------------------------------------------ lifecycle
