@@ -475,6 +475,16 @@ def test_no_official_aggregate_without_the_whole_benchmark(tmp_path: Path) -> No
     assert RunSummary(tmp_path / "c.json", {}, overridden).official_headline() is None
 
 
+def test_the_benchmark_ids_are_the_official_benchmark_instances() -> None:
+    """The summary reads the ids without the tests (fast); they are exactly ``benchmark_instances()``' keys."""
+    from programbench.submission import benchmark_instances
+
+    from pytest_programbench.results.summary import benchmark_ids
+
+    assert benchmark_ids() == frozenset(benchmark_instances())
+    assert len(benchmark_ids()) == 200
+
+
 def test_the_strip_list_is_exactly_the_documented_one() -> None:
     """docs/security.md's "Environment variables removed" section, both ways: every name it lists is stripped by the
     daemon's filter, and the filter strips nothing it does not list (exact names, prefixes, the forced variable)."""
