@@ -4,7 +4,9 @@ land (scored vs infrastructure), clocks, resources, and that nothing is left beh
 from __future__ import annotations
 
 import gzip
+import itertools
 import tarfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -140,6 +142,53 @@ def test_branch_workers_and_prefetch_do_not_change_results(testbed: Testbed, tmp
     assert parallel.result is not None
     assert statuses(parallel.result) == statuses(serial.result)
     assert parallel.score == serial.score
+    assert _leftovers(docker_client, run_id) == ([], [])
+
+
+def test_each_next_branch_is_made_ready_while_the_branch_before_it_runs(
+        testbed: Testbed, tmp_path: Path, docker_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Branches 2 and 3 of rpn get the container made ahead (started, tests copied in, the steps before the tests
+    run) while the branch before them runs; the first gets a fresh one. The results are those of containers made
+    when asked for (prefetch off), and nothing is left."""
+    warmed: list[tuple[str, str]] = []  # (branch, container id) made ready ahead
+    tested: list[tuple[str, str, float]] = []  # (branch, container id, when its run_tests ended)
+    ready_at: dict[str, float] = {}
+    warm, run_step = container_layer.SdkEvaluator._warm, container_layer.SdkEvaluator._run_step
+
+    def spy_warm(self: Any, image: str, branch: str) -> Any:
+        container = warm(self, image, branch)
+        warmed.append((branch, container.container_id))
+        ready_at[branch] = time.monotonic()
+        return container
+
+    def spy_step(self: Any, command: str, *, env: Any, step_name: str, **kwargs: Any) -> Any:
+        result = run_step(self, command, env=env, step_name=step_name, **kwargs)
+        if step_name == "run_tests":
+            tested.append((self._current.branch, env.container_id, time.monotonic()))
+        return result
+
+    monkeypatch.setattr(container_layer.SdkEvaluator, "_warm", spy_warm)
+    monkeypatch.setattr(container_layer.SdkEvaluator, "_run_step", spy_step)
+    task = tasks(testbed)[RPN]
+    archive = submission(testbed, "wrong", RPN)
+    run_id = f"pb-test-{uuid.uuid4().hex[:8]}"
+    ahead = _evaluate(task, archive, testbed, tmp_path, run_id=run_id, reruns=True)
+    branches = [b for b, _, _ in tested]
+    assert len(branches) == 3
+    assert [b for b, _ in warmed] == branches[1:]
+    assert [c for _, c in warmed] == [c for _, c, _ in tested[1:]]
+    # Each was ready before the branch before it had finished its tests.
+    for (_, _, before_ended), (branch, _, _) in itertools.pairwise(tested):
+        assert ready_at[branch] < before_ended
+    # Steps from the made-ahead containers are in the log in the official order, once each.
+    assert steps(ahead.result) == COMPILE_STEPS + 3 * [*BRANCH_STEPS[:4], "install_pytest_timeout_retry",
+                                                       *BRANCH_STEPS[4:]]
+    monkeypatch.setattr(container_layer.SdkEvaluator, "_warm_next", lambda self, image: None)
+    warmed.clear()
+    asked = _evaluate(task, archive, testbed, tmp_path, reruns=True)
+    assert warmed == []
+    assert statuses(ahead.result) == statuses(asked.result)
+    assert ahead.score == asked.score < 1.0
     assert _leftovers(docker_client, run_id) == ([], [])
 
 

@@ -43,6 +43,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -355,10 +356,9 @@ class SdkContainerEnvironment:
 
     Same constructor semantics (``image``, ``cwd``, ``executable`` kept for log strings, ``timeout`` as the
     default command timeout, ``cpus`` as ``--cpus`` and ``PYTEST_XDIST_AUTO_NUM_WORKERS``, ``env`` layered over
-    that, ``run_args`` of which ``--init`` is honoured), plus the harness's own: labels, memory, lifetime,
-    output cap, the engine, the network mode (``"default"``: what ``docker run`` without ``--network`` gets; ``"none"``
-    under ``--pb-strict``) and ``start``: False creates the container without starting it (see :meth:`start`), so
-    a container made ahead of its use has its whole lifetime left when it is used.
+    that, ``run_args`` of which ``--init`` is honoured), plus the harness's own: labels, memory, lifetime (counted
+    from the container's start), output cap, the engine and the network mode (``"default"``: what ``docker run``
+    without ``--network`` gets; ``"none"`` under ``--pb-strict``).
     """
 
     def __init__(
@@ -379,7 +379,6 @@ class SdkContainerEnvironment:
         name_prefix: str = "pb-eval",
         reaper: Reaper | None = None,
         network_mode: str = "default",
-        start: bool = True,
         storage: int = 0,
     ) -> None:
 
@@ -395,11 +394,11 @@ class SdkContainerEnvironment:
         self._removed = False
         self.container_id = ""
         self.box = Container(self._api, "")
-        self.started = False
         self.exec_env: dict[str, str] | None = None  # extra environment for the next execute() only
         # The next execute() only: a result had without running the command (None: run it after all).
         self.exec_override: Callable[[str, int], dict[str, Any] | None] | None = None
         self.batched: collections.deque[StepResult] = collections.deque()  # run_steps' results, not yet asked for
+        self.preloaded: tuple[Path, str] | None = None  # a tar already copied in ahead: (archive, destination)
         self.before_commit: Callable[[SdkContainerEnvironment], None] | None = None
         self.paused = False
         self.reaper: Reaper | None = reaper
@@ -444,16 +443,8 @@ class SdkContainerEnvironment:
                 self.storage_limited = False
                 self.container_id = create(None)
         self.box = Container(self._api, self.container_id)
-        if start:
-            self.start()
-
-    def start(self) -> None:
-        """Start the created container: its ``sleep <lifetime>`` counts from here."""
-        if self.started:
-            return
         with self._as_docker_run():
-            self._api.start(self.container_id)
-        self.started = True
+            self._api.start(self.container_id)  # its `sleep <lifetime>` counts from here
 
     @contextlib.contextmanager
     def _as_docker_run(self) -> Iterator[None]:
@@ -681,7 +672,11 @@ class SdkContainerEnvironment:
             raise RuntimeError(f"docker cp failed: put_archive into {directory} refused")
 
     def copy_in_tar(self, tar_path: Path, container_path: str) -> None:
-        """Stream an on-disk tar(.gz) into ``tar -x`` inside the container (no host-side extraction)."""
+        """Stream an on-disk tar(.gz) into ``tar -x`` inside the container (no host-side extraction); the copy
+        made ahead (:meth:`SdkEvaluator._warm`) of this very archive to this very place is not made twice."""
+        if self.preloaded == (tar_path, container_path):
+            self.preloaded = None
+            return
         is_gz = tar_path.name.endswith((".tar.gz", ".tgz")) or tar_path.suffix == ".gz"
         with tar_path.open("rb") as f:
             self._stream_tar_in(container_path, f, compressed=is_gz)
@@ -1120,6 +1115,15 @@ class LayerConfig:
     storage: int = 0  # bytes each container's writable layer may hold, where the engine can limit it (0: no limit)
 
 
+@dataclass(frozen=True)
+class _Warming:
+    """A branch's container being made ready ahead of its turn (:meth:`SdkEvaluator._warm`)."""
+
+    image: str
+    branch: str
+    future: Future[SdkContainerEnvironment]
+
+
 class SdkEvaluator(Evaluator):
     """The official ``Evaluator`` with its container layer replaced; every scoring decision stays upstream."""
 
@@ -1140,8 +1144,8 @@ class SdkEvaluator(Evaluator):
         self._envs_lock = threading.Lock()
         self._current = threading.local()
         self._prefetch_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pb-prefetch")
-        self._prefetched: dict[str, list[Any]] = {}
-        self._branch_envs_handed = 0
+        self._warming: list[_Warming] = []  # at most one: the next branch's container, made ready ahead
+        self._claimed: set[str] = set()  # branches whose first container was handed out
 
     @staticmethod
     def _official_env(serial_pytest: bool) -> dict[str, str]:
@@ -1153,7 +1157,7 @@ class SdkEvaluator(Evaluator):
         return env
 
     def _make_env(self, image: str, *, serial_pytest: bool, compile_phase: bool,
-                  start: bool = True) -> SdkContainerEnvironment:
+                  lifetime: int | None = None) -> SdkContainerEnvironment:
         window = self.layer.compile_timeout if compile_phase else self.layer.test_timeout
         container = SdkContainerEnvironment(
             image=image,
@@ -1166,11 +1170,10 @@ class SdkEvaluator(Evaluator):
             engine=self.layer.engine,
             labels=self.layer.labels,
             memory=self.layer.memory,
-            lifetime=window + LIFETIME_MARGIN,
+            lifetime=lifetime or window + LIFETIME_MARGIN,
             output_cap=self.layer.output_cap,
             reaper=self.reaper,
             network_mode=self.layer.network_mode,
-            start=start,
             storage=self.layer.storage,
         )
         with self._envs_lock:
@@ -1186,28 +1189,56 @@ class SdkEvaluator(Evaluator):
             container = self._make_env(self.layer.image, serial_pytest=serial_pytest, compile_phase=True)
             self.compile_env_started = True  # from here on, failures happen where the submission is in control
             return container
-        ready = None
-        if not serial_pytest and self.layer.prefetch:
-            with self._envs_lock:
-                queue = self._prefetched.setdefault(image, [])
-                ready = queue.pop(0) if queue else None
-                self._branch_envs_handed += 1
-                wanted = len(self.tests_branches) - self._branch_envs_handed - len(queue)
-                if wanted > 0:
-                    # Created ahead, started when its branch starts: its lifetime counts from its own use, so a
-                    # long branch before it can never run it down.
-                    queue.append(self._prefetch_pool.submit(self._make_env, image, serial_pytest=False,
-                                                            compile_phase=False, start=False))
+        branch = getattr(self._current, "branch", None)
+        if serial_pytest or not self.layer.prefetch or branch is None:
+            return self._make_env(image, serial_pytest=serial_pytest, compile_phase=False)
+        with self._envs_lock:
+            ready = next((w for w in self._warming if w.image == image and w.branch == branch), None)
+            if ready is not None:
+                self._warming.remove(ready)
+            self._claimed.add(branch)
+            self._warm_next(image)
         if ready is not None:
             try:
-                container = cast(SdkContainerEnvironment, ready.result())
-                container.start()
-                return container
+                return ready.future.result()
             except EngineUnavailable:
                 raise
-            except Exception as exc:
-                log.debug("prefetched container failed (%s); creating one now", exc)
-        return self._make_env(image, serial_pytest=serial_pytest, compile_phase=False)
+            except Exception as exc:  # made again the official way, where the same failure shows as the official's
+                log.debug("branch %s: its container made ahead failed (%s); making one now", branch, exc)
+        return self._make_env(image, serial_pytest=False, compile_phase=False)
+
+    def _warm_next(self, image: str) -> None:
+        """Start making the next unclaimed branch's container ready (under ``_envs_lock``)."""
+        if self._warming:
+            return
+        waiting = {w.branch for w in self._warming}
+        following = next((b for b in self.tests_branches if b not in self._claimed and b not in waiting), None)
+        if following is not None:
+            self._warming.append(_Warming(image, following, self._prefetch_pool.submit(self._warm, image, following)))
+
+    def _warm(self, image: str, branch: str) -> SdkContainerEnvironment:
+        """``branch``'s fresh container, started, its test archive copied in and the steps before its tests run
+        (their results kept for when the official asks), while the branch before it runs: what its
+        ``_run_test_branch`` does first, in the same order, on a container nobody else touches.
+
+        Started ahead, it may wait for the branch before it: for that branch's window, the margin and its retries
+        at most. Its lifetime adds that wait, so it still holds its own whole window when its tests start."""
+        window = self.layer.test_timeout + LIFETIME_MARGIN
+        container = self._make_env(image, serial_pytest=False, compile_phase=False,
+                                   lifetime=(2 + self.branch_retries) * window)
+        try:
+            assert self.blob_dir is not None
+            destination = f"{WORKSPACE_DIR}/"
+            archive = self.blob_dir / "tests" / f"{branch}.tar.gz"
+            container.copy_in_tar(archive, destination)
+            container.preloaded = (archive, destination)
+            steps = self._batch_from(RESTORE_STEP) if self.layer.batch_steps else None
+            if steps:
+                container.run_steps(steps)
+        except BaseException:
+            container.cleanup()
+            raise
+        return container
 
     def _retire(self) -> None:
         """Before the committed image goes: no prefetch in flight, every container removed."""
@@ -1232,7 +1263,9 @@ class SdkEvaluator(Evaluator):
             timeout = self.layer.test_timeout
         hooks = self.layer.hooks
         steps = self._batch_from(step_name) if self.layer.batch_steps else None
-        if steps and (hooks.step_env is None or all(hooks.step_env(step.name, env) is None for step in steps)):
+        ran_ahead = bool(steps and env.batched and env.batched[0].step == steps[0])  # by _warm
+        if steps and not ran_ahead and (hooks.step_env is None
+                                        or all(hooks.step_env(step.name, env) is None for step in steps)):
             env.run_steps(steps)
         if hooks.before_step is not None:
             hooks.before_step(step_name, env)
