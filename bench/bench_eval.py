@@ -1,6 +1,6 @@
 """Evaluation wall time: the official ``programbench eval`` against ``pytest --pb-submissions`` on the same submissions.
 
-    python bench/bench_eval.py [--repeat N] [--variant good] [--only NAME]... [--skip NAME]...
+    python bench/bench_eval.py [--repeat N] [--variant good] [--branches N] [--only NAME]... [--skip NAME]...
 
 Runs, on copies of the test bed's run directory ``testbed/.state/submissions/<variant>`` (all four fixture tasks):
 
@@ -13,6 +13,10 @@ Runs, on copies of the test bed's run directory ``testbed/.state/submissions/<va
 * ``pytest -n 1``, ``pytest -n 2`` — the plugin, reruns on (the host's cached wheels).
 * ``pytest -n 1, reruns off`` — the plugin without wheels (``PYTEST_PROGRAMBENCH_WHEELS`` pointing nowhere): the
   like-for-like comparison with the offline ``official`` row.
+
+``--branches N`` gives each of the test bed's own three tasks N active branches (its own repeated under new ids,
+blobs copied), the shape of a real task (about ten branches; the fixtures have two or three), and leaves out the
+packaged ``testorg__calculator``.
 
 Prints a table (wall seconds, ratio to ``official`` and to ``official+wheels``, mean score), the ratios at equal
 parallelism, and per task the time outside compile and the hidden tests with the steps that took it (from each
@@ -81,6 +85,31 @@ def merged_tasks_dir(work: Path, env: dict[str, str]) -> Path:
                     link.unlink()
                 link.symlink_to(task)
     return merged
+
+
+def widened(work: Path, env: dict[str, str], source: Path, branches: int) -> tuple[dict[str, str], Path]:
+    """The test bed's own tasks (not the packaged one) with ``branches`` active branches each, as real tasks have
+    (about ten): their branches repeated under new ids, each with its own copy of the blob, in a tasks and a blob
+    directory of their own; the images are the tasks' (same ids). Returns the environment pointing at them and the
+    run directory holding only those tasks' submissions."""
+    bed_tasks, bed_blobs = Path(env["PB_TESTBED_TASKS_DIR"]), Path(env["PB_TESTBED_BLOB_DIR"])
+    tasks_root, blobs_root, runs = work / "wide-tasks", work / "wide-blobs", work / "wide-runs" / source.name
+    for task in sorted(bed_tasks.iterdir()):
+        if not (task / "tests.json").is_file() or not (source / task.name).is_dir():
+            continue
+        shutil.copytree(task, tasks_root / task.name, ignore=shutil.ignore_patterns("tests"))
+        original = json.loads((task / "tests.json").read_text())["branches"]
+        wide = {}
+        for k in range(branches):
+            branch = sorted(original)[k % len(original)]
+            new_id = f"{k:04x}{branch[4:]}"
+            wide[new_id] = original[branch]
+            blob = blobs_root / task.name / "tests" / f"{new_id}.tar.gz"
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(bed_blobs / task.name / "tests" / f"{branch}.tar.gz", blob)
+        (tasks_root / task.name / "tests.json").write_text(json.dumps({"branches": wide}, indent=2))
+        shutil.copytree(source / task.name, runs / task.name)
+    return {**env, "PB_TESTBED_TASKS_DIR": str(tasks_root), "PB_TESTBED_BLOB_DIR": str(blobs_root)}, runs
 
 
 def scores_from_eval_json(run_dir: Path, tasks_dir: Path) -> dict[str, float]:
@@ -205,6 +234,8 @@ def main() -> None:
     parser.add_argument("--skip", action="append", default=[],
                         help="a configuration to leave out (repeatable; a value naming none is split on commas)")
     parser.add_argument("--only", action="append", default=[], help="run only this configuration (repeatable)")
+    parser.add_argument("--branches", type=int, default=0,
+                        help="give each of the test bed's own tasks this many branches (its own repeated)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
 
@@ -212,6 +243,9 @@ def main() -> None:
     source = Path(env["PB_TESTBED_RUNS"]) / args.variant
     if not source.is_dir():
         sys.exit(f"no run directory {source}")
+    work_root = Path(tempfile.mkdtemp(prefix="pb-bench-"))
+    if args.branches > 0:
+        env, source = widened(work_root, env, source, args.branches)
     from pytest_programbench.evaluation.rerunfailures import ensure_wheels
 
     wheels = ensure_wheels()
@@ -232,7 +266,6 @@ def main() -> None:
     if not wheels.available:
         skip |= {"official+wheels", "pytest -n 1", "pytest -n 2"}
     rows: dict[str, dict[str, Any]] = {}
-    work_root = Path(tempfile.mkdtemp(prefix="pb-bench-"))
     try:
         tasks_dir = merged_tasks_dir(work_root, env)
         for attempt in range(args.repeat):
@@ -284,7 +317,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = RESULTS / f"bench_eval-{stamp}.json"
-    out.write_text(json.dumps({"when": stamp, "variant": args.variant, "repeat": args.repeat,
+    out.write_text(json.dumps({"when": stamp, "variant": args.variant, "branches": args.branches, "repeat": args.repeat,
                                "cores": os.cpu_count(), "tasks": tasks, "rows": rows}, indent=2, default=str))
     print(f"wrote {out}")
 

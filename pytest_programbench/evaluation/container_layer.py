@@ -83,6 +83,8 @@ RESULTS_MAX_BYTES = 32 << 20
 # Seconds a container outlives the longest step it can run; `sleep <lifetime>` then ends and the container
 # stops by itself, so a container leaked by a crash expires even if no sweep ever runs.
 LIFETIME_MARGIN = 3600
+# "0": each branch's container made when the official asks for it, not ahead (SdkEvaluator._warm).
+ENV_PREFETCH = "PYTEST_PROGRAMBENCH_PREFETCH"
 # The official teardown after a timed-out command (ContainerEnvironment.execute): SIGKILL everything but pid 1.
 KILL_ALL_BUT_INIT = "kill -KILL -1 2>/dev/null; sleep 0.2; kill -KILL -1 2>/dev/null; true"
 KILL_TIMEOUT = 30
@@ -1106,13 +1108,17 @@ class LayerConfig:
     test_timeout: int = 3600
     output_cap: int = DEFAULT_OUTPUT_CAP
     hooks: StepHooks = field(default_factory=StepHooks)
-    prefetch: bool = True  # create the next branch's fresh container while the current branch runs
+    prefetch: bool = True  # make the next branch's container ready while the branch before it runs
     batch_steps: bool = True  # a branch's small steps before its tests in one exec (evaluation/step_batch.py)
     # "default" = the official network behaviour (the engine's default network; DNS blackholed around
     # compile.sh by the official internet_control); "none" under --pb-strict.
     network_mode: str = "default"
     results_max_bytes: int = RESULTS_MAX_BYTES
     storage: int = 0  # bytes each container's writable layer may hold, where the engine can limit it (0: no limit)
+
+
+def prefetch_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    return (os.environ if environ is None else environ).get(ENV_PREFETCH, "").strip() != "0"
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from pytest_programbench.evaluation.container_layer import (
     StepHooks,
     UndecodableOutput,
     _is_connection_failure,
+    prefetch_enabled,
 )
 from pytest_programbench.evaluation.install_cache import (
     DIFF_PRUNE,
@@ -698,7 +699,7 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
             compile_timeout=settings.compile_timeout, test_timeout=settings.test_timeout,
             output_cap=settings.output_cap, hooks=probe.hooks(),
             network_mode="none" if settings.strict else "default", storage=settings.storage,
-            batch_steps=step_batch.enabled(),
+            batch_steps=step_batch.enabled(), prefetch=prefetch_enabled(),
         ),
         image_name=task.image_name,
         solution_branch=SOLUTION_BRANCH,
