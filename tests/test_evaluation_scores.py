@@ -148,8 +148,8 @@ def test_branch_workers_and_prefetch_do_not_change_results(testbed: Testbed, tmp
 def test_each_next_branch_is_made_ready_while_the_branch_before_it_runs(
         testbed: Testbed, tmp_path: Path, docker_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Branches 2 and 3 of rpn get the container made ahead (started, tests copied in, the steps before the tests
-    run) while the branch before them runs; the first gets a fresh one. The results are those of containers made
-    when asked for (prefetch off), and nothing is left."""
+    run, the timeout-retry plugin copied in) while the branch before them runs; the first gets a fresh one. The
+    results are those of containers made when asked for (prefetch off), and nothing is left."""
     warmed: list[tuple[str, str]] = []  # (branch, container id) made ready ahead
     tested: list[tuple[str, str, float]] = []  # (branch, container id, when its run_tests ended)
     ready_at: dict[str, float] = {}
@@ -167,6 +167,14 @@ def test_each_next_branch_is_made_ready_while_the_branch_before_it_runs(
             tested.append((self._current.branch, env.container_id, time.monotonic()))
         return result
 
+    plugins: list[str] = []  # the timeout-retry plugin copied in ahead, per container
+    copy_plugin = container_layer.SdkEvaluator._copy_timeout_retry_plugin
+
+    def spy_plugin(container: Any) -> None:
+        copy_plugin(container)
+        plugins.append(container.container_id)
+
+    monkeypatch.setattr(container_layer.SdkEvaluator, "_copy_timeout_retry_plugin", staticmethod(spy_plugin))
     monkeypatch.setattr(container_layer.SdkEvaluator, "_warm", spy_warm)
     monkeypatch.setattr(container_layer.SdkEvaluator, "_run_step", spy_step)
     task = tasks(testbed)[RPN]
@@ -177,6 +185,7 @@ def test_each_next_branch_is_made_ready_while_the_branch_before_it_runs(
     assert len(branches) == 3
     assert [b for b, _ in warmed] == branches[1:]
     assert [c for _, c in warmed] == [c for _, c, _ in tested[1:]]
+    assert plugins == [c for _, c in warmed]  # and their tests ran with it (the results below)
     # Each was ready before the branch before it had finished its tests.
     for (_, _, before_ended), (branch, _, _) in itertools.pairwise(tested):
         assert ready_at[branch] < before_ended

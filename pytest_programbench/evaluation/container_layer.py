@@ -52,7 +52,11 @@ import requests.exceptions
 from programbench.constants import DOCKER_CP_TIMEOUT, DOCKER_EXECUTABLE, DOCKER_RUN_TIMEOUT, WORKSPACE_DIR
 from programbench.eval import eval as official_eval
 from programbench.eval.eval import EvaluationResult, Evaluator
-from programbench.eval.pytest_timeout_retry import PYTEST_TIMEOUT_RETRY_PLUGIN_DIR, PYTEST_TIMEOUT_RETRY_PLUGIN_PATH
+from programbench.eval.pytest_timeout_retry import (
+    PYTEST_TIMEOUT_RETRY_PLUGIN_DIR,
+    PYTEST_TIMEOUT_RETRY_PLUGIN_PATH,
+    PYTEST_TIMEOUT_RETRY_PLUGIN_SOURCE,
+)
 from programbench.exceptions import EvalStepError
 
 from pytest_programbench.engine.archive_out import (
@@ -401,6 +405,7 @@ class SdkContainerEnvironment:
         self.exec_override: Callable[[str, int], dict[str, Any] | None] | None = None
         self.batched: collections.deque[StepResult] = collections.deque()  # run_steps' results, not yet asked for
         self.preloaded: tuple[Path, str] | None = None  # a tar already copied in ahead: (archive, destination)
+        self.preloaded_files: dict[str, tuple[bytes, int]] = {}  # files copied in ahead: path -> (content, mode)
         self.before_commit: Callable[[SdkContainerEnvironment], None] | None = None
         self.paused = False
         self.reaper: Reaper | None = reaper
@@ -660,6 +665,9 @@ class SdkContainerEnvironment:
         else:
             directory, name = os.path.dirname(container_path) or "/", os.path.basename(container_path)
         st = local_path.stat()
+        ahead = self.preloaded_files.pop(os.path.join(directory, name), None)
+        if ahead is not None and ahead == (local_path.read_bytes(), st.st_mode & 0o7777):
+            return  # the very file was copied in ahead (:meth:`SdkEvaluator._warm`)
         with local_path.open("rb") as f:
             one_file = TarIn().file(name, f, st.st_mode & 0o7777, size=st.st_size, mtime=int(st.st_mtime))
         try:
@@ -1038,6 +1046,7 @@ def install_remove_image_dispatch() -> None:
 COMPILE_STEP = "compile"
 RUN_TESTS_STEP = "run_tests"
 RESTORE_STEP = "restore_executable"
+TIMEOUT_RETRY_STEP = "install_pytest_timeout_retry"
 SEED_GIT_COMMAND = (
     "if [ ! -d .git ]; then "
     "GIT_AUTHOR_DATE='2000-01-01T00:00:00Z' "
@@ -1241,10 +1250,27 @@ class SdkEvaluator(Evaluator):
             steps = self._batch_from(RESTORE_STEP) if self.layer.batch_steps else None
             if steps:
                 container.run_steps(steps)
+                last = container.batched[-1] if len(container.batched) == len(steps) else None
+                if (last is not None and last.step.name == TIMEOUT_RETRY_STEP and last.returncode == 0
+                        and not last.problem):
+                    self._copy_timeout_retry_plugin(container)
         except BaseException:
             container.cleanup()
             raise
         return container
+
+    @staticmethod
+    def _copy_timeout_retry_plugin(container: SdkContainerEnvironment) -> None:
+        """What the official's ``_run_test_branch`` copies in once ``install_pytest_timeout_retry`` succeeded, as it
+        makes it (a temporary ``.py`` file of the plugin's source: its mode, its bytes), remembered so the official's
+        own copy of the same file is not made twice."""
+        with tempfile.NamedTemporaryFile(mode="w", suffix=".py") as plugin:
+            plugin.write(PYTEST_TIMEOUT_RETRY_PLUGIN_SOURCE)
+            plugin.flush()
+            local = Path(plugin.name)
+            container.copy_in(local, PYTEST_TIMEOUT_RETRY_PLUGIN_PATH)
+            container.preloaded_files[PYTEST_TIMEOUT_RETRY_PLUGIN_PATH] = (local.read_bytes(),
+                                                                           local.stat().st_mode & 0o7777)
 
     def _retire(self) -> None:
         """Before the committed image goes: no prefetch in flight, every container removed."""
@@ -1326,7 +1352,7 @@ class SdkEvaluator(Evaluator):
                  "'s/--timeout-method=thread/--timeout-method=signal/g' eval/run.sh || true", 10, accept_failure=True),
         ]
         if self._has_rerunfailures:
-            steps.append(Step("install_pytest_timeout_retry",
+            steps.append(Step(TIMEOUT_RETRY_STEP,
                               f"mkdir -p {shlex.quote(PYTEST_TIMEOUT_RETRY_PLUGIN_DIR)} "
                               f"&& rm -f {shlex.quote(PYTEST_TIMEOUT_RETRY_PLUGIN_PATH)}", 10))
         return steps
