@@ -9,7 +9,8 @@ Runs, on copies of the test bed's run directory ``testbed/.state/submissions/<va
   The only shim: the CLI's task catalogue also holds the test bed's task dirs (``load_all_instances`` default).
 * ``official+wheels`` — the same CLI given the rerunfailures wheels as it would get them from PyPI with internet
   (``DOCKER_RUN_ARGS``: a read-only mount and ``PIP_NO_INDEX``/``PIP_FIND_LINKS``): reruns on, like ours.
-* ``official -w 2`` — ``official`` with two instance workers: the equal-parallelism baseline of ``pytest -n 2``.
+* ``official -w 2``, ``official+wheels -w 2`` — with two instance workers: the equal-parallelism baselines of
+  ``pytest -n 2`` (reruns off, as offline, and on).
 * ``pytest -n 1``, ``pytest -n 2`` — the plugin, reruns on (the host's cached wheels).
 * ``pytest -n 1, reruns off`` — the plugin without wheels (``PYTEST_PROGRAMBENCH_WHEELS`` pointing nowhere): the
   like-for-like comparison with the offline ``official`` row.
@@ -256,6 +257,8 @@ def main() -> None:
         ("official", lambda w, t: run_official("official", source, w, t, env, "")),
         ("official+wheels", lambda w, t: run_official("official+wheels", source, w, t, env, str(wheels.directory))),
         ("official -w 2", lambda w, t: run_official("official -w 2", source, w, t, env, "", 2)),
+        ("official+wheels -w 2", lambda w, t: run_official("official+wheels -w 2", source, w, t, env,
+                                                           str(wheels.directory), 2)),
         ("pytest -n 1", lambda w, t: run_plugin("pytest -n 1", source, w, t, env, 1, True)),
         ("pytest -n 2", lambda w, t: run_plugin("pytest -n 2", source, w, t, env, 2, True)),
         ("pytest -n 1, reruns off", lambda w, t: run_plugin("pytest -n 1, reruns off", source, w, t, env, 1, False)),
@@ -264,7 +267,7 @@ def main() -> None:
     names = [name for name, _run in configs]
     skip = select_skipped(names, args.skip, args.only)
     if not wheels.available:
-        skip |= {"official+wheels", "pytest -n 1", "pytest -n 2"}
+        skip |= {"official+wheels", "official+wheels -w 2", "pytest -n 1", "pytest -n 2"}
     rows: dict[str, dict[str, Any]] = {}
     try:
         tasks_dir = merged_tasks_dir(work_root, env)
@@ -301,11 +304,27 @@ def main() -> None:
         row["ratio_official_wheels"] = round(row["seconds"] / base_wheels, 3) if base_wheels else None
         row["mean_score"] = mean
         print(f"{name:26s} {row['seconds']:8.1f} {ratio:>11s} {ratio_w:>14s} {mean:11.3f}")
-    parallel = rows.get("official -w 2", {}).get("seconds")
-    for name in ("pytest -n 2", "pytest -n 2, reruns off"):
+    for name, theirs in (("pytest -n 2", "official -w 2"), ("pytest -n 2, reruns off", "official -w 2"),
+                         ("pytest -n 2", "official+wheels -w 2")):
+        parallel = rows.get(theirs, {}).get("seconds")
         if parallel and name in rows:
-            rows[name]["ratio_official_parallel"] = round(rows[name]["seconds"] / parallel, 3)
-            print(f"at equal parallelism: {name} ÷ official -w 2 = {rows[name]['seconds'] / parallel:.2f}x")
+            rows[name][f"ratio_{theirs}"] = round(rows[name]["seconds"] / parallel, 3)
+            print(f"at equal parallelism: {name} ÷ {theirs} = {rows[name]['seconds'] / parallel:.2f}x")
+    print()
+    print("the whole run outside compile.sh and the hidden tests (wall time less their steps' wall_time; the same "
+          "work in both):")
+    for name, row in rows.items():
+        per_task = (row.get("breakdown") or {}).values()
+        work = sum(t["steps"].get(step, 0.0) for t in per_task for step in SUBMISSION_STEPS)
+        row["outside_submission"] = round(row["seconds"] - work, 3)
+        print(f"  {name:26s} {row['seconds']:7.1f} s = {work:6.1f} s compile+tests + "
+              f"{row['outside_submission']:6.1f} s outside them")
+    for mine, theirs in (("pytest -n 1", "official+wheels"), ("pytest -n 1, reruns off", "official"),
+                         ("pytest -n 2", "official+wheels -w 2"), ("pytest -n 2, reruns off", "official -w 2")):
+        if mine in rows and theirs in rows and rows[theirs]["outside_submission"] > 0:
+            share = rows[mine]["outside_submission"] / rows[theirs]["outside_submission"]
+            rows[mine][f"outside_ratio_{theirs}"] = round(share, 3)
+            print(f"  outside them: {mine} ÷ {theirs} = {share:.2f}x")
     print()
     print("per task, where the time outside compile and the hidden tests goes (seconds):")
     for name, row in rows.items():
