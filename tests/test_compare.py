@@ -12,6 +12,8 @@ import json
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +239,19 @@ def test_intervals_say_what_they_are_over() -> None:
     assert same is not None
     assert (same.low, same.high) == (1.0, 1.0)
     assert statistics.paired_difference({"a": 1.0}, {"a": 0.0}) is None
+
+
+def test_constant_samples_need_no_scipy() -> None:
+    """A session's first summary (every task still 0) and a run against itself: intervals without importing scipy
+    (a second at every session's start, in the controller, before any task was handed out)."""
+    script = ("import sys\n"
+              "from pytest_programbench.results import statistics as s\n"
+              "i = s.mean_interval({'a': [0.0], 'b': [0.0], 'c': [0.0]})\n"
+              "d = s.paired_difference({'a': 1.0, 'b': 0.5}, {'a': 1.0, 'b': 0.5})\n"
+              "assert (i.low, i.high, d.low, d.high) == (0.0, 0.0, 0.0, 0.0), (i, d)\n"
+              "assert 'scipy' not in sys.modules and 'numpy' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_paired_interval_resamples_tasks_not_runs() -> None:

@@ -44,20 +44,21 @@ class Interval:
 @functools.lru_cache(maxsize=32)  # the summary is rewritten after every task: the same scores, the same interval
 def _bootstrap_mean(columns: tuple[tuple[float, ...], ...], *, paired: bool, seed: int,
                     resamples: int) -> tuple[float, float]:
+    # Every sample (every paired difference) the same: every resample's mean is that value. Answered before scipy
+    # is imported (a second at a session's start, when every task still counts 0).
+    if len(columns) == 1 and min(columns[0]) == max(columns[0]):
+        return float(columns[0][0]), float(columns[0][0])
+    if len(columns) == 2 and len({new - base for base, new in zip(*columns, strict=True)}) == 1:
+        same = float(columns[1][0] - columns[0][0])
+        return same, same
     import numpy as np
     from scipy.stats import bootstrap
 
     arrays = tuple(np.asarray(c, dtype=float) for c in columns)
     if len(arrays) == 1:
-        values = arrays[0]
-        if np.ptp(values) == 0:  # every sample the same: every resample's mean is that value
-            return float(values[0]), float(values[0])
         result = bootstrap(arrays, np.mean, confidence_level=CONFIDENCE, n_resamples=resamples, method=METHOD,
                            rng=np.random.default_rng(seed))
     else:
-        if np.ptp(arrays[1] - arrays[0]) == 0:
-            same = float(arrays[1][0] - arrays[0][0])
-            return same, same
 
         def difference(base: Any, new: Any, axis: int = -1) -> Any:
             return np.mean(new - base, axis=axis)
