@@ -143,3 +143,28 @@ def test_durations_of_a_directory_that_is_no_run_is_a_usage_error(pytester: pyte
     result, _run_dir = run(pytester, "run", "-p", "no:cacheprovider", "--pb-durations", str(pytester.path / "tasks"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--pb-durations: * is not a run directory with a readable summary.json*"])
+
+
+def test_an_estimate_is_made_only_for_a_task_asked_about(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole benchmark's estimates cost a read of every task's tests.json; a run orders only what it runs."""
+    from pytest_programbench.scheduling.estimates import Estimates
+    from pytest_programbench.tasks.catalogue import Catalogue, Task
+
+    tasks = Catalogue.load().tasks
+    read: list[str] = []
+    load_instance = Task.load_instance
+
+    def counted(task: Task) -> dict[str, object]:
+        read.append(task.instance_id)
+        return load_instance(task)
+
+    monkeypatch.setattr(Task, "load_instance", counted)
+    estimates = Estimates.build(tasks, durations_dir=None, cache=None, agent_seconds=0)
+    assert read == []
+    assert "no earlier run's durations" in estimates.describe()
+    first = f"programbench::{tasks[0].instance_id}"
+    seconds = estimates.of(first)
+    assert seconds > 0
+    assert estimates.of(first) == seconds
+    assert read == [tasks[0].instance_id]
+    assert estimates.of("programbench::no-such-task") == 0.0
