@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import uuid
 import xml.etree.ElementTree as ET
@@ -483,6 +484,22 @@ def test_the_benchmark_ids_are_the_official_benchmark_instances() -> None:
 
     assert benchmark_ids() == frozenset(benchmark_instances())
     assert len(benchmark_ids()) == 200
+
+
+def test_the_packaged_tasks_are_read_once_per_process() -> None:
+    """The catalogue and the summary's benchmark ids share one read of the 201 task.yaml files."""
+    script = ("import programbench.utils.load_data as d\n"
+              "reads = []\n"
+              "real = d.load_all_instances\n"
+              "d.load_all_instances = lambda *a, **k: reads.append(1) or real(*a, **k)\n"
+              "from pytest_programbench.tasks.catalogue import Catalogue\n"
+              "from pytest_programbench.results.summary import benchmark_ids\n"
+              "tasks = Catalogue.load().tasks\n"
+              "assert len(benchmark_ids()) == 200 and len(tasks) == 200, len(tasks)\n"
+              "Catalogue.load()\n"
+              "assert reads == [1], reads\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_strip_list_is_exactly_the_documented_one() -> None:

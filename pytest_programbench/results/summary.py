@@ -91,13 +91,14 @@ class TaskRecord:
 @functools.cache
 def benchmark_ids() -> frozenset[str]:
     """The 200 benchmark task ids (``programbench.submission.benchmark_instances``' keys), read once: the summary is
-    rewritten after every task and every progress tick. Read without the tests: ``benchmark_instances`` also parses
-    every task's tests.json (0.6 s at each session's start) for ids that do not depend on them."""
-    from programbench.constants import TASKS_DIR
+    rewritten after every task and every progress tick. From the packaged instances the catalogue read already:
+    ``benchmark_instances`` also parses every task's tests.json (0.6 s at each session's start) for ids that do not
+    depend on them."""
     from programbench.submission import FIXTURE_PREFIX
-    from programbench.utils.load_data import load_all_instances
 
-    ids = (i["instance_id"] for i in load_all_instances(TASKS_DIR, include_tests=False))
+    from pytest_programbench.tasks.catalogue import packaged_instances
+
+    ids = (str(i["instance_id"]) for i in packaged_instances())
     return frozenset(i for i in ids if not i.startswith(FIXTURE_PREFIX))
 
 
