@@ -21,7 +21,8 @@ container ``network_mode="none"`` instead. Command output is decoded strictly, a
 undecodable bytes raise :class:`UndecodableOutput` (a ``UnicodeDecodeError``), which the official scores 0.
 
 Deliberate differences, each documented at its site and in README's evaluation section: a pids limit, labels, a
-self-expiring lifetime (counted from each container's start); the ``pytest-rerunfailures`` install step runs
+self-expiring lifetime (counted from each container's start); each next branch's container made ready while the
+branch before it runs (:meth:`SdkEvaluator._warm`); the ``pytest-rerunfailures`` install step runs
 against a host-provided wheel directory with ``--no-index``; command output in the log is capped with a marker
 (``results_read`` never is, but a results file past ``RESULTS_MAX_BYTES`` is not read: ``results_read_failed``);
 a device or a FIFO at ``eval/results.xml`` scores the instance 0 (``EmptyTestResultError``), where the official
