@@ -1226,9 +1226,8 @@ class SdkEvaluator(Evaluator):
     def _warm_next(self, image: str) -> None:
         """Start making the next unclaimed branch's container ready (under ``_envs_lock``)."""
         if self._warming:
-            return
-        waiting = {w.branch for w in self._warming}
-        following = next((b for b in self.tests_branches if b not in self._claimed and b not in waiting), None)
+            return  # one ahead at a time
+        following = next((b for b in self.tests_branches if b not in self._claimed), None)
         if following is not None:
             self._warming.append(_Warming(image, following, self._prefetch_pool.submit(self._warm, image, following)))
 

@@ -128,7 +128,7 @@ def load_tasks_dir(root: Path) -> list[Task]:
 
 
 @functools.cache
-def _packaged_instances() -> tuple[Mapping[str, Any], ...]:
+def _packaged_instances() -> tuple[dict[str, Any], ...]:
     from programbench.constants import TASKS_DIR
     from programbench.utils.load_data import load_all_instances
 
@@ -139,7 +139,7 @@ def packaged_instances() -> list[dict[str, Any]]:
     """The tasks packaged in programbench, as its loader reads them (task.yaml, no tests), read once per process:
     the catalogue and the summary's benchmark ids both need them (0.1-0.2 s a read). Copies: no caller can change
     another's."""
-    return copy.deepcopy([dict(i) for i in _packaged_instances()])
+    return copy.deepcopy(list(_packaged_instances()))
 
 
 def load_packaged() -> list[Task]:
