@@ -27,6 +27,7 @@ from pytest_programbench.pytest_layer.invocation import ATTEMPT, GOLD, TaskKey
 from pytest_programbench.results import task_meta
 from pytest_programbench.results.artifacts import TaskArtifacts
 from pytest_programbench.results.atomic import atomic_copy
+from pytest_programbench.results.gold import GoldError, reference_bytes, require_reference_built, write_submission
 from pytest_programbench.results.task_meta import TaskMeta
 from pytest_programbench.results.verdict import InfrastructureError, TaskOutcome
 from pytest_programbench.tasks.catalogue import CatalogueError, Task
@@ -71,6 +72,7 @@ class TaskRun:
         # Kept across infrastructure retries: the agent runs once.
         self.agent_result: AgentResult | None = None
         self.submission: Path | None = None
+        self.gold_reference: str | None = None  # --pb-gold: the reference's sha256, what the build must produce
         self.lease: EngineLease | None = None  # this attempt's engine (--pb-docker-host)
         self.engine: Any | None = None  # this attempt's engine client (set by lease_engine)
         self.engines_tried: list[str] = []
@@ -514,15 +516,17 @@ class TaskRun:
 
     def gold_submission(self, image: ResolvedImage) -> Path:
         """--pb-gold: the reference's own bytes as the submission (results/gold.py), read from the task image."""
-        from pytest_programbench.results.gold import GoldError, reference_bytes, write_submission
-
         engine = self.engine_client()
         with self.phase("gold"):
             try:
                 data = reference_bytes(engine.api, image.id, self.labels.as_dict())
             except GoldError as exc:
                 raise InfrastructureError(f"--pb-gold: {exc}") from exc
-            write_submission(self.artifacts.submission, data, run=self.key.n)
+            try:
+                self.gold_reference = write_submission(self.artifacts.submission, data, run=self.key.n,
+                                                       clean_hashes=self.task.eval_clean_hashes)
+            except GoldError as exc:  # the same bytes again next time: not retried
+                raise InfrastructureError(f"--pb-gold: {exc}", retryable=False) from exc
         self.meta["submission_source"] = f"--pb-gold: the reference of {image.ref}, gold run {self.key.n}"
         self.meta["submission_bytes"] = self.artifacts.submission.stat().st_size
         self.submission = self.artifacts.submission
@@ -576,7 +580,18 @@ class TaskRun:
             raise InfrastructureError(result.infra_error)
         if result.result is not None and self.record:
             self.artifacts.write_eval_json(result.result)
+        if self.key.kind == GOLD:
+            self._require_reference_built(result)
         return result
+
+    def _require_reference_built(self, result: EvaluationOutcome) -> None:
+        """--pb-gold: a run whose build is not the reference measured nothing (its eval.json stays, to say why)."""
+        try:
+            require_reference_built(result.error_code, result.executable_hash, self.gold_reference,
+                                    details=result.error_details or "")
+        except GoldError as exc:
+            # Not retried: the same reference and compile.sh fail the same way again.
+            raise InfrastructureError(f"--pb-gold: {exc}", retryable=False) from exc
 
     def outcome(self, result: EvaluationOutcome) -> TaskOutcome:
         outcome = self._with_agent(task_outcome(result, self.instance()))

@@ -1,17 +1,24 @@
 """--pb-gold N through real sessions: the reference evaluated as its own submission on a fixture task with one test
-the reference never passes and one it passes on every other run (testbed/gold_tasks/pbfix__coin.c0112ab); the
-ledger read back with --pb-gold-ledger and --pb-ignore-flaky on a normal run."""
+the reference never passes and one it passes on every other run (testbed/gold_tasks/pbfix__coin.c0112ab), whose
+task.yaml lists the reference's sha256 in eval_clean_hashes as 161 of the 200 real tasks do; the ledger read back with
+--pb-gold-ledger and --pb-ignore-flaky on a normal run; a gold run whose reference does not build is an error."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import re
 import shlex
 import shutil
 import tarfile
+import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import yaml
 
 from tests.conftest import TESTBED, Testbed
 from tests.test_readme import fenced, section
@@ -29,10 +36,32 @@ N = 6
 README_SECTION = "Attempts, and the reference's own noise"
 
 
-def test_the_readme_commands_gold_ledger_and_attempts(pytester: pytest.Pytester, testbed: Testbed) -> None:
+IMAGE = "programbench/pbfix_1776_coin.c0112ab"
+
+
+def reference_sha256(docker_client: Any, image: str) -> str:
+    """sha256 of the image's /workspace/executable, read out of a created (never started) container."""
+    container = docker_client.containers.create(image, ["true"], network_mode="none",
+                                                labels={"pytest-programbench.testbed-check": "1"})
+    try:
+        stream, _stat = container.get_archive("/workspace/executable")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.extractfile("executable")
+            assert member is not None
+            return hashlib.sha256(member.read()).hexdigest()
+    finally:
+        container.remove(force=True)
+
+
+def test_the_readme_commands_gold_ledger_and_attempts(pytester: pytest.Pytester, testbed: Testbed,
+                                                      docker_client: Any) -> None:
     """README's commands as written, in a directory whose pytest.ini points at the gold fixture task: --pb-gold 6
     finds exactly the impossible and the flaky test with the right ceiling; then gold run 1's submission (an odd run:
     the flaky test fails) evaluated in 3 attempts with the ledger read back and --pb-ignore-flaky."""
+    # The real case: the official deletes every submitted file with the reference's bytes before compile.sh.
+    reference = reference_sha256(docker_client, f"{IMAGE}:task_cleanroom_v6")
+    task_yaml = yaml.safe_load((TESTBED / "gold_tasks" / COIN / "task.yaml").read_text())
+    assert task_yaml["eval_clean_hashes"] == [reference], "task.yaml's eval_clean_hashes is not the image's reference"
     pytester.makeini(f"""
         [pytest]
         addopts = -p no:cacheprovider -rA --junitxml=junit.xml
@@ -66,9 +95,16 @@ def test_the_readme_commands_gold_ledger_and_attempts(pytester: pytest.Pytester,
     ignored = entry["ignore_lists"][BRANCH]["ignored_tests"]
     assert sorted(t["name"] for t in ignored) == sorted(t.split("/", 1)[1] for t in (IMPOSSIBLE, FLAKY))
     assert all(t["reasons"][0]["id"] == "gold_flaky" for t in ignored)
-    # Each gold run: the reference's bytes and the installing compile.sh, in gold/<n>/<id>/.
+    # Each gold run: the reference's bytes behind a header and the compile.sh that restores them, in gold/<n>/<id>/;
+    # the official's hash clean-up ran and removed nothing, and what was built is the reference.
     with tarfile.open(run_dir / "gold" / "3" / COIN / "submission.tar.gz") as tar:
-        assert sorted(tar.getnames()) == [".pb-gold-run", "compile.sh", "reference.bin"]
+        assert sorted(tar.getnames()) == [".pb-gold-run", "compile.sh", "reference.gold"]
+    for n in range(1, N + 1):
+        eval_json = json.loads((run_dir / "gold" / str(n) / COIN / f"{COIN}.eval.json").read_text())
+        assert eval_json["executable_hash"] == reference
+        clean_up = [step for step in eval_json["log"] if step["step"] == "remove_hashed_files"]
+        assert len(clean_up) == 1, eval_json["log"]
+        assert "removed" not in clean_up[0]["output"], clean_up
     gold.stdout.fnmatch_lines(["*= programbench gold ledger =*", f"  impossible: {IMPOSSIBLE} (0/{N})*",
                                f"  flaky: {FLAKY} ({N // 2}/{N})*"])
 
@@ -117,3 +153,36 @@ def test_the_readme_commands_gold_ledger_and_attempts(pytester: pytest.Pytester,
     row = json.loads((even_run / "compare.json").read_text())["tasks"][COIN]
     assert row["pass_to_fail"] == []
     assert [(f["test"], f["flaky"]) for f in row["fail_to_pass"]] == [(FLAKY, True)]
+
+
+@pytest.fixture
+def image_without_tail(docker_client: Any) -> Iterator[str]:
+    """A tag of the coin image in which compile.sh cannot restore the reference (no ``tail``); ours, removed after."""
+    tag = f"pb-test-notail-{uuid.uuid4().hex[:8]}"
+    dockerfile = f"FROM {IMAGE}:task_cleanroom_v6\nRUN rm /usr/bin/tail\n".encode()
+    docker_client.images.build(fileobj=io.BytesIO(dockerfile), tag=f"{IMAGE}:{tag}", network_mode="none", rm=True,
+                               labels={"pytest-programbench.testbed-check": "1"})
+    try:
+        yield tag
+    finally:
+        docker_client.images.remove(f"{IMAGE}:{tag}", noprune=False)
+
+
+def test_a_gold_run_whose_reference_does_not_build_is_an_error(pytester: pytest.Pytester, testbed: Testbed,
+                                                               image_without_tail: str) -> None:
+    """Compile fails (the image has no ``tail``): each gold run is an error, unscored, in no ledger: never a pass with
+    every test declared impossible."""
+    run_dir = pytester.path / "gold"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pb-gold", "2", "--pb-tasks-dir", str(TESTBED / "gold_tasks"),
+        "--pb-blob-dir", str(testbed.blob_dir), "--pb-filter", COIN, "--pb-image-tag", image_without_tail,
+        "--pb-pull", "never", "--pb-cpus", "2", "--pb-progress", "off", "--pb-output", str(run_dir), timeout=900)
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(["*--pb-gold: the reference did not reach ./executable (compile_failed*tail*"])
+    assert json.loads((run_dir / "gold-ledger.json").read_text())["tasks"] == {}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["headline"]["errors"], summary["headline"]["scored"]) == (1, 0), summary["headline"]
+    for n in (1, 2):
+        meta = json.loads((run_dir / "gold" / str(n) / COIN / "pb-meta.json").read_text())
+        assert meta["state"] == "error", meta
+        assert "outcome" not in meta, meta

@@ -2,10 +2,14 @@
 hidden tests (``gold-ledger.json``); ``--pb-gold-ledger FILE``: a ledger read back on a normal run.
 
 The gold submission is the reference's bytes (read out of the task image, where the official images keep it at
-``/workspace/executable``), a ``compile.sh`` that installs them as ``./executable``, and ``.pb-gold-run`` holding the
-run's number (no real hidden test reads it; a fixture task uses it to flake deterministically). It goes through the
-very same evaluation as any submission, at the run's ``--pb-cpus``, branch workers and clocks; the official hash
-check and our ``reference_executable`` flag fire by design and are recorded, never a failure.
+``/workspace/executable``) behind a one-line header (``reference.gold``), a ``compile.sh`` that strips the header
+into ``./executable`` and checks its sha256, and ``.pb-gold-run`` holding the run's number (no real hidden test reads
+it; a fixture task uses it to flake deterministically). The header is why it works on real tasks: the official
+deletes every workspace file whose sha256 is in ``eval_clean_hashes`` (161 of the 200 list the reference's) before
+``compile.sh``, so the raw bytes would never get there. It goes through the very same evaluation as any submission,
+at the run's ``--pb-cpus``, branch workers and clocks; the official hash check and our ``reference_executable`` flag
+fire by design and are recorded, never a failure. A gold run whose build is not the reference (compile failed, another
+hash) measured nothing: :func:`require_reference_built` makes it an error, never a score or a ledger entry.
 
 A test of a task's active branches that is not ignored upstream and that the reference passes in none of the N runs
 is *impossible*; in some but not all, *flaky*. The task's *ceiling* is its mean gold score: what a perfect clone
@@ -15,10 +19,11 @@ reaches on this machine. The ledger also carries both lists in the shape of test
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +35,22 @@ REASON = "gold_flaky"
 REFERENCE_PATH = "/workspace/executable"
 REFERENCE_MAX_BYTES = 2 << 30
 MARKER = ".pb-gold-run"
-COMPILE_SH = "#!/bin/sh\n# The reference's own bytes as the executable (pytest-programbench --pb-gold).\n" \
-             "set -e\ncp reference.bin executable\nchmod 755 executable\n"
+SHIPPED = "reference.gold"
+# Any header will do: it only has to make the shipped file's sha256 differ from the reference's.
+HEADER = b"pytest-programbench --pb-gold: the task's reference binary follows this line\n"
+# coreutils only (tail, sha256sum: the official itself runs sha256sum in the task image), no gzip or python needed.
+COMPILE_SH = """#!/bin/sh
+# The reference's own bytes as the executable (pytest-programbench --pb-gold). They come behind a header so that
+# no shipped file has the reference's sha256: the official removes such files (eval_clean_hashes) before this runs.
+set -e
+tail -c +{skip} {shipped} > executable
+chmod 755 executable
+got=$(sha256sum executable | cut -d' ' -f1)
+if [ "$got" != "{sha256}" ]; then
+  echo "pytest-programbench --pb-gold: ./executable has sha256 $got, the reference's is {sha256}" >&2
+  exit 1
+fi
+"""
 MESSAGES_KEPT = 3  # distinct failure messages per test
 MESSAGE_CHARS = 500
 
@@ -58,12 +77,21 @@ def reference_bytes(api: Any, image_id: str, labels: Mapping[str, str]) -> bytes
     return member.data
 
 
-def write_submission(target: Path, reference: bytes, *, run: int) -> None:
-    """submission.tar.gz: ``reference.bin``, ``compile.sh`` (installs it as ./executable), ``.pb-gold-run``."""
+def write_submission(target: Path, reference: bytes, *, run: int, clean_hashes: Iterable[str] = ()) -> str:
+    """submission.tar.gz: ``reference.gold`` (header + the reference), ``compile.sh`` (restores it as ./executable),
+    ``.pb-gold-run``; returns the reference's sha256. ``clean_hashes``: the task's ``eval_clean_hashes``, none of
+    which a shipped file may have (the official would delete it before compile.sh)."""
+    sha256 = hashlib.sha256(reference).hexdigest()
+    compile_sh = COMPILE_SH.format(skip=len(HEADER) + 1, shipped=SHIPPED, sha256=sha256).encode()
+    files = ((SHIPPED, HEADER + reference, 0o644), ("compile.sh", compile_sh, 0o755),
+             (MARKER, f"{run}\n".encode(), 0o644))
+    listed = {h.lower() for h in clean_hashes}
+    removed = [name for name, data, _mode in files if hashlib.sha256(data).hexdigest() in listed]
+    if removed:
+        raise GoldError(f"the gold submission's {', '.join(removed)} would be removed by eval_clean_hashes")
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data, mode in (("reference.bin", reference, 0o755), ("compile.sh", COMPILE_SH.encode(), 0o755),
-                                 (MARKER, f"{run}\n".encode(), 0o644)):
+        for name, data, mode in files:
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), mode
             tar.addfile(info, io.BytesIO(data))
@@ -71,6 +99,21 @@ def write_submission(target: Path, reference: bytes, *, run: int) -> None:
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_bytes(buffer.getvalue())
     tmp.replace(target)
+    return sha256
+
+
+def require_reference_built(error_code: str | None, executable_hash: str | None, reference_sha256: str | None, *,
+                            details: str = "") -> None:
+    """A gold run's evaluation built the reference, or it measured nothing: raises :class:`GoldError` (the caller
+    makes it an infrastructure error) when compile failed or ./executable is not the reference's bytes."""
+    if executable_hash is None:
+        last = details.strip().splitlines()[-1][:300] if details.strip() else ""
+        raise GoldError(f"the reference did not reach ./executable ({error_code or 'no executable hash'}"
+                        f"{': ' + last if last else ''}): this gold run measured nothing, so it is unscored and not "
+                        "in the ledger")
+    if reference_sha256 is not None and executable_hash != reference_sha256:
+        raise GoldError(f"./executable has sha256 {executable_hash[:12]}, not the reference's {reference_sha256[:12]}:"
+                        " this gold run measured another program, so it is unscored and not in the ledger")
 
 
 # ---------------------------------------------------------------------------------------------- the ledger
