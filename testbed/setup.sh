@@ -8,8 +8,10 @@ shopt -s nullglob
 
 TB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 STATE=$TB/.state
-IMAGE_TAG=task_cleanroom_v6
+IMAGE_TAG=${PB_TESTBED_IMAGE_TAG:-task_cleanroom_v6}  # another tag only for tests of this script
 LABEL=pytest-programbench.testbed   # NOT "pytest-programbench": the plugin sweeps that label
+# Which checkout built an image: one engine may serve several, and a tag another one built is never replaced.
+CHECKOUT_LABEL=$LABEL.checkout
 PYTHON=${PB_PYTHON:-python3}        # the interpreter that has `programbench` installed
 export DOCKER_BUILDKIT=0            # the legacy builder is what docker.io 20.10 ships; same on every machine
 
@@ -57,12 +59,13 @@ ensure_docker() {
 }
 
 # ---------------------------------------------------------------- b. base image
+BASE_HASH=$(sha256sum "$TB/base.recipe" | cut -c1-12)
+BASE_REF=pb-testbed-base:$BASE_HASH
+
 ensure_base() {
   # shellcheck source=base.recipe
   . "$TB/base.recipe"
-  local hash
-  hash=$(sha256sum "$TB/base.recipe" | cut -c1-12)
-  BASE_REF=pb-testbed-base:$hash
+  local hash=$BASE_HASH
   if docker image inspect "$BASE_REF" >/dev/null 2>&1; then
     log "base image: $BASE_REF exists"
   else
@@ -98,22 +101,65 @@ ensure_base() {
 # ---------------------------------------------------------------- c. fixture images
 image_ref() { echo "programbench/${1//__/_1776_}:$IMAGE_TAG"; }
 
-# $1 instance id, $2 build context (a task dir or testbed/images/<id>)
+# Every fixture image, "<instance id> <build context>" (a task dir or testbed/images/<id>).
+fixture_images() {
+  local d
+  for d in "$TB"/tasks/*/ "$TB"/gold_tasks/*/; do echo "$(basename "$d") ${d%/}"; done
+  echo "testorg__calculator.abc1234 $TB/images/testorg__calculator.abc1234"
+}
+
+# $1 build context. Hashes what the build can see (hidden tests and metadata are excluded, also via
+# .dockerignore) plus the base tag, so a new base recipe rebuilds every fixture.
+context_hash() {
+  { echo "$BASE_REF"
+    cd "$1" && find . -type f ! -path './tests/*' ! -path '*/__pycache__/*' \
+      ! -name tests.json ! -name task.yaml -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+  } | sha256sum | cut -c1-16
+}
+
+# $1 image ref, $2 the content hash we would tag it with. Prints why the tag is someone else's (nothing: ours to
+# set). `programbench/...` names are global on an engine: the packaged calculator's is also the name of
+# programbench's own image of that task, and another checkout of this project on the same engine (other content)
+# tags the same names. Re-tagging either would change what their runs evaluate.
+foreign_owner() {
+  local ref=$1 chash=$2 labels have by
+  labels=$(docker image inspect -f "{{index .Config.Labels \"$LABEL\"}}|{{index .Config.Labels \"$CHECKOUT_LABEL\"}}" \
+    "$ref" 2>/dev/null) || return 0  # no such tag
+  IFS='|' read -r have by <<<"$labels" || true
+  if [ -z "$have" ]; then
+    echo "it has no label $LABEL, so it is not the test bed's (another process owns it, e.g. programbench's own image)"
+  elif [ "$have" != "$chash" ] && [ -n "$by" ] && [ "$by" != "$TB" ] && [ "${PB_TESTBED_REPLACE:-}" != 1 ]; then
+    echo "the test bed of another checkout ($by) built it with other content"
+  fi
+}
+
+# Checked before anything is built or tagged: a refusal leaves the engine as it was.
+check_owners() {
+  local id ctx ref why refused=0
+  while read -r id ctx; do
+    ref=$(image_ref "$id")
+    why=$(foreign_owner "$ref" "$(context_hash "$ctx")")
+    [ -z "$why" ] && continue
+    printf '[setup %4ds] REFUSED: %s exists and %s; re-tagging it would break its runs.\n' "$SECONDS" "$ref" "$why" >&2
+    refused=1
+  done < <(fixture_images)
+  [ "$refused" = 0 ] || die "nothing was changed. Give the test bed an engine of its own (DOCKER_HOST), or remove" \
+    "those tags if nothing needs them (docker image rm REF); PB_TESTBED_REPLACE=1 replaces another checkout's images"
+}
+
+# $1 instance id, $2 build context
 ensure_image() {
   local id=$1 ctx=$2 ref chash have old
   ref=$(image_ref "$id")
-  # Hash what the build can see (hidden tests and metadata are excluded, also via .dockerignore)
-  # plus the base tag, so a new base recipe rebuilds every fixture.
-  chash=$( { echo "$BASE_REF"
-             cd "$ctx" && find . -type f ! -path './tests/*' ! -path '*/__pycache__/*' \
-               ! -name tests.json ! -name task.yaml -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
-           } | sha256sum | cut -c1-16)
+  chash=$(context_hash "$ctx")
   have=$(docker image inspect -f "{{index .Config.Labels \"$LABEL\"}}" "$ref" 2>/dev/null || true)
   if [ "$have" = "$chash" ]; then log "image: $ref up to date"; return; fi
+  [ -z "$(foreign_owner "$ref" "$chash")" ] || die "$ref changed owner while setup.sh ran"
   old=$(docker image inspect -f '{{.Id}}' "$ref" 2>/dev/null || true)
   log "image: building $ref"
-  docker build -q --network none --build-arg "BASE=$BASE_REF" --label "$LABEL=$chash" -t "$ref" "$ctx" \
-    >"$STATE/build-$id.log" 2>&1 || { tail -n 30 "$STATE/build-$id.log" >&2; die "docker build of $ref failed"; }
+  docker build -q --network none --build-arg "BASE=$BASE_REF" --label "$LABEL=$chash" \
+    --label "$CHECKOUT_LABEL=$TB" -t "$ref" "$ctx" </dev/null >"$STATE/build-$id.log" 2>&1 \
+    || { tail -n 30 "$STATE/build-$id.log" >&2; die "docker build of $ref failed"; }
   # Drop the image this one replaced, if it was ours and nothing uses it any more (best effort).
   if [ -n "$have" ] && [ -n "$old" ]; then docker rmi "$old" >/dev/null 2>&1 || true; fi
 }
@@ -164,12 +210,13 @@ ensure_archives() {
 log "testbed: $TB"
 ensure_docker
 [ "${1:-}" = --engine-only ] && exit 0
+check_owners
 ensure_base
-for d in "$TB"/tasks/*/ "$TB"/gold_tasks/*/; do ensure_image "$(basename "$d")" "$d"; done
-ensure_image testorg__calculator.abc1234 "$TB/images/testorg__calculator.abc1234"
+while read -r id ctx; do ensure_image "$id" "$ctx"; done < <(fixture_images)
 ensure_archives
 
-cat >"$STATE/env.sh" <<EOF
+# Written whole, then moved into place: a concurrent session's tests may be reading it.
+cat >"$STATE/env.sh.tmp" <<EOF
 # Written by testbed/setup.sh. Source it: . $STATE/env.sh
 export BLOB_DIR=$STATE/blobs
 export TASKS_DIR=$TB/tasks
@@ -184,5 +231,6 @@ export PB_TESTBED_RUNS=$STATE/submissions
 export PB_TESTBED_CALCULATOR_TASK_DIR=$CALC_PKG_DIR
 export PB_TESTBED_GOLD_TASKS_DIR=$TB/gold_tasks
 EOF
+mv "$STATE/env.sh.tmp" "$STATE/env.sh"
 log "wrote $STATE/env.sh"
 echo "testbed ready: BLOB_DIR=$STATE/blobs TASKS_DIR=$TB/tasks SUBMISSIONS=$STATE/submissions/good BASE=$BASE_REF"
