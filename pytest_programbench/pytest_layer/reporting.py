@@ -17,6 +17,7 @@ from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.pytest_layer.invocation import TaskKey, is_worker
 from pytest_programbench.pytest_layer.stash import WORKSTEAL_DEFAULTED
 from pytest_programbench.tasks.catalogue import CatalogueError
+from pytest_programbench.text.printable import PrintableRecords, printable
 
 if TYPE_CHECKING:
     from pytest_programbench.agents.agent import AgentSpec
@@ -80,6 +81,16 @@ class SessionReporting:
         self._check_min_mean(session)
         self._write_gold_ledger()
         self._compare_and_package(session)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """pytest's handlers that write records out (the live log, --log-file, the captured log of a report and so
+        harness.log) show every record printable: the harness's and the official's logs quote container output."""
+        logging_plugin = session.config.pluginmanager.get_plugin("logging-plugin")
+        for name in ("log_cli_handler", "log_file_handler", "report_handler"):
+            handler = getattr(logging_plugin, name, None)
+            if isinstance(handler, logging.Handler):
+                handler.addFilter(PrintableRecords())
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         from importlib.metadata import version
@@ -182,8 +193,10 @@ class SessionReporting:
         if self.pb.summary is None:
             return
         terminalreporter.write_sep("=", "programbench summary")
+        # Lines of data shown printable: failure reasons quote sandboxes, and a compared run's summary.json or a
+        # gold ledger is read back from disk, written by any version.
         for line in self.pb.summary.terminal_lines():
-            terminalreporter.write_line(line)
+            terminalreporter.write_line(printable(line))
         terminalreporter.write_line(f"run directory: {self.pb.identity.run_dir}")
         headline = self.pb.summary.headline()
         if exitstatus == pytest.ExitCode.INTERRUPTED or headline.get("errors") or headline.get("not_run"):
@@ -198,7 +211,7 @@ class SessionReporting:
         for title, lines in self.end_lines:
             terminalreporter.write_sep("=", title)
             for line in lines:
-                terminalreporter.write_line(line)
+                terminalreporter.write_line(printable(line))
         if self.end_failed:
             terminalreporter.write_line(self.end_failed, red=True, bold=True)
 

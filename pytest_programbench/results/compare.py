@@ -32,6 +32,7 @@ from pytest_programbench.results.statistics import (
     paired_difference,
     paired_permutation_test,
 )
+from pytest_programbench.text.printable import html_text
 
 if TYPE_CHECKING:
     import pytest
@@ -371,7 +372,9 @@ def render_html(result: Mapping[str, Any]) -> str:
     import jinja2
 
     template = files("pytest_programbench.results").joinpath("templates", "compare.html.j2").read_text()
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    # finalize: every printed value made printable (control bytes escaped) before autoescape (markup escaped)
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             finalize=html_text)
     return env.from_string(template).render(result=result, interval_text=interval_text)
 
 

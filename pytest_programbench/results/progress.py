@@ -34,6 +34,7 @@ from rich.live import Live
 from rich.text import Text
 
 from pytest_programbench.results.atomic import atomic_write_text
+from pytest_programbench.text.printable import printable
 
 if TYPE_CHECKING:
     from pytest_programbench.run_context import ProgressHost
@@ -321,11 +322,12 @@ def task_line(flight: InFlight) -> str:
 
 
 def render(counts: Counts, snapshot: Snapshot, elapsed: float, *, quiet: bool) -> list[str]:
+    """The view's lines, printable: they hold what the workers' files say (a task's name, a phase, a note)."""
     head = status_line(counts, snapshot, elapsed)
     if quiet:
         brief = ", ".join(f"{f.task} {f.phase} {clock(f.phase_elapsed)}" for f in snapshot.in_flight)
-        return [head + (f" | {brief}" if brief else "")]
-    return [head, *map(task_line, snapshot.in_flight)]
+        return [printable(head + (f" | {brief}" if brief else ""))]
+    return [printable(line) for line in (head, *map(task_line, snapshot.in_flight))]
 
 
 # -- the screen: where pytest's writes and the view's meet --------------------------------------------------------
@@ -404,7 +406,7 @@ class Screen:
             self._line_started = False
 
     def say(self, line: str) -> None:
-        self.show([self.writer.markup(line, yellow=True)])
+        self.show([self.writer.markup(printable(line), yellow=True)])
 
     def _pytest_text(self, text: str) -> None:
         self.stream.write(text)

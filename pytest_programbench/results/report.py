@@ -15,6 +15,7 @@ from typing import Any
 
 from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.verdict import FailingTest, read_failing
+from pytest_programbench.text.printable import html_text
 
 REPORT_NAME = "report.html"
 
@@ -178,7 +179,9 @@ def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope
     import jinja2
 
     template = files("pytest_programbench.results").joinpath("templates", "report.html.j2").read_text()
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    # finalize: every printed value made printable (control bytes escaped) before autoescape (markup escaped)
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             finalize=html_text)
     env.filters["fmt"] = _fmt
     head = data["headline"]
     return env.from_string(template).render(

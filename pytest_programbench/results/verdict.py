@@ -117,12 +117,10 @@ def one_line(text: str, width: int) -> str:
     return first if len(first) <= width else first[:width - 3] + "..."
 
 
-def _printable(text: str, limit: int) -> str:
-    """A hidden test's text (which quotes the submission's output): control characters and undecodable bytes
-    escaped, tabs and newlines kept, cut at ``limit`` characters."""
-    cut = text[:limit]
-    out = "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in cut)
-    out = out.encode("utf-8", "backslashreplace").decode("utf-8")
+def _printable(text: str, limit: int, *, multiline: bool = True) -> str:
+    """A hidden test's text (which quotes the submission's output, and the official's error details the container's):
+    :func:`printable`, cut at ``limit`` characters (before escaping: never mid-escape)."""
+    out = printable(text[:limit], multiline=multiline)
     return out + (f" [... {len(text) - limit:,} more characters in eval.json]" if len(text) > limit else "")
 
 
@@ -153,8 +151,9 @@ def read_failing(eval_json: Path, counted: Callable[[str, str], bool]) -> dict[s
         if status == "passed" or not counted(branch, name):
             continue
         detail = _printable(_detail(test.get("extra")), DETAIL_MAX)
-        out.setdefault(branch, []).append(FailingTest(_printable(branch, 200), _printable(name, 500),
-                                                      _printable(status, 50), detail))
+        out.setdefault(branch, []).append(FailingTest(_printable(branch, 200, multiline=False),
+                                                      _printable(name, 500, multiline=False),
+                                                      _printable(status, 50, multiline=False), detail))
     return dict(sorted(out.items()))
 
 
@@ -168,7 +167,7 @@ def _failing_lines(outcome: TaskOutcome, eval_json: Path | None) -> list[str]:
         if status != "passed":
             by_branch.setdefault(branch, []).append(name)
     if not outcome.tests:  # no per-test statuses (no official result): the evaluation's own short list
-        return [f"branch {branch} failing: {', '.join(tests)}"
+        return [f"branch {branch} failing: {', '.join(map(printable, tests))}"
                 for branch, tests in sorted(outcome.failing_branches.items()) if tests]
     scored = set(outcome.tests)
     messages = read_failing(eval_json, lambda b, n: f"{b}/{n}" in scored) if eval_json is not None else {}
@@ -179,9 +178,10 @@ def _failing_lines(outcome: TaskOutcome, eval_json: Path | None) -> list[str]:
         known = {t.name: t for t in messages.get(branch, [])}
         lines.append(f"branch {branch}: {len(names)} of {totals[branch]} tests failing")
         for name in names[:FAILING_SHOWN]:
-            test = known.get(name)
+            shown = printable(name)  # a test name (the submission sways the JUnit XML it comes from): one line
+            test = known.get(shown)
             said = f": {test.message}" if test is not None and test.message else ""
-            lines.append(f"  {name} ({outcome.tests[f'{branch}/{name}']}){said}")
+            lines.append(f"  {shown} ({outcome.tests[f'{branch}/{name}']}){said}")
         if len(names) > FAILING_SHOWN:
             lines.append(f"  +{len(names) - FAILING_SHOWN} more")
     rest = branches[FAILING_BRANCHES_SHOWN:]
@@ -201,7 +201,8 @@ AGENT_LOG_TAIL = 20
 
 
 def tail_lines(path: Path, n: int = AGENT_LOG_TAIL, *, max_bytes: int = 64 << 10, width: int = 400) -> list[str]:
-    """The last ``n`` lines of a file (read from its end: agent.log may be large), each cut at ``width``."""
+    """The last ``n`` lines of a file (read from its end: agent.log may be large), each cut at ``width`` and made
+    :func:`printable` (the agent's escape sequences shown, never run: every caller shows them)."""
     try:
         with path.open("rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -213,7 +214,7 @@ def tail_lines(path: Path, n: int = AGENT_LOG_TAIL, *, max_bytes: int = 64 << 10
     lines = data.decode("utf-8", "replace").splitlines()
     if size > max_bytes and lines:
         lines = lines[1:]  # the first line read is likely cut
-    return [line if len(line) <= width else line[:width] + " [...]" for line in lines[-n:]]
+    return [printable(line if len(line) <= width else line[:width] + " [...]", multiline=True) for line in lines[-n:]]
 
 
 def failure_message(outcome: TaskOutcome, min_score: float, *, flagged: bool, task_dir: Path | None = None) -> str:
@@ -260,13 +261,14 @@ def assert_verdict(item: pytest.Item, outcome: TaskOutcome, *, min_score: float,
 
 
 def sanitise_report(report: pytest.TestReport) -> None:
-    """The last line of defence before a report leaves (xdist, JUnit, the terminal, summary.json): no string in it
-    may hold an undecodable file name's surrogates. Flags and messages are built safe; this catches the rest."""
-    report.user_properties = sanitise(list(report.user_properties))
+    """The boundary of a report (before it leaves for xdist, JUnit, the terminal, summary.json): every string in it
+    :func:`printable`, so a file name, the agent.log tail or a test name never brings a control byte or an undecodable
+    byte to a reader. A property is one line (a test name's newline shown as ``\\n``); a message keeps its lines."""
+    report.user_properties = sanitise(list(report.user_properties), multiline=False)
     report.sections = sanitise(list(report.sections))
     if isinstance(report.longrepr, str | tuple):
         report.longrepr = sanitise(report.longrepr)
     elif report.longrepr is not None:
         text = report.longreprtext
-        if printable(text) != text:  # a traceback or exception text holding one: its text, escaped
-            report.longrepr = printable(text)
+        if printable(text, multiline=True) != text:  # a traceback or exception text holding one: its text, escaped
+            report.longrepr = printable(text, multiline=True)
