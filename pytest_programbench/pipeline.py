@@ -256,6 +256,10 @@ class TaskRun:
         self.log.info("reusing the finished result of the resumed run")
         data = dict(recorded)
         data["notes"] = [*data.get("notes", []), f"result reused from the resumed run {previous.get('run_id')}"]
+        if data.get("score_corrected") is None and data.get("tests"):  # recorded before the corrected score was
+            from pytest_programbench.evaluation.corrected import recomputed_fields
+
+            data.update(recomputed_fields(self.artifacts.eval_json, self.instance()))
         return TaskOutcome(**data)
 
     # -- the agent's window: relay, sandbox, agent, pack ------------------------------------------------------
@@ -613,7 +617,8 @@ class TaskRun:
             code, note = "no_submission", f"no submission.tar.gz in {self.settings.submissions} (--pb-require-all)"
         self.meta["outcome"] = code
         return self._with_agent(TaskOutcome(self.task.instance_id, score=0.0, n_passed=0, n_tests=n_tests,
-                                            error_code=code, notes=[note]))
+                                            error_code=code, notes=[note], score_corrected=0.0,
+                                            n_passed_corrected=0, n_tests_corrected=n_tests))
 
     def _with_agent(self, outcome: TaskOutcome) -> TaskOutcome:
         """The agent's clock and exit status join the outcome (the verdict stays the score alone)."""
@@ -650,10 +655,14 @@ def task_outcome(result: EvaluationOutcome, instance: dict[str, Any]) -> TaskOut
     if result.error_details and result.error_code:
         notes.append(f"{result.error_code}: {result.error_details.strip().splitlines()[-1][:300]}")
     notes.extend(result.notes)  # a cause of a 0, the network used under --pb-strict
+    corrected = result.corrected.outcome_fields() if result.corrected is not None else {}
+    if result.corrected is not None:
+        notes.extend(result.corrected.notes)
     return TaskOutcome(
         result.instance_id, score=result.score, n_passed=result.n_passed, n_tests=result.n_tests,
         error_code=result.error_code, failing_branches=result.failing_branches, branch_errors=result.branch_errors,
         flags=[str(flag) for flag in result.integrity_flags], clock_fired=result.clock_fired,
         executable_hash=result.executable_hash, compile_seconds=result.compile_seconds,
         test_seconds=result.test_seconds, reruns=result.reruns, notes=notes, tests=scored_tests(result, instance),
+        **corrected,
     )

@@ -155,7 +155,7 @@ class ProgramBenchItem(pytest.Function):
             gold = self.key.kind == GOLD
             assert_verdict(self, self.outcome, min_score=0.0 if gold else settings.min_score,
                            allow_flags=settings.allow_flags or gold,
-                           junit_tests=settings.junit_tests, task_dir=self.task_dir)
+                           junit_tests=settings.junit_tests, task_dir=self.task_dir, basis=settings.score_basis)
             passed = True
         finally:  # scored either way: the pytest_programbench_task_outcome hook sees every verdict
             self.config.hook.pytest_programbench_task_outcome(item=self, outcome=self.outcome, passed=passed,

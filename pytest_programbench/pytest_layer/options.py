@@ -6,6 +6,7 @@ opt-in rule ("any ``--pb-*`` option given") has one source of truth.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -173,6 +174,29 @@ def _file(flag: str, value: Any) -> str:
     return str(path.resolve())
 
 
+SCORE_BASES = ("official", "corrected")
+
+
+def _score_basis(flag: str, value: Any) -> str:
+    if str(value) not in SCORE_BASES:
+        raise pytest.UsageError(f"{flag}: {value!r} is not one of: {', '.join(SCORE_BASES)}")
+    return str(value)
+
+
+def registry_ignore_map(flag: str, value: Any) -> str:
+    """``--pb-registry-ignore FILE``: the leaderboard registry's ``ignored_tests.json``, ``{instance_id: [test]}``
+    (each test ``<branch>/<name>``, as ``_stats/score.json`` keys them), checked here; its path is kept."""
+    path = _file(flag, value)
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise pytest.UsageError(f"{flag}: {value} is not readable JSON: {exc}") from None
+    if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(t, str) for t in v) for k, v in data.items()):
+        raise pytest.UsageError(f"{flag}: {value} is not an {{instance_id: [test, ...]}} map")
+    return path
+
+
 def _dirs(flag: str, value: Any) -> tuple[str, ...]:
     return tuple(_dir(flag, d) for d in split_list(value))
 
@@ -286,6 +310,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("strict", "Neutralise flagged files (conftest.py, pytest config, sitecustomize) before evaluating.",
            "evaluation", "bool"),
     Option("allow-flags", "Let flagged submissions pass on their score alone.", "evaluation", "bool"),
+    Option("score", "Which score decides the verdict, the headline and --pb-min-mean: official (programbench's, the "
+           "leaderboard's) or corrected (the official scoring with test names compared without a leading 'eval.', "
+           "upstream ProgramBench issue #56). Both are always reported.", "evaluation", metavar="official|corrected",
+           parser=_score_basis, field_names=("score_basis",)),
     # Run
     Option("output", "Run directory (default pb-runs/<UTC>-<run id>).", "run", metavar="DIR"),
     Option("resume", "Resume RUN_DIR: reuse finished results, re-run missing and errored tasks.", "run",
@@ -328,6 +356,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("package", "Make the run directory a leaderboard submission at session end (programbench submit "
            "package, then the system metadata, trajectories and cost/call statistics it leaves as TODO).", "run",
            "bool"),
+    Option("registry-ignore", "The leaderboard registry's ignored_tests.json ({instance_id: [test]}): the terminal "
+           "and report show the number the leaderboard will show (its per-test map with these tests struck, over 200 "
+           "tasks, resolved at 1.0, near-resolved at 0.95) beside ours.", "run", metavar="FILE",
+           parser=registry_ignore_map),
     Option("keep-going", "Run every task even when the agent of the first tasks exited 127/126 (command not found "
            "or not executable); by default the session stops after 3 such tasks.", "agent", "bool"),
     Option("preflight", "Check the selection before spending hours (images, hidden test archives, the agent "
@@ -427,6 +459,7 @@ class Settings:
     compile_timeout: int = 900
     test_timeout: int = 3600
     min_score: float = 1.0
+    score_basis: str = "official"
     strict: bool = False
     allow_flags: bool = False
     output: str | None = None
@@ -446,6 +479,7 @@ class Settings:
     compare: tuple[str, ...] = ()
     max_regression: float | None = None
     package: bool = False
+    registry_ignore: str | None = None
     durations: str | None = None
     attempts: int = 1
     gold: int = 0

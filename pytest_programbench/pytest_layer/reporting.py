@@ -76,6 +76,7 @@ class SessionReporting:
 
     def finish(self, session: pytest.Session) -> None:
         """On the controller at session end, once the summary is final: the files and the gates."""
+        self._registry_leaderboard()
         if self.pb.summary is not None:
             self._write_report()
         self._check_min_mean(session)
@@ -249,6 +250,24 @@ class SessionReporting:
                                     f"{self.pb.settings.min_mean:g}")
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _registry_leaderboard(self) -> None:
+        """--pb-registry-ignore: the number the leaderboard will show for this run packaged, beside ours, in the
+        terminal, summary.json and report.html (``leaderboard``); said, never fails the run."""
+        if not self.pb.settings.registry_ignore or self.pb.summary is None:
+            return
+        from pytest_programbench.results.registry import leaderboard
+
+        summary = self.pb.summary
+        try:
+            board = leaderboard(self.pb.identity.path, Path(self.pb.settings.registry_ignore))
+        except Exception as exc:  # a number beside ours: its failure is said, the run stands
+            self.end_lines.append(("programbench leaderboard", [f"not computed: {exc!r}"]))
+            return
+        summary.header["leaderboard"] = board.as_dict(summary.headline())
+        summary.write()
+        summary.flush()
+        self.end_lines.append(("programbench leaderboard", [board.line(summary.headline())]))
 
     def _write_gold_ledger(self) -> None:
         """--pb-gold: gold-ledger.json from the gold runs' official results; said, never fails the run."""

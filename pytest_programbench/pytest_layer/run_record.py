@@ -91,7 +91,9 @@ class RunIdentity:
             except ValueError:
                 history = []
         record = {**self.as_dict(), **extra}
-        history.append({"run_id": self.run_id, "started": self.started, "controller_pid": self.controller_pid})
+        # Each session's own start and command (--pb-package names the first, the run's, beside the packaging one).
+        history.append({"run_id": self.run_id, "started": self.started, "controller_pid": self.controller_pid,
+                        "command": extra.get("command")})
         tmp = marker.with_suffix(".tmp")
         tmp.write_text(json.dumps({**record, "history": history}, indent=2))
         tmp.replace(marker)
@@ -103,6 +105,8 @@ def fingerprint(settings: options.Settings) -> dict[str, Any]:
 
     values = {name: getattr(settings, name) for name in RESULT_SETTINGS}
     values["agent_env"] = sorted(spec.partition("=")[0] for spec in settings.agent_env)  # names, never values
+    if settings.score_basis != "official":  # --pb-score corrected changes verdicts; a run without it stays resumable
+        values["score_basis"] = settings.score_basis
     values["plugin_version"] = version("pytest-programbench")
     values["programbench_version"] = version("programbench")
     plain: dict[str, Any] = json.loads(json.dumps(values, default=str))

@@ -80,10 +80,22 @@ class FinishedRun:
         tasks: dict[str, dict[str, Any]] = self.summary["tasks"]
         return tasks
 
-    def scores(self) -> dict[str, float]:
-        """Scores of the tasks this run scored (passed or failed; errors and unattempted are not scores)."""
-        return {iid: float(row["score"]) for iid, row in self.tasks.items()
-                if row.get("outcome") in ("passed", "failed") and isinstance(row.get("score"), int | float)}
+    def scores(self, basis: str | None = None) -> dict[str, float]:
+        """Scores of the tasks this run scored (passed or failed; errors and unattempted are not scores): the run's
+        own (its ``--pb-score``), or ``basis``'s (``official``, ``corrected``; a run from before the corrected score
+        has its own for both)."""
+        out: dict[str, float] = {}
+        for iid, row in self.tasks.items():
+            value = row.get(f"score_{basis}") if basis else None
+            value = value if isinstance(value, int | float) else row.get("score")
+            if row.get("outcome") in ("passed", "failed") and isinstance(value, int | float):
+                out[iid] = float(value)
+        return out
+
+    @property
+    def basis(self) -> str:
+        """Which score decided this run (``--pb-score``)."""
+        return str((self.record.get("settings") or {}).get("score_basis") or "official")
 
     @property
     def attempts(self) -> int:
@@ -269,6 +281,29 @@ def gate(difference: Mapping[str, Any] | None, max_regression: float) -> Gate:
                 f"{low:.4f} is within it")
 
 
+BASES = ("official", "corrected")
+
+
+def both_scores(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A task's official and corrected scores and the line that says why they differ (summary.json's)."""
+    return {"score_official": row.get("score_official", row.get("score")),
+            "score_corrected": row.get("score_corrected", row.get("score")),
+            "score_note": row.get("score_note") or ""}
+
+
+def by_basis(base: FinishedRun, new: FinishedRun) -> dict[str, Any]:
+    """The means over the tasks both runs scored, by the official and by the corrected score, and which decided
+    each run (the comparison's own numbers are each run's deciding score)."""
+    out: dict[str, Any] = {"basis": {"base": base.basis, "new": new.basis}}
+    for basis in BASES:
+        b, n = base.scores(basis), new.scores(basis)
+        paired = sorted(set(b) & set(n))
+        out[basis] = {"tasks": len(paired),
+                      "mean_base": round(sum(b[t] for t in paired) / len(paired), 6) if paired else None,
+                      "mean_new": round(sum(n[t] for t in paired) / len(paired), 6) if paired else None}
+    return out
+
+
 def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = None,
             max_regression: float | None = None) -> dict[str, Any]:
     """The comparison of ``new`` against ``base`` as compare.json holds it."""
@@ -283,8 +318,8 @@ def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = 
         b, n = base.tasks[iid], new.tasks[iid]
         changed = flips(base.outcomes(iid), new.outcomes(iid), iid, ledger)
         tasks[iid] = {
-            "base": {"outcome": b.get("outcome"), "score": b.get("score")},
-            "new": {"outcome": n.get("outcome"), "score": n.get("score")},
+            "base": {"outcome": b.get("outcome"), "score": b.get("score"), **both_scores(b)},
+            "new": {"outcome": n.get("outcome"), "score": n.get("score"), **both_scores(n)},
             "paired": iid in base_scores and iid in new_scores,
             "delta": _delta(base_scores.get(iid), new_scores.get(iid)),
             "scope": "official" if base.scopes.get(iid) and new.scopes.get(iid) else "all",
@@ -320,6 +355,7 @@ def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = 
             "fail_to_pass": sum(len(r["fail_to_pass"]) for r in tasks.values()),
         },
         "totals": totals,
+        "scores": by_basis(base, new),
         "gold_ledger": None if ledger is None else str(getattr(ledger, "path", "given")),
         "gate": None,
     }
@@ -339,6 +375,7 @@ def terminal_lines(result: Mapping[str, Any]) -> list[str]:
                      f"{paired['mean_new']:.3f}; difference {interval_text(paired['difference'])}")
     else:
         lines.append(f"{paired['tasks']} task(s) scored by both runs: too few for an interval")
+    lines.extend(basis_lines(result.get("scores")))
     test = paired["permutation_test"]
     if test is not None:
         how = f"exact over {test['resamples']} sign patterns" if test["exact"] else f"{test['resamples']} resamples"
@@ -364,6 +401,23 @@ def terminal_lines(result: Mapping[str, Any]) -> list[str]:
                       for phase in PHASES)
     lines.append(f"tokens {tokens['base']} -> {tokens['new']}; cost {cost['base']} -> {cost['new']}; {times}")
     return lines
+
+
+def basis_lines(scores: Mapping[str, Any] | None) -> list[str]:
+    """Both scores' paired means, when they or the runs' deciding scores differ."""
+    if not scores:
+        return []
+    official, corrected, basis = scores["official"], scores["corrected"], scores["basis"]
+    if (official["mean_base"], official["mean_new"]) == (corrected["mean_base"], corrected["mean_new"]) \
+            and basis["base"] == basis["new"]:
+        return []
+
+    def fmt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    return [f"by the official score {fmt(official['mean_base'])} -> {fmt(official['mean_new'])}, by the corrected "
+            f"score {fmt(corrected['mean_base'])} -> {fmt(corrected['mean_new'])} (upstream ProgramBench issue #56); "
+            f"the {basis['base']} score decided the base run, the {basis['new']} score the new one"]
 
 
 def render_html(result: Mapping[str, Any]) -> str:

@@ -24,15 +24,16 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from pytest_programbench.pytest_layer.run_record import RUN_MARKER
-from pytest_programbench.results import pb_stats
+from pytest_programbench.results import pb_stats, registry
 from pytest_programbench.results.atomic import atomic_write_text
+from pytest_programbench.results.task_meta import META_FILE
 
 TODO = "TODO"
 STATS_SCRIPT = "_scripts/pb_stats.py"
@@ -126,7 +127,39 @@ def _system_of_run(run_dir: Path, settings: dict[str, Any]) -> tuple[str | None,
     return agent_with_version(settings.get("agent")), settings.get("model")
 
 
-def fill_manifest(run_dir: Path, packaged: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+OURS_MARK = "\n# Written by pytest-programbench (--pb-package)"
+
+
+def _without_ours(text: str) -> str:
+    """submission.yaml without the block an earlier --pb-package appended (its comment, headline and harness)."""
+    for mark in (OURS_MARK, "\nheadline:", "\nharness:"):
+        if mark in text:
+            return text[:text.index(mark)] + "\n"
+    return text
+
+
+def run_dates(run_dir: Path, record: Mapping[str, Any], summary: Mapping[str, Any],
+              packaged: Sequence[str]) -> dict[str, Any]:
+    """The run's own command line and dates, whichever session packages it: its first session's start and command,
+    its last task result's time (each task's pb-meta.json is written with its result; a reused one is not), and the
+    packaging time apart, with every session of the run."""
+    history = [h for h in record.get("history") or [] if isinstance(h, dict)]
+    first = history[0] if history else {}
+    # A run recorded before each session's command was has the latest session's only: its first is not known.
+    known = "command" in first or len(history) <= 1
+    command = (first.get("command") or record.get("command")) if known else None
+    times = [(run_dir / iid / META_FILE).stat().st_mtime for iid in packaged if (run_dir / iid / META_FILE).is_file()]
+    return {
+        "started": _iso(first.get("started", record.get("started"))),
+        "finished": _iso(max(times) if times else summary.get("updated")),
+        "packaged": _iso(time.time()),
+        "command": command,
+        "sessions": [{"started": _iso(h.get("started")), "command": h.get("command")} for h in history],
+    }
+
+
+def fill_manifest(run_dir: Path, packaged: Sequence[str], headline: Mapping[str, Any] | None = None
+                  ) -> tuple[dict[str, Any], list[str]]:
     """submission.yaml's TODO system fields from the run's record (edited in place, so the official file's comments
     and an author's values stay), plus a ``harness`` block; returns what was filled and what is left TODO."""
     import yaml
@@ -138,16 +171,18 @@ def fill_manifest(run_dir: Path, packaged: Sequence[str]) -> tuple[dict[str, Any
     except (OSError, ValueError):
         summary = {}
     agent, model = _system_of_run(run_dir, settings)
+    provider = registry.infer_provider(registry.submitting_settings(settings))
     manifest_path = run_dir / "submission.yaml"
-    text = manifest_path.read_text()
-    text = text[:text.index("\nharness:")] + "\n" if "\nharness:" in text else text  # ours, from an earlier packaging
+    text = _without_ours(manifest_path.read_text())  # ours, from an earlier packaging
     filled: dict[str, Any] = {}
     for key, value in (("agent", agent), ("model", model),
-                       ("provider", model.partition("/")[0] if model and "/" in model else None)):
+                       ("provider", provider.name)):
         todo = f"\n  {key}: {json.dumps(TODO)}"
         if value and todo in text:
             text = text.replace(todo, f"\n  {key}: {json.dumps(value)}", 1)
             filled[f"system.{key}"] = value
+    if "system.provider" in filled:  # said, so an author can check it
+        filled["system.provider"] = f"{provider.name} (inferred from {provider.source})"
     harness = {
         "name": "pytest-programbench",
         "version": record.get("plugin_version"),
@@ -157,16 +192,16 @@ def fill_manifest(run_dir: Path, packaged: Sequence[str]) -> tuple[dict[str, Any
         "model_endpoint": settings.get("model_endpoint"),
         "submissions": settings.get("submissions"),  # evaluate-only: where the submissions came from
         "run_id": record.get("run_id"),
-        "started": _iso(record.get("started")),
-        "finished": _iso(summary.get("updated")),
-        "command": record.get("command"),
+        **run_dates(run_dir, record, summary, packaged),
+        "provider_source": provider.source or None,  # what system.provider was inferred from
         "trajectories": _trajectories(run_dir, packaged),
         "stats_script": STATS_SCRIPT,
     }
     text += ("# Written by pytest-programbench (--pb-package) from the run's pb-run.json and summary.json; "
              "`programbench submit package`\n# run again drops this block, `pytest --pb-resume RUN_DIR --pb-package` "
              "writes it again.\n")
-    text += yaml.safe_dump({"harness": harness}, sort_keys=False, allow_unicode=True)
+    # The registry's validation (scripts/validate_entries.py) requires headline.n_instances_total.
+    text += yaml.safe_dump({"headline": dict(headline or {}), "harness": harness}, sort_keys=False, allow_unicode=True)
     atomic_write_text(manifest_path, text)
     filled["harness"] = f"{len(harness['trajectories'])} trajectories"
     manifest = yaml.safe_load(text)
@@ -185,7 +220,7 @@ def package(run_dir: Path) -> Packaged:
     except ValueError as exc:
         raise PackageError(f"programbench's package_run: {exc} (it packages ProgramBench's own benchmark tasks "
                            "only, with an eval.json and a submission.tar.gz)") from None
-    filled, left = fill_manifest(run_dir, official.packaged)
+    filled, left = fill_manifest(run_dir, official.packaged, official.headline.as_dict())
     script = run_dir / STATS_SCRIPT
     script.parent.mkdir(exist_ok=True)
     shutil.copyfile(Path(pb_stats.__file__), script)

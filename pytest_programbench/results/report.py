@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_programbench.results import task_meta
 from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.verdict import FailingTest, read_failing
 from pytest_programbench.text.printable import html_text
@@ -93,7 +94,7 @@ def task_rows(run_dir: Path, data: dict[str, Any],
             "cost_text": "-" if row.get("cost_usd") is None else f"${row['cost_usd']:.4f}",
             **model_meter(tokens),
             "failing": _bounded(failing_by_branch(task_dir / f"{iid}.eval.json", scope(iid))),
-            "spread": attempt_spread(row), **gold_columns(row),
+            "spread": attempt_spread(row), **gold_columns(row), **score_columns(row, task_dir),
         })
     return rows
 
@@ -125,6 +126,20 @@ def attempt_spread(row: Mapping[str, Any]) -> dict[str, Any] | None:
             "resolved_at_k": (row.get("resolved_at_k") or {}).get(k), "ended": row.get("ended"),
             "n": row["n_attempts"], "scored": row.get("scored"),
             **{f"x_{name}": _x(row[name], SPREAD_WIDTH, SPREAD_PAD) for name in ("worst", "best", "mean")}}
+
+
+COUNTED_SHOWN = 200  # tests the official counted twice, listed in a task's panel (the rest counted)
+
+
+def score_columns(row: Mapping[str, Any], task_dir: Path) -> dict[str, Any]:
+    """Both scores of a task (official, corrected), the line that says why they differ, and the tests the official
+    counted twice (from its pb-meta.json, read only where the two differ)."""
+    note = str(row.get("score_note") or "")
+    recorded = (task_meta.read(task_dir) or {}).get("outcome") if note else None
+    twice = [str(t) for t in recorded.get("counted_twice") or []] if isinstance(recorded, dict) else []
+    return {"official_text": _fmt(row.get("score_official")), "corrected_text": _fmt(row.get("score_corrected")),
+            "score_note": note, "counted_twice_names": twice[:COUNTED_SHOWN],
+            "counted_twice_more": max(0, len(twice) - COUNTED_SHOWN)}
 
 
 def gold_columns(row: Mapping[str, Any]) -> dict[str, Any]:

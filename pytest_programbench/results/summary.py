@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 PASSED, FAILED, ERROR = "passed", "failed", "error"
 RESOLVED, NEAR_RESOLVED = 1.0, 0.95  # programbench.submission.RESOLVED_THRESHOLD / NEAR_RESOLVED_THRESHOLD
+BASES = ("official", "corrected")  # --pb-score: the item's "score" property is the chosen one's
+UPSTREAM_DEFECT = ("the official scorer counts tests twice where names differ by 'eval.': upstream ProgramBench issue "
+                   "#56, PR #61")
 
 
 @dataclass
@@ -66,12 +69,24 @@ class TaskRecord:
         relay = self.meta.get("relay")
         return relay if isinstance(relay, dict) else None
 
+    def basis_score(self, basis: str) -> float | None:
+        """The official or the corrected score of a scored task (the item's properties say both; a task without a
+        corrected score, or a record from before there was one, has its official score for both)."""
+        if not self.scored:
+            return None
+        value = self.properties.get(f"score_{basis}")
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else self.score
+
     def as_dict(self) -> dict[str, Any]:
         meta = self.meta
         evaluation = meta.get("evaluation") or {}
         agent = meta.get("agent") or {}
         return {
             "outcome": self.outcome or "not_run", "score": self.score, "language": self.language,
+            "score_basis": self.properties.get("score_basis") or "official",
+            **{f"score_{basis}": self.basis_score(basis) for basis in BASES},
+            "score_note": self.properties.get("score_note") or "",  # one line when the two differ: why
+            "counted_twice": self.properties.get("counted_twice") or 0,
             "difficulty": self.difficulty, "overridden": self.overridden,
             "n_passed": self.properties.get("n_passed"), "n_tests": self.properties.get("n_tests"),
             "error_code": self.properties.get("error_code"), "reasons": self.reasons,
@@ -277,7 +292,7 @@ class RunSummary:
             rows.append(TaskRecord(
                 iid, first.language, first.difficulty, first.overridden, outcome,
                 sum(r.score or 0.0 for r in scored) / len(scored) if scored else None,
-                gold_properties(recs), reasons=[x for r in recs for x in r.reasons],
+                {**gold_properties(recs), **basis_properties(scored)}, reasons=[x for r in recs for x in r.reasons],
                 duration=sum(r.duration for r in recs), cost_usd=sum(costs) if costs else None))
         return rows
 
@@ -297,7 +312,28 @@ class RunSummary:
             head["mean_over_selection"] = _mean(per_task, len(per_task))
             head["attempts"] = self.attempts
             head["attempts_ended"] = sum(r.outcome != "" for r in self.records.values())
+        head["scores"] = self.by_basis()
         return head
+
+    @property
+    def basis(self) -> str:
+        """``--pb-score``: which score the headline and the verdicts use."""
+        return str((self.header.get("settings") or {}).get("score_basis") or "official")
+
+    def by_basis(self) -> dict[str, Any]:
+        """Both scores' headline numbers side by side (the headline's own are ``basis``'s), and the tasks whose two
+        scores differ."""
+        rows = self.task_rows()
+        out: dict[str, Any] = {"basis": self.basis}
+        for basis in BASES:
+            scores = [r.basis_score(basis) or 0.0 for r in rows if r.scored]
+            out[basis] = {"mean_over_scored": _mean(scores, len(scores)),
+                          "mean_over_selection": _mean(scores, len(rows)),
+                          "resolved": sum(v >= RESOLVED for v in scores),
+                          "near_resolved": sum(v >= NEAR_RESOLVED for v in scores)}
+        out["differing"] = sorted(r.instance_id for r in rows if r.scored
+                                  and r.basis_score("official") != r.basis_score("corrected"))
+        return out
 
     def intervals(self) -> dict[str, Any]:
         """95% bootstrap CIs of both headline means (results/statistics.py, scipy, over tasks); with several
@@ -320,7 +356,7 @@ class RunSummary:
         chosen = {iid for iid, r in rows.items() if not r.overridden}
         if not benchmark <= chosen:
             return None
-        scores = {iid: rows[iid].score or 0.0 for iid in benchmark if rows[iid].scored}
+        scores = {iid: rows[iid].basis_score("official") or 0.0 for iid in benchmark if rows[iid].scored}
         if not scores:
             return None
         return aggregate(scores, len(benchmark)).as_dict()
@@ -418,6 +454,7 @@ class RunSummary:
         lines.append(f"mean over scored tasks: {fmt(head['mean_over_scored'])} ({head['scored']} scored)   "
                      f"mean over the selection (errors and unattempted count 0): {fmt(head['mean_over_selection'])} "
                      f"({head['selected']} selected)")
+        lines.extend(basis_lines(head["scores"]))
         from pytest_programbench.results.statistics import interval_text
 
         intervals = self.intervals()
@@ -445,6 +482,32 @@ class RunSummary:
             lines.extend(f"  {r.instance_id}: {_first_line(r.reasons[-1]) if r.reasons else 'unknown'}"
                          for r in errors)
         return lines
+
+
+def basis_properties(scored: list[TaskRecord]) -> dict[str, Any]:
+    """A task's official and corrected scores over its scored attempts: each the mean, as the task's score is."""
+    out: dict[str, Any] = {}
+    for basis in BASES:
+        values = [v for r in scored if (v := r.basis_score(basis)) is not None]
+        if values:
+            out[f"score_{basis}"] = round(sum(values) / len(values), 6)
+    return out
+
+
+def basis_lines(scores: Mapping[str, Any]) -> list[str]:
+    """Where a task's official and corrected scores differ: both means, and why, in one line."""
+    differing = scores.get("differing") or []
+    if not differing:
+        return []
+    official, corrected = scores["official"], scores["corrected"]
+
+    def fmt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    return [f"official and corrected scores differ on {len(differing)} task(s) ({UPSTREAM_DEFECT}): mean over the "
+            f"selection official {fmt(official['mean_over_selection'])}, corrected "
+            f"{fmt(corrected['mean_over_selection'])}; resolved official {official['resolved']}, corrected "
+            f"{corrected['resolved']}; the {scores['basis']} score decides (--pb-score)"]
 
 
 def gold_properties(recs: list[TaskRecord]) -> dict[str, Any]:

@@ -1,18 +1,22 @@
-"""Step 8 of the pipeline: the verdict. An item passes when its official score reaches ``--pb-min-score`` and no
-integrity flag is raised (unless ``--pb-allow-flags``). Its JUnit properties are plain builtins (xdist ships them)."""
+"""Step 8 of the pipeline: the verdict. An item passes when its score reaches ``--pb-min-score`` and no integrity
+flag is raised (unless ``--pb-allow-flags``); the score is the official one, or under ``--pb-score corrected`` the
+corrected one (evaluation/corrected.py), and both are always reported. Its JUnit properties are plain builtins (xdist
+ships them)."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_programbench.text.printable import printable, sanitise
+
+OFFICIAL, CORRECTED = "official", "corrected"  # --pb-score: which score decides
 
 
 class InfrastructureError(Exception):
@@ -51,6 +55,27 @@ class TaskOutcome:
     tests: Mapping[str, str] = field(default_factory=dict)  # "<branch>/<name>" -> status, scored tests only
     tokens: Mapping[str, int | float | None] | None = None  # the model relay's counts (None: no relay)
     notes: Sequence[str] = ()
+    # The corrected score (evaluation/corrected.py): the official scoring with test names compared canonically. None:
+    # not computed (no official result, a run of an older version): the official stands for it.
+    score_corrected: float | None = None
+    n_passed_corrected: int | None = None
+    n_tests_corrected: int | None = None
+    score_note: str = ""  # one line when the two differ: both scores, and why
+    counted_twice: Sequence[str] = ()  # "<branch>/<name>"s the official counted twice (not_run beside the JUnit's)
+    counted_ignored: Sequence[str] = ()  # ignored "<branch>/<name>"s the official scored under the JUnit's name
+    tests_corrected: Mapping[str, str] = field(default_factory=dict)  # the corrected score's tests, when they differ
+
+    def scored(self, basis: str = OFFICIAL) -> tuple[float, int, int]:
+        """(score, passed, tests) of ``basis`` (``--pb-score``); the official where no corrected one was computed."""
+        if basis == CORRECTED and self.score_corrected is not None:
+            return self.score_corrected, self.n_passed_corrected or 0, self.n_tests_corrected or 0
+        return self.score, self.n_passed, self.n_tests
+
+    def for_basis(self, basis: str) -> TaskOutcome:
+        """This outcome with the per-test statuses ``basis`` counts (what its message lists as failing)."""
+        if basis == CORRECTED and self.tests_corrected:
+            return replace(self, tests=self.tests_corrected)
+        return self
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -60,20 +85,35 @@ class TaskOutcome:
         data["notes"] = list(self.notes)
         data["tests"] = dict(self.tests)
         data["tokens"] = dict(self.tokens) if self.tokens is not None else None
+        data["counted_twice"] = list(self.counted_twice)
+        data["counted_ignored"] = list(self.counted_ignored)
+        data["tests_corrected"] = dict(self.tests_corrected)
         return data
 
 
-def junit_properties(outcome: TaskOutcome) -> list[tuple[str, Any]]:
+def junit_properties(outcome: TaskOutcome, basis: str = OFFICIAL) -> list[tuple[str, Any]]:
+    """``score``, ``n_passed``, ``n_tests`` are ``basis``'s (``--pb-score``); both scores are there by name."""
+
     def plain(value: Any) -> Any:
         # JUnit writes str(value): "" says "none" better than "None"; xdist needs plain builtins.
         if value is None:
             return ""
         return value if isinstance(value, bool | int | float | str) else str(value)
 
+    score, n_passed, n_tests = outcome.scored(basis)
     return [
-        ("score", outcome.score),
-        ("n_passed", outcome.n_passed),
-        ("n_tests", outcome.n_tests),
+        ("score", score),
+        ("n_passed", n_passed),
+        ("n_tests", n_tests),
+        ("score_basis", basis),
+        ("score_official", outcome.score),
+        ("n_passed_official", outcome.n_passed),
+        ("n_tests_official", outcome.n_tests),
+        ("score_corrected", plain(outcome.score_corrected)),
+        ("n_passed_corrected", plain(outcome.n_passed_corrected)),
+        ("n_tests_corrected", plain(outcome.n_tests_corrected)),
+        ("counted_twice", len(outcome.counted_twice)),
+        ("score_note", outcome.score_note),
         ("error_code", plain(outcome.error_code)),
         ("executable_hash", plain(outcome.executable_hash)),
         ("failed_branches", ",".join(sorted({*outcome.failing_branches, *outcome.branch_errors}))),
@@ -217,14 +257,19 @@ def tail_lines(path: Path, n: int = AGENT_LOG_TAIL, *, max_bytes: int = 64 << 10
     return [printable(line if len(line) <= width else line[:width] + " [...]", multiline=True) for line in lines[-n:]]
 
 
-def failure_message(outcome: TaskOutcome, min_score: float, *, flagged: bool, task_dir: Path | None = None) -> str:
-    """The first line is the reason (pytest's short summary shows it); the header above it is the task id."""
+def failure_message(outcome: TaskOutcome, min_score: float, *, flagged: bool, task_dir: Path | None = None,
+                    basis: str = OFFICIAL) -> str:
+    """The first line is the reason (pytest's short summary shows it); the header above it is the task id. The score is
+    ``basis``'s; where the official and the corrected differ, the next line says both and why."""
     lines = []
     if outcome.agent_exit in AGENT_NOT_RUN:
         lines.append(f"agent exited {outcome.agent_exit}: {AGENT_NOT_RUN[outcome.agent_exit]} (check --pb-agent; "
                      "the shell's own message is in agent.log)")
-    lines += [f"score {outcome.score:.4f} ({outcome.n_passed}/{outcome.n_tests} tests passed)"
-              + (f", below --pb-min-score {min_score:g}" if outcome.score < min_score else "")]
+    score, n_passed, n_tests = outcome.scored(basis)
+    lines += [f"score {score:.4f} ({n_passed}/{n_tests} tests passed)"
+              + (f", below --pb-min-score {min_score:g}" if score < min_score else "")]
+    if outcome.score_note:
+        lines.append(f"{outcome.score_note}; the {basis} score decides (--pb-score)")
     if outcome.agent_exit is not None or outcome.agent_seconds is not None:
         status = "no exit status" if outcome.agent_exit is None else f"exit status {outcome.agent_exit}"
         clock = "" if outcome.agent_seconds is None else f" after {outcome.agent_seconds:.1f} s"
@@ -236,7 +281,7 @@ def failure_message(outcome: TaskOutcome, min_score: float, *, flagged: bool, ta
     for branch, errors in sorted(outcome.branch_errors.items()):
         lines.append(f"branch {branch}: {', '.join(errors)}")
     eval_json = task_dir / f"{outcome.instance_id}.eval.json" if task_dir is not None else None
-    lines.extend(_failing_lines(outcome, eval_json))
+    lines.extend(_failing_lines(outcome.for_basis(basis), eval_json))
     if flagged:
         lines.append(f"integrity flags: {', '.join(outcome.flags)} (the score is official; pass --pb-allow-flags "
                      "to accept it, or --pb-strict to evaluate with the flagged files neutralised)")
@@ -251,13 +296,14 @@ def failure_message(outcome: TaskOutcome, min_score: float, *, flagged: bool, ta
 
 
 def assert_verdict(item: pytest.Item, outcome: TaskOutcome, *, min_score: float, allow_flags: bool,
-                   junit_tests: bool = False, task_dir: Path | None = None) -> None:
-    item.user_properties.extend(junit_properties(outcome))
+                   junit_tests: bool = False, task_dir: Path | None = None, basis: str = OFFICIAL) -> None:
+    """``basis`` (``--pb-score``) picks the score that decides; ``test:`` properties are the official per-test map."""
+    item.user_properties.extend(junit_properties(outcome, basis))
     if junit_tests:
         item.user_properties.extend((f"test:{name}", status) for name, status in sorted(outcome.tests.items()))
     flagged = bool(outcome.flags) and not allow_flags
-    if outcome.score < min_score or flagged:
-        raise VerdictFailure(failure_message(outcome, min_score, flagged=flagged, task_dir=task_dir))
+    if outcome.scored(basis)[0] < min_score or flagged:
+        raise VerdictFailure(failure_message(outcome, min_score, flagged=flagged, task_dir=task_dir, basis=basis))
 
 
 def sanitise_report(report: pytest.TestReport) -> None:

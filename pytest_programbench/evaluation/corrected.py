@@ -1,0 +1,240 @@
+"""The corrected score: the official scoring run again with test names compared in a canonical form.
+
+programbench 1.2.5's ``_process_branch_xml`` compares the names tests.json lists with the JUnit names literally
+(upstream ProgramBench issue #56, a fix proposed in PR #61, both open). 415 of the 1,832 packaged branches list their
+tests without the ``eval.`` prefix that pytest writes when the run's rootdir is ``/workspace``; where a branch's JUnit
+names carry it, each test counts twice: passed (or failed) under its JUnit name, and ``not_run``
+(``missing_from_junit_xml``) under its tests.json name, and an ignored test the JUnit names with the prefix is scored.
+
+:func:`corrected_score` changes nothing but the names: for each branch it takes the JUnit text the official result's
+log kept (the ``results_read`` step's output; of a branch's retried attempts, the one whose official replay gives the
+official's own entries), removes an optional leading ``eval.`` from every name (the JUnit's, tests.json's and the
+ignored tests'), and runs the official ``_process_branch_xml`` and the official
+``for_branches(...).without_ignored(...).score`` on that. Branch errors with their ``not_run`` entries, an instance's
+error code and everything else stay the official's. It never raises: a result it cannot replay is scored as the
+official scored it, and said.
+"""
+
+from __future__ import annotations
+
+import logging
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from programbench.eval.eval import EvaluationResult, TestResult, _process_branch_xml
+from programbench.exceptions import EmptyTestResultError, XmlParseError
+from programbench.utils.load_data import get_active_branches, get_ignored_branches, get_ignored_tests
+
+log = logging.getLogger(__name__)
+
+PREFIX = "eval."
+MISSING = "missing_from_junit_xml"  # the official's error code of a tests.json name absent from the JUnit
+UPSTREAM = "upstream ProgramBench issue #56, fix proposed in PR #61"
+OFFICIAL, CORRECTED = "official", "corrected"
+BASES = (OFFICIAL, CORRECTED)
+SHOWN = 3  # tests named in the one-line note
+
+
+def canonical(name: str) -> str:
+    """A test name without an optional leading ``eval.``."""
+    return name.removeprefix(PREFIX)
+
+
+def canonical_full(full_name: str) -> str:
+    """``branch/name`` with the name canonical."""
+    branch, sep, name = full_name.partition("/")
+    return f"{branch}/{canonical(name)}" if sep else canonical(full_name)
+
+
+def canonical_xml(raw_xml: str) -> str:
+    """The JUnit text with every test case's name canonical: ``classname.name`` as the official parser joins them,
+    without a leading ``eval.``. Raises ``ET.ParseError`` where the official parser would fail too."""
+    root = ET.fromstring(raw_xml)  # noqa: S314 - the text the official parser itself parsed, with the same module
+    for case in root.iter("testcase"):
+        classname = case.get("classname") or ""
+        if classname == "eval":  # "eval.<name>": the prefix is the whole classname
+            case.set("classname", "")
+        elif classname:
+            case.set("classname", canonical(classname))
+        else:
+            case.set("name", canonical(case.get("name") or ""))
+    return ET.tostring(root, encoding="unicode")
+
+
+@dataclass(frozen=True)
+class CorrectedScore:
+    """The corrected score of one result, with what the official counted that it does not."""
+
+    score: float
+    n_passed: int
+    n_tests: int
+    # ``branch/name`` -> status of exactly the tests the corrected score counts, under the official result's names
+    tests: dict[str, str]
+    official_score: float
+    official_passed: int
+    official_tests: int
+    # Official ``branch/name``s the official counted twice: not_run under the tests.json name, while the JUnit has
+    # the test under its prefixed name.
+    counted_twice: tuple[str, ...] = ()
+    # Official ``branch/name``s the official scored though the task ignores them (the JUnit's prefixed name).
+    counted_ignored: tuple[str, ...] = ()
+    # Branches whose JUnit text could not be replayed to the official's entries: scored as the official scored them.
+    unreplayed: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def differs(self) -> bool:
+        return (self.n_passed, self.n_tests) != (self.official_passed, self.official_tests)
+
+    def note(self) -> str:
+        """One line when the two scores differ (else ""): both, and why."""
+        if not self.differs:
+            return ""
+        why: list[str] = []
+        if self.counted_twice:
+            names = [t.partition("/")[2] for t in self.counted_twice[:SHOWN]]
+            more = ", ..." if len(self.counted_twice) > SHOWN else ""
+            why.append(f"{len(self.counted_twice)} test(s) the JUnit names with 'eval.' were counted a second time, "
+                       f"as not_run under tests.json's name ({', '.join(names)}{more})")
+        if self.counted_ignored:
+            why.append(f"{len(self.counted_ignored)} ignored test(s) were scored under the JUnit's 'eval.' name")
+        return (f"official score {self.official_score:.4f} ({self.official_passed}/{self.official_tests}), corrected "
+                f"{self.score:.4f} ({self.n_passed}/{self.n_tests}): the official scorer compares tests.json names "
+                "with JUnit names literally, so " + "; ".join(why or ["names differing only in 'eval.' differ"])
+                + f" ({UPSTREAM})")
+
+    def outcome_fields(self) -> dict[str, Any]:
+        """The corrected fields of the item's ``TaskOutcome`` (results/verdict.py); its per-test map only when the
+        scores differ (otherwise it is the official one)."""
+        return {"score_corrected": self.score, "n_passed_corrected": self.n_passed, "n_tests_corrected": self.n_tests,
+                "score_note": self.note(), "counted_twice": list(self.counted_twice),
+                "counted_ignored": list(self.counted_ignored), "tests_corrected": self.tests if self.differs else {}}
+
+    def as_dict(self) -> dict[str, Any]:
+        """pb-meta.json's ``evaluation.corrected`` (the per-test map stays in the outcome, when it differs)."""
+        return {"score": self.score, "n_passed": self.n_passed, "n_tests": self.n_tests,
+                "counted_twice": list(self.counted_twice), "counted_ignored": list(self.counted_ignored),
+                "unreplayed": list(self.unreplayed), "note": self.note()}
+
+
+def _pairs(results: Sequence[TestResult]) -> list[tuple[str, str]]:
+    return [(t.name, t.status) for t in results]
+
+
+def _replay(raw_xml: str, branch: str, tests_by_branch: dict[str, list[str]], *, instance_id: str,
+            ignored: set[str], branch_ignored: bool, canonical_names: bool = False) -> list[TestResult] | None:
+    """The official ``_process_branch_xml`` on one branch's JUnit text (its names made canonical first when
+    asked); None where the official would have raised."""
+    try:
+        text = canonical_xml(raw_xml) if canonical_names else raw_xml
+        results, _warnings = _process_branch_xml(text, branch, tests_by_branch, instance_id,
+                                                 ignored_tests=ignored, branch_ignored=branch_ignored)
+    except (EmptyTestResultError, XmlParseError, ET.ParseError, ValueError, TypeError):
+        return None
+    return results
+
+
+def _official_xml(result: EvaluationResult, branch: str, official: Sequence[TestResult], *,
+                  tests_by_branch: dict[str, list[str]], ignored: set[str], branch_ignored: bool) -> str | None:
+    """The JUnit text the official scored for ``branch``: of the branch's read attempts (a crash retry reads
+    several), the last whose official replay gives exactly the official's entries."""
+    texts = [str(e.get("output", "")) for e in result.log
+             if e.get("step") == "results_read" and e.get("returncode", -1) == 0 and e.get("branch") == branch]
+    want = _pairs(official)
+    for text in reversed(texts):
+        replayed = _replay(text, branch, tests_by_branch, instance_id="", ignored=ignored,
+                           branch_ignored=branch_ignored)
+        if replayed is not None and _pairs(replayed) == want:
+            return text
+    return None
+
+
+def _renamed(results: Sequence[TestResult]) -> list[TestResult]:
+    return [t.model_copy(update={"name": canonical(t.name)}) for t in results]
+
+
+def corrected_score(result: EvaluationResult, instance: Mapping[str, Any]) -> CorrectedScore:
+    """The official scoring of ``result`` (the official, unfiltered result) with names compared canonically."""
+    inst = dict(instance)
+    instance_id = str(inst.get("instance_id", ""))
+    active = get_active_branches(inst)
+    ignored = set(get_ignored_tests(inst))
+    ignored_branches = set(get_ignored_branches(inst))
+    branches_data = inst.get("branches", {}) or {}
+    tests_by_branch = {b: list(branches_data[b].get("tests", []) or []) for b in result.test_branches
+                       if b in branches_data}
+    canon_tests = {b: [canonical(n) for n in names] for b, names in tests_by_branch.items()}
+    canon_ignored = {canonical_full(t) for t in ignored}
+    by_branch: dict[str, list[TestResult]] = {}
+    for test in result.test_results:
+        by_branch.setdefault(test.branch, []).append(test)
+
+    rebuilt: list[TestResult] = []
+    unreplayed: list[str] = []
+    for branch in dict.fromkeys([*result.test_branches, *by_branch]):
+        official = by_branch.get(branch, [])
+        if result.error_code or branch in result.test_branch_errors or branch not in result.test_branches:
+            rebuilt += _renamed(official)  # not_run injections (or out of scope): nothing was compared
+            continue
+        skipped = branch in ignored_branches
+        text = _official_xml(result, branch, official, tests_by_branch=tests_by_branch, ignored=ignored,
+                             branch_ignored=skipped)
+        replayed = None if text is None else _replay(text, branch, canon_tests, instance_id=instance_id,
+                                                     ignored=canon_ignored, branch_ignored=skipped,
+                                                     canonical_names=True)
+        if replayed is None:
+            unreplayed.append(branch)
+            rebuilt += _renamed(official)
+            continue
+        rebuilt += replayed
+
+    corrected = result.model_copy(update={"test_results": rebuilt})
+    scoped = corrected.for_branches(active).without_ignored(canon_ignored)
+    official_scoped = result.for_branches(active).without_ignored(ignored)
+    counted = {t.full_name for t in scoped.test_results}
+    junit_names = {(t.branch, canonical(t.name)) for t in result.test_results
+                   if not (t.status == "not_run" and t.extra.get("error_code") == MISSING)}
+    twice = [t.full_name for t in official_scoped.test_results
+             if t.status == "not_run" and t.extra.get("error_code") == MISSING and t.branch not in unreplayed
+             and (t.branch, canonical(t.name)) in junit_names and canonical_full(t.full_name) in counted]
+    counted_ignored = [t.full_name for t in official_scoped.test_results
+                       if canonical_full(t.full_name) in canon_ignored and t.branch not in unreplayed]
+    # Per test under the official's own names (so messages in eval.json are found): the official's entries less the
+    # ones it should not have counted, when that is exactly what the corrected score counts.
+    dropped = {*twice, *counted_ignored}
+    tests: dict[str, str] = {t.full_name: t.status for t in official_scoped.test_results
+                             if t.full_name not in dropped}
+    if sorted(map(canonical_full, tests)) != sorted(t.full_name for t in scoped.test_results) \
+            or sum(status == "passed" for status in tests.values()) != scoped.n_resolved:
+        tests = {t.full_name: t.status for t in scoped.test_results}
+    notes = [f"the corrected score keeps the official's entries for branch(es) {', '.join(unreplayed)}: no JUnit "
+             "text in the result's log replays to them"] if unreplayed else []
+    return CorrectedScore(
+        score=scoped.score, n_passed=scoped.n_resolved, n_tests=len(scoped),
+        tests=tests,
+        official_score=official_scoped.score, official_passed=official_scoped.n_resolved,
+        official_tests=len(official_scoped), counted_twice=tuple(twice), counted_ignored=tuple(counted_ignored),
+        unreplayed=tuple(unreplayed), notes=notes)
+
+
+def safe_corrected_score(result: EvaluationResult, instance: Mapping[str, Any]) -> CorrectedScore | None:
+    """:func:`corrected_score`, or None (logged) if it fails: a second opinion never breaks the official one."""
+    try:
+        return corrected_score(result, instance)
+    except Exception:  # bounded and total: the official score stands alone
+        log.warning("the corrected score could not be computed", exc_info=True)
+        return None
+
+
+def recomputed_fields(eval_json: Path, instance: Mapping[str, Any]) -> dict[str, Any]:
+    """A finished task's corrected fields from its recorded official result (a run from before they were recorded,
+    resumed): computed from ``<id>.eval.json``, nothing run again; {} without a readable one."""
+    try:
+        result = EvaluationResult.model_validate_json(eval_json.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    corrected = safe_corrected_score(result, instance)
+    return corrected.outcome_fields() if corrected is not None else {}
