@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from programbench.container import ContainerEnvironment
 from programbench.eval.eval import Evaluator
 from programbench.exceptions import EvalStepError
 
 from pytest_programbench.engine.container import OutputCap
 from pytest_programbench.evaluation import container_layer
 from pytest_programbench.evaluation.container_layer import SdkContainerEnvironment, SdkEvaluator
-from pytest_programbench.evaluation.step_batch import Step, _Splitter, enabled
+from pytest_programbench.evaluation.step_batch import LINGER, Step, _Splitter, enabled
 from tests.conftest import Testbed
 
 LABELS = {"pytest-programbench": "pb-test-step-batch", "pytest-programbench.task": "step-batch"}
@@ -115,19 +116,23 @@ def split(chunks: list[bytes], steps: int = 2) -> tuple[_Splitter, list[OutputCa
 
 
 def test_splitter_cuts_at_markers_wherever_the_chunks_break() -> None:
-    stream = b"one\n\n" + NONCE + b" 0 0\ntwo, no newline\n" + NONCE + b" 1 3\n"
+    stream = b"one\n\n" + NONCE + b" 0 0 next\ntwo, no newline\n" + NONCE + b" 1 3 last\n"
     for size in (1, 2, 5, 7, len(stream)):
         splitter, caps = split([stream[i:i + size] for i in range(0, len(stream), size)])
         assert [c.text("stdout") for c in caps] == ["one\n", "two, no newline"]
         assert (splitter.done, splitter.statuses, splitter.broken) == (2, [0, 3], "")
+        assert splitter.hows == ["next", "last"]
 
 
 def test_splitter_keeps_look_alikes_and_refuses_forged_order() -> None:
-    splitter, caps = split([b"\npb-step-01234 0 0\n", b"\n" + NONCE[:-1] + b"\n\n" + NONCE + b" 0 0\n"])
-    assert caps[0].text("stdout") == "\npb-step-01234 0 0\n\n" + NONCE[:-1].decode() + "\n"
+    splitter, caps = split([b"\npb-step-01234 0 0 next\n", b"\n" + NONCE[:-1] + b"\n\n" + NONCE + b" 0 0 next\n"])
+    assert caps[0].text("stdout") == "\npb-step-01234 0 0 next\n\n" + NONCE[:-1].decode() + "\n"
     assert splitter.done == 1
-    forged, _ = split([b"x\n" + NONCE + b" 1 0\n"])
+    forged, _ = split([b"x\n" + NONCE + b" 1 0 next\n"])
     assert "out of order" in forged.broken
+    for how in (b"", b" later", b" next 1"):
+        unknown, _ = split([b"\n" + NONCE + b" 0 0" + how + b"\n"])
+        assert "out of order" in unknown.broken, how
     unfinished, _ = split([b"\n" + NONCE + b" 0 " + b"9" * 64])
     assert unfinished.broken
 
@@ -175,25 +180,120 @@ def test_batched_results_are_the_one_by_one_results(env: SdkContainerEnvironment
 
 
 @pytest.mark.docker
-def test_each_step_has_its_own_clock_and_streams(env: SdkContainerEnvironment) -> None:
-    """A step that leaves a writer holding its stdout runs into its own clock, as its own exec would; the official
-    teardown ends it, and the steps after it run by themselves."""
+def test_each_step_has_its_own_clock(env: SdkContainerEnvironment) -> None:
+    """A step still running at its clock times out as its own exec would; the official teardown ends it, and the
+    steps after it run by themselves."""
     steps = [Step("quick", "echo quick", 20),
-             Step("holder", "(sleep 60; echo late) & echo started", 3, accept_failure=True),
+             Step("slow", "echo started; sleep 60", 3, accept_failure=True),
              Step("after", "echo after", 20)]
     began = time.monotonic()
     env.run_steps(steps)
     assert 3 <= time.monotonic() - began < 15
-    assert [s.step.name for s in env.batched] == ["quick", "holder"]
-    quick, holder = answers(env, steps[:2])
+    assert [s.step.name for s in env.batched] == ["quick", "slow"]
+    quick, slow = answers(env, steps[:2])
     assert quick["output"] == "quick\n"
-    assert holder == {"output": "", "returncode": -1, "exception_info": "Command timed out after 3s",
-                      "wall_time": holder["wall_time"]}
+    assert slow == {"output": "", "returncode": -1, "exception_info": "Command timed out after 3s",
+                    "wall_time": slow["wall_time"]}
     # Not batched: run now, in a container the official teardown stopped (it kills every process but init, the
     # container's own command too), as the official's next exec would find it.
     after = env.execute("echo after")
     assert after["returncode"] != 0, after  # the engine's words vary with timing: stopped, deleted, not running
     assert "after" not in after["output"], after
+
+
+class BorrowedContainer(ContainerEnvironment):
+    """The official environment on a container it does not own (its ``__del__`` would remove it)."""
+
+    def cleanup(self) -> None: ...
+
+
+def official_exec(env: SdkContainerEnvironment, command: str, timeout: int = 60) -> dict[str, Any]:
+    """``command`` run by the official ``ContainerEnvironment.execute`` (the docker CLI) in ``env``'s container."""
+    official = BorrowedContainer.__new__(BorrowedContainer)
+    official.cwd, official.executable, official.default_timeout = env.cwd, "docker", 600
+    official.container_id = env.container_id
+    return official.execute(command, timeout=timeout)
+
+
+@pytest.mark.docker
+def test_a_step_whose_output_a_child_holds_ends_as_its_exec_does(env: SdkContainerEnvironment) -> None:
+    """An exec returns about 2 s after its process exits, whoever still holds its output (the daemon waits 2 s for
+    the streams, then closes them), with what was printed until then; back to back, up to 2 s more. The batched
+    step ends LINGER s after its process, with that output, and the batch ends there: the next steps run by
+    themselves. (Waiting for every holder, the step ran into its 10 s clock and the teardown killed the
+    container.)"""
+    holder = "(sleep 1; echo late; sleep 30) & echo started"
+    for run in (official_exec, lambda e, c: e.execute(c, timeout=10)):
+        began = time.monotonic()
+        alone = run(env, holder)
+        assert 2 <= time.monotonic() - began < 7, alone
+        assert (alone["output"], alone["returncode"]) == ("started\nlate\n", 0)
+    steps = [Step("quick", "echo quick", 20), Step("holder", holder, 10), Step("after", "echo after", 20)]
+    began = time.monotonic()
+    env.run_steps(steps)
+    assert LINGER <= time.monotonic() - began < LINGER + 4
+    assert [s.step.name for s in env.batched] == ["quick", "holder"]
+    _quick, held = answers(env, steps[:2])
+    assert (held["output"], held["returncode"], held["exception_info"]) == ("started\nlate\n", 0, "")
+    assert LINGER <= held["wall_time"] < LINGER + 3
+    assert env.execute("echo after")["output"] == "after\n"  # by itself; the container runs on
+    # A child that closes its output before LINGER ends its step then, and the batch goes on.
+    steps = [Step("brief", "(sleep 0.5; echo late) & echo started", 10), Step("after", "echo after", 20)]
+    env.run_steps(steps)
+    assert [s.step.name for s in env.batched] == ["brief", "after"]
+    brief, after = answers(env, steps)
+    assert (brief["output"], after["output"]) == ("started\nlate\n", "after\n")
+    assert brief["wall_time"] < LINGER
+
+
+@pytest.mark.docker
+def test_each_step_leads_its_own_session(env: SdkContainerEnvironment) -> None:
+    """An exec's process leads its own session: an EXIT trap's ``kill 0`` reaches its own processes only. In the
+    batch it killed the driver (copy_executable_failed, 0, where the official scores 1.0)."""
+    env.execute("echo \"trap 'trap \\\"\\\" TERM; kill 0' EXIT\" > /etc/profile.d/zz-kill0.sh")
+    steps = [Step("first", "echo first", 20), Step("second", "echo second", 20)]
+    alone = [official_exec(env, s.command) for s in steps]
+    assert alone == [{"output": "first\n", "returncode": 0, "exception_info": ""},
+                     {"output": "second\n", "returncode": 0, "exception_info": ""}]
+    env.run_steps(steps)
+    assert [s.step.name for s in env.batched] == ["first", "second"]
+    assert [{k: v for k, v in r.items() if k != "wall_time"} for r in answers(env, steps)] == alone
+
+
+# What a step's process can see of how it was started, beyond its argv: the environment (as `env` and as the process
+# was given it), descriptors, signal dispositions, process group and session, umask, limits, directory, login shell.
+PROCESS_VIEW = r"""env | sort; echo ---; tr '\0' '\n' </proc/$$/environ | sort; echo ---
+ls /proc/$$/fd; readlink /proc/$$/fd/0; grep -E '^Sig(Ign|Blk|Cgt)' /proc/$$/status
+read -r line </proc/$$/stat; set -- ${line##*) }; [ "$3" = $$ ] && [ "$4" = $$ ] && echo "leads its session"
+umask; ulimit -a; pwd; shopt login_shell; echo "$0 $-"; true"""
+
+
+@pytest.mark.docker
+def test_a_batched_step_sees_what_an_exec_gives(env: SdkContainerEnvironment) -> None:
+    """The same environment, descriptors, signals, session and shell as an exec of its own (the official's docker CLI
+    and our SDK exec alike), login profile included: a profile printing $SHLVL printed 2 in the batch, and the
+    recorded executable_hash (the first word of sha256sum's step) differed from the official's."""
+    env.execute("echo 'echo SHLVL=$SHLVL' > /etc/profile.d/zz-shlvl.sh")
+    steps = [Step("view", PROCESS_VIEW, 20), Step("again", PROCESS_VIEW, 20)]
+    official = official_exec(env, PROCESS_VIEW)
+    assert official["output"].startswith("SHLVL=1\n"), official
+    assert "leads its session" in official["output"]
+    assert env.execute(PROCESS_VIEW) == official
+    env.run_steps(steps)
+    assert [s.step.name for s in env.batched] == ["view", "again"]
+    for result in answers(env, steps):
+        assert {k: v for k, v in result.items() if k != "wall_time"} == official
+
+
+@pytest.mark.docker
+def test_a_container_without_the_drivers_tools_runs_each_step_by_itself(env: SdkContainerEnvironment) -> None:
+    """What the driver needs beyond bash builtins (setsid, env, cat by their paths) is checked before any step
+    runs; without it nothing runs in the batch, and each step runs by itself when asked for."""
+    env.execute("mv /usr/bin/setsid /usr/bin/setsid.away")
+    steps = [Step("first", "echo first >> /tmp/ran", 20), Step("second", "cat /tmp/ran", 20)]
+    env.run_steps(steps)
+    assert list(env.batched) == []
+    assert [r["output"] for r in answers(env, steps)] == ["", "first\n"]
 
 
 @pytest.mark.docker

@@ -4,19 +4,33 @@ Before a branch's tests, the official runs five short commands, each its own ``d
 (``restore_executable``, ``verify_executable_hash``, ``clean_stale_results``, ``patch_timeout_method`` and, with
 reruns, ``install_pytest_timeout_retry``). Each costs an exec's round trips and a container process start for a few
 milliseconds of work: about 0.05 s on a quiet host, 0.1-0.3 s on a loaded one, per step and per branch. Here one
-exec runs a small driver (``bash -c``: no login profile of its own) that runs each step exactly as the official
-would, ``bash -lc <command>`` in the workspace with no stdin, one after the other, and stops after the first
-failure the official would stop on. What each step gives back stays its own:
+exec runs a small driver (``bash -c``: no login profile of its own) that runs each step as an exec of its own would,
+one after the other, and stops after the first failure the official would stop on:
 
+* what the step's process is given is an exec's: ``bash -lc <command>`` in the workspace, stdin ``/dev/null``, its
+  own session (``setsid``: a ``kill 0`` in it reaches its own processes, never the driver), exactly the environment
+  the exec started the driver with (the container's and the exec's variables, read back from the driver's
+  ``/proc/self/environ``, through ``env -i``: no ``SHLVL``, ``PWD`` or ``_`` of the driver's shell), and only its
+  three standard descriptors;
 * its stdout and stderr, each ended by a marker line carrying a random nonce, so the host splits the streams by
   step; every byte goes through the step's own :class:`OutputCap` (strict UTF-8, capped);
 * its exit status, in the stdout marker;
-* its end: a step ends when every process holding its stdout or stderr closed it (each stream goes through a
-  ``cat`` the driver waits for), as an exec's stream does, so a step that leaves a writer behind runs into its own
-  clock as it would alone;
+* its end: as an exec's. When an exec's process exits, the daemon waits at most 2 s for the rest of its output
+  (moby's exit handling), then closes the exec's streams, whoever still holds them; the docker CLI and the SDK
+  return then (measured: ``docker exec C bash -lc 'sleep 11 & echo hi'`` returns after 2.0-2.2 s, ``hi`` and
+  whatever the child printed within that time kept). A step here ends when every holder of its output closed it
+  or :data:`LINGER` seconds after its process exited. A step that ended the second way ends the batch: the
+  daemon handles a container's exits one at a time, and the clean-up of an exec whose output is still held waits
+  up to 2 s more, so a next exec then returns up to 2 s later (measured: 4.0 s back to back); the steps after it
+  run by themselves, where the daemon's own timing applies;
 * its clock: the host gives each step its official timeout from the moment the previous one ended, and on expiry
   does the official teardown (every process but init killed, the driver with it): that step timed out, and the
   steps after it are not in the batch's results, so the official pipeline runs each of them by itself.
+
+What the driver needs beyond bash builtins (bash 4.4 or later, ``/usr/bin/setsid``, ``/usr/bin/env``, ``/bin/cat``,
+``/proc``) is checked first; without it the driver runs nothing and every step runs by itself. The step's parent is
+the driver, not a process outside the container (``$PPID`` is 0 for an exec's process): a difference only a login
+profile can see.
 
 The nonce is only readable by code running in the container, and code that runs there during these steps (a login
 profile or a binary ``compile.sh`` replaced) already decides every step's output and status in the official
@@ -34,22 +48,49 @@ from dataclasses import dataclass
 
 from pytest_programbench.engine.container import ExecReader, OutputCap
 
-# The driver: $1 the nonce, then one argument per step, "s<command>" (stop when it fails) or "a<command>" (accept).
-# Each step's stderr goes through a cat to the exec's stderr and its stdout through a cat to the exec's stdout; the
-# pipeline returns when both cats saw EOF, i.e. when every holder of the step's streams closed them.
+# Seconds a step's output is waited for after its process exited: moby waits 2 s for an exec's streams
+# (daemon/monitor.go, the exec's exit event) before it closes them.
+LINGER = 2
+# The driver: $1 the nonce, $2 LINGER, then one argument per step, "s<command>" (stop when it fails) or "a<command>"
+# (accept). The exec's stdout and stderr are kept as fds 5 and 6; the driver's own messages go nowhere. Per step:
+# three pipes (made by reopening a fresh pipe through /proc, builtins only): the step's stdout and stderr, each
+# read by a cat writing to 5 or 6, and "done", whose write end only the two cats hold (EOF: both ended). The step
+# runs in the foreground (a background job would have SIGINT and SIGQUIT ignored) with only fds 0-2. After it
+# exits, the cats get LINGER seconds; still running, they are killed and the batch ends after this step ("last").
+# The stdout marker: index, status, and "next", "last" or "skip" (nothing run: the driver cannot run here).
 DRIVER = r"""
-nonce=$1; shift; i=0
+nonce=$1 linger=$2; shift 2
+exec 5>&1 6>&2 1>/dev/null 2>/dev/null
+if ! { [ "${BASH_VERSINFO[0]:-0}" -gt 4 ] || { [ "${BASH_VERSINFO[0]}" = 4 ] && [ "${BASH_VERSINFO[1]}" -ge 4 ]; }; } \
+    || [ ! -x /usr/bin/setsid ] || [ ! -x /usr/bin/env ] || [ ! -x /bin/cat ] || [ ! -r /proc/$$/environ ]; then
+    printf '\n%s 0 0 skip\n' "$nonce" >&5; printf '\n%s 0\n' "$nonce" >&6; exit 0
+fi
+mapfile -t -d '' env0 </proc/$$/environ
+pipe() { local h; exec {h}<> <(:); exec {pr}</proc/self/fd/$h {pw}>/proc/self/fd/$h {h}>&-; }
+i=0
 for arg in "$@"; do
-    ( bash -lc "${arg:1}" </dev/null 2>&1 1>&3 3>&- | cat >&2; exit "${PIPESTATUS[0]}" ) 3>&1 | cat
-    rc=${PIPESTATUS[0]}
-    printf '\n%s %d %d\n' "$nonce" "$i" "$rc"
-    printf '\n%s %d\n' "$nonce" "$i" >&2
-    if [ "$rc" -ne 0 ] && [ "${arg:0:1}" = s ]; then exit 0; fi
+    pipe; done_r=$pr done_w=$pw
+    exec {out_w}> >(exec /bin/cat >&5 6>&- {done_r}<&-); cat_out=$!
+    exec {err_w}> >(exec /bin/cat >&6 5>&- {done_r}<&- {out_w}>&-); cat_err=$!
+    exec {done_w}>&-
+    /usr/bin/setsid /usr/bin/env -i -- "${env0[@]}" bash -lc "${arg:1}" </dev/null >&$out_w 2>&$err_w \
+        {out_w}>&- {err_w}>&- {done_r}<&- 5>&- 6>&-
+    rc=$?
+    exec {out_w}>&- {err_w}>&-
+    how=next
+    read -r -t "$linger" -u "$done_r"
+    if [ $? -gt 128 ]; then kill -KILL "$cat_out" "$cat_err"; read -r -u "$done_r"; how=last; fi
+    exec {done_r}<&-
+    printf '\n%s %d %d %s\n' "$nonce" "$i" "$rc" "$how" >&5
+    printf '\n%s %d\n' "$nonce" "$i" >&6
+    if [ "$how" = last ] || { [ "$rc" -ne 0 ] && [ "${arg:0:1}" = s ]; }; then exit 0; fi
     i=$((i + 1))
 done
 """
 # "0" runs every step by itself (one exec each), as the official does.
 ENV_STEP_BATCH = "PYTEST_PROGRAMBENCH_STEP_BATCH"
+# How a step's stdout marker says the batch goes on.
+NEXT, LAST, SKIP = "next", "last", "skip"
 # A marker's fields after the nonce are at most this long; a longer unfinished one is not ours.
 _MARKER_TAIL_MAX = 32
 
@@ -87,6 +128,7 @@ class _Splitter:
         self.pending = bytearray()
         self.done = 0  # steps whose marker this stream has passed
         self.statuses: list[int] = []
+        self.hows: list[str] = []  # stdout's: NEXT, LAST or SKIP per step
         self.broken = ""
 
     def feed(self, data: bytes) -> None:
@@ -119,16 +161,18 @@ class _Splitter:
         del self.pending[:n]
 
     def _marker(self, fields: list[bytes]) -> None:
-        expected = 2 if self.with_status else 1
+        expected = 3 if self.with_status else 1
         try:
             index = int(fields[0])
             status = int(fields[1]) if self.with_status else 0
+            how = fields[2].decode("ascii") if self.with_status else NEXT
         except (IndexError, ValueError):
-            index, status = -1, 0
-        if len(fields) != expected or index != self.done:
+            index, status, how = -1, 0, ""
+        if len(fields) != expected or index != self.done or how not in (NEXT, LAST, SKIP):
             self.broken = f"a step marker out of order ({b' '.join(fields)[:40]!r})"
             return
         self.statuses.append(status)
+        self.hows.append(how)
         self.done += 1
 
 
@@ -137,7 +181,7 @@ def enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def driver_argv(steps: Sequence[Step], nonce: str) -> list[str]:
-    return ["bash", "-c", DRIVER, "pb-steps", nonce,
+    return ["bash", "-c", DRIVER, "pb-steps", nonce, str(LINGER),
             *(("a" if step.accept_failure else "s") + step.command for step in steps)]
 
 
@@ -169,10 +213,12 @@ def collect(reader: ExecReader, steps: Sequence[Step], nonce: str, *, output_cap
                                       problem=f"the step's output could not be told apart: {broken}"))
             return results, True
         if stdout.done > i and stderr.done > i:
+            if stdout.hows[i] == SKIP:  # the driver cannot run here: every step runs by itself
+                return results, False
             status = stdout.statuses[i]
             results.append(StepResult(step, outs[i], errs[i], status, now - step_started))
             step_started = now
-            if status != 0 and not step.accept_failure:
+            if (status != 0 and not step.accept_failure) or stdout.hows[i] == LAST:
                 return results, False
             continue
         if not finished:
