@@ -120,6 +120,7 @@ echo "$n"
 """
 # After the kill, how long the attached stream may take to close before we stop reading it.
 DRAIN_GRACE = 10.0
+HARNESS_OUTPUT_LIMIT = 4096  # bytes of a harness command's output read by default
 EXIT_POLL_SECONDS = 5.0
 # Bounds of the upper-directory walk (docker diff): levels below / and entries listed.
 DIFF_MAX_DEPTH = 256
@@ -281,6 +282,7 @@ class UpperWalk:
     prune: tuple[str, ...]
     max_depth: int
     max_entries: int
+    watch: tuple[str, ...] = ()  # name prefixes walked whole even below a pruned directory
 
     def run(self) -> Diff:
         result = Diff([], [])
@@ -322,7 +324,10 @@ class UpperWalk:
         is_dir = stat.S_ISDIR(st.st_mode)
         stamp = None if kind == 2 or is_dir else (st.st_mtime_ns, st.st_size, st.st_mode)
         result.changes.append({"Path": rel, "Kind": kind, "Stamp": stamp})
-        if not is_dir or any(rel == p or rel.startswith(p + "/") for p in self.prune):
+        if not is_dir:
+            return None
+        watched = any(rel.startswith(w) or w.startswith(rel + "/") for w in self.watch)
+        if not watched and any(rel == p or rel.startswith(p + "/") for p in self.prune):
             return None
         return rel
 
@@ -784,20 +789,31 @@ class SdkContainerEnvironment:
         code = self._exit_code(exec_id)
         return None if code == 0 else f"tar exited {code}: {decode_for_display(bytes(err.head)).strip()[:500]}"
 
-    def _harness_output(self, argv: list[str], *, timeout: float) -> tuple[str, bool, str] | str:
-        """Run a harness command (argv as given: no login profile) and read its output (the first 4 KiB, stdout and
-        stderr together) until it ends or ``timeout``: (exec id, whether it ended, the output), or the engine's
-        text when it could not start."""
+    def _harness_output(self, argv: list[str], *, timeout: float,
+                        limit: int = HARNESS_OUTPUT_LIMIT) -> tuple[str, bool, str] | str:
+        """Run a harness command (argv as given: no login profile) and read its output (the first ``limit`` bytes,
+        stdout and stderr together) until it ends or ``timeout``: (exec id, whether it ended, the output), or the
+        engine's text when it could not start."""
         started = self._start_exec(argv)
         if isinstance(started, dict):
             return str(started["output"]).strip()
         exec_id, stream = started
-        out = OutputCap(4096)
+        out = OutputCap(limit)
         try:
             finished = stream.pump(time.monotonic() + timeout, {1: out.write, 2: out.write})
         finally:
             stream.close()
         return exec_id, finished, decode_for_display(bytes(out.head)).strip()
+
+    def harness_run(self, argv: list[str], *, timeout: float,
+                    limit: int = HARNESS_OUTPUT_LIMIT) -> tuple[int | None, str]:
+        """A harness command (no shell, no profile): its exit status (None when it could not start or did not end
+        within ``timeout``) and its output (the first ``limit`` bytes)."""
+        ran = self._harness_output(argv, timeout=timeout, limit=limit)
+        if isinstance(ran, str):
+            return None, ran
+        exec_id, finished, text = ran
+        return (self._exit_code(exec_id) if finished else None), text
 
     def _harness_exec(self, argv: list[str], *, timeout: float) -> str | None:
         """A harness command (no shell, no profile); its error text, or None when it exited 0."""
@@ -866,8 +882,8 @@ class SdkContainerEnvironment:
         """``docker diff``: the container's changes against its image, ``{"Path", "Kind"[, "Stamp"]}``."""
         return self.bounded_diff(prune=prune).changes
 
-    def bounded_diff(self, *, prune: tuple[str, ...] = (), max_depth: int = DIFF_MAX_DEPTH,
-                     max_entries: int = DIFF_MAX_ENTRIES) -> Diff:
+    def bounded_diff(self, *, prune: tuple[str, ...] = (), watch: tuple[str, ...] = (),
+                     max_depth: int = DIFF_MAX_DEPTH, max_entries: int = DIFF_MAX_ENTRIES) -> Diff:
         """``docker diff``, bounded: the container's changes and where the walk stopped.
 
         The engine computes it by comparing the whole image with the container (~0.5 s for a 500 MB image on
@@ -875,11 +891,12 @@ class SdkContainerEnvironment:
         root) it is walked instead: same paths and kinds in milliseconds, plus a stamp per entry (mtime, size,
         mode) so a file changed twice is seen changing. The walk is iterative (a tree 10,000 levels deep is data,
         not a ``RecursionError``), descends at most ``max_depth`` levels and lists at most ``max_entries``
-        entries; directories under ``prune`` are listed but not descended into. Each bound reached and each
+        entries; directories under ``prune`` are listed but not descended into, except those on the way to or
+        below a name prefix in ``watch`` (the grader's own paths in /tmp). Each bound reached and each
         directory that could not be read is named in ``bounded``. Otherwise the engine's answer is used (cut at
         ``max_entries``).
         """
-        walked = self._walk_upper(prune, max_depth, max_entries)
+        walked = self._walk_upper(prune, watch, max_depth, max_entries)
         if walked is not None:
             return walked
         changes = list(self._api.diff(self.container_id) or [])
@@ -887,7 +904,8 @@ class SdkContainerEnvironment:
             return Diff(changes[:max_entries], [f"the engine listed {len(changes)} changes, more than {max_entries}"])
         return Diff(changes, [])
 
-    def _walk_upper(self, prune: tuple[str, ...], max_depth: int, max_entries: int) -> Diff | None:
+    def _walk_upper(self, prune: tuple[str, ...], watch: tuple[str, ...], max_depth: int,
+                    max_entries: int) -> Diff | None:
         try:
             driver = self._api.inspect_container(self.container_id).get("GraphDriver") or {}
         except Exception:
@@ -899,7 +917,7 @@ class SdkContainerEnvironment:
         lowers = [d for d in str(data.get("LowerDir") or "").split(":") if d]
         if not os.path.isdir(upper) or not os.access(upper, os.R_OK | os.X_OK):
             return None
-        return UpperWalk(upper, lowers, prune, max_depth, max_entries).run()
+        return UpperWalk(upper, lowers, prune, max_depth, max_entries, watch).run()
 
     # ----------------------------------------------------------------------------------------- lifecycle
 
@@ -1296,11 +1314,11 @@ class SdkEvaluator(Evaluator):
         hooks = self.layer.hooks
         steps = self._batch_from(step_name) if self.layer.batch_steps else None
         ran_ahead = bool(steps and env.batched and env.batched[0].step == steps[0])  # by _warm
+        if hooks.before_step is not None:  # first: the probe's baseline comes before seed_git runs any git
+            hooks.before_step(step_name, env)
         if steps and not ran_ahead and (hooks.step_env is None
                                         or all(hooks.step_env(step.name, env) is None for step in steps)):
             env.run_steps(steps)
-        if hooks.before_step is not None:
-            hooks.before_step(step_name, env)
         if hooks.step_env is not None:
             env.exec_env = hooks.step_env(step_name, env)
         n_before = len(log_buf)

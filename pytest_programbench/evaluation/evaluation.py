@@ -15,8 +15,7 @@ an :class:`EvaluationOutcome`:
   the official pipeline (output that is not UTF-8, an ``IndexError`` on an empty hash, a JUnit file junitparser
   cannot read, a timed-out ``docker commit``, "no space left on device") is a 0 for the instance with the
   exception's type as its error code, and ``notes`` names the cause.
-* ``notes`` — what the reader of a score needs to know (a cause of a 0, the network used under ``--pb-strict``);
-* ``corrected`` — the same official scoring with test names compared canonically (:mod:`.corrected`), beside it.
+* ``notes`` — what the reader of a score needs to know (a cause of a 0, the network used under ``--pb-strict``).
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from programbench.utils.load_data import get_active_branches, get_ignored_branch
 
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
-from pytest_programbench.evaluation import integrity, results_check, step_batch
+from pytest_programbench.evaluation import harness_material, integrity, results_check, step_batch
 from pytest_programbench.evaluation.container_layer import (
     COMPILE_STEP,
     DEFAULT_OUTPUT_CAP,
@@ -58,7 +57,7 @@ from pytest_programbench.evaluation.container_layer import (
     _is_connection_failure,
     prefetch_enabled,
 )
-from pytest_programbench.evaluation.corrected import CorrectedScore, safe_corrected_score
+from pytest_programbench.evaluation.harness_material import WHEEL_DIR_PREFIX
 from pytest_programbench.evaluation.install_cache import (
     DIFF_PRUNE,
     MAX_RECORD_BYTES,
@@ -67,10 +66,10 @@ from pytest_programbench.evaluation.install_cache import (
     pip_writes,
     pristine_for_pip,
     record_key,
+    untouched_for_recording,
 )
 from pytest_programbench.evaluation.integrity import IntegrityFlag
 from pytest_programbench.evaluation.rerunfailures import (
-    CONTAINER_WHEEL_DIR,
     INSTALL_COMMAND,
     RerunWheels,
     ensure_wheels,
@@ -169,7 +168,6 @@ class EvaluationOutcome:
     submission_sha256: str | None = None
     reference_hash: str | None = None
     notes: list[str] = field(default_factory=list)
-    corrected: CorrectedScore | None = None  # the official scoring with canonical names (corrected.py)
 
     @property
     def clock_fired(self) -> str | None:
@@ -209,7 +207,6 @@ class EvaluationOutcome:
             "timeouts": list(self.timeouts),
             "infra_error": self.infra_error,
             "notes": list(self.notes),
-            "corrected": self.corrected.as_dict() if self.corrected is not None else None,
         }
 
 
@@ -305,12 +302,14 @@ class _Probe:
         self.wheels = wheels
         self.eval_clean_hashes = eval_clean_hashes
         self.reference_hash: str | None = None
-        self.before: list[dict[str, Any]] | None = None
+        self.baseline: list[dict[str, Any]] | None = None  # before seed_git, the first step that can run its code
+        self.git_seeded = True  # whether seed_git was to make /workspace/.git (none shipped, or removed)
+        self.before: list[dict[str, Any]] | None = None  # right before compile.sh
         self.scanned: list[dict[str, Any]] | None = None  # the compile container's changes the scan saw
         self.compile_flags: list[IntegrityFlag] = []
         self.neutralised: list[str] = []
         self.notes: list[str] = []
-        self.wheels_copied = False
+        self.wheel_dir: str | None = None  # the fresh, verified directory the install step's pip reads
 
     def hooks(self) -> StepHooks:
         return StepHooks(before_step=self.before_step, after_step=self.after_step, step_env=self.step_env,
@@ -319,25 +318,60 @@ class _Probe:
     def before_step(self, step: str, env: SdkContainerEnvironment) -> None:
         if step == "wipe_workspace":
             self.reference_hash = self._reference_hash(env)
+        elif step == "clear_stale_executable":
+            # seed_git, next, is the first official step that can run the submission's code (git with its .git):
+            # the baseline is taken here, and a .git that is not a plain directory is flagged (removed: --pb-strict).
+            self.baseline = self._guarded("before seed_git", lambda: self._diff(env).changes)
+            self._guarded("the .git check", lambda: self._check_git(env))
         elif step == COMPILE_STEP:
             self.before = self._guarded("before compile.sh", lambda: self._diff(env).changes)
+            if self.baseline is not None and self.before is not None:
+                baseline, before = self.baseline, self.before
+                self.compile_flags = integrity.merge(self.compile_flags, integrity.seed_git_flags(
+                    baseline, before, seeded=self.git_seeded))
         elif step == INSTALL_RERUNS_STEP:
             self.install = "pip"
             # Without wheels pip fails offline, the same way every time for an image: replayed as well.
             if self._plan_install(env) or not self.wheels.available:
                 return  # replayed (no wheels needed), or none to copy
-            try:
-                env.put_files("/tmp", self.wheels.files(), subdir=CONTAINER_WHEEL_DIR.rsplit("/", 1)[-1])
-            except RuntimeError as exc:
-                # compile.sh removed /tmp (or made it unwritable): pip then fails here as it would for the
-                # official (no temp dir), the step's failure is accepted and reruns are off. Never a 0.
-                log.warning("could not copy the rerunfailures wheels into /tmp: %s", exc)
-                return
-            self.wheels_copied = True
+            self._place_wheels(env)
+
+    def _place_wheels(self, env: SdkContainerEnvironment) -> None:
+        """The wheels into a fresh directory, verified, once compile.sh's last process has ended
+        (:mod:`.harness_material`); pip reads them through ``step_env``."""
+        try:
+            placed = harness_material.place_directory(env, self.wheels.files(), prefix=WHEEL_DIR_PREFIX)
+        except harness_material.MaterialRefused as exc:
+            # compile.sh removed /tmp (or made it unwritable), or the files did not land as sent: pip then runs
+            # with no wheels (it fails, the step's failure is accepted, reruns are off) and nothing is recorded.
+            log.warning("the rerunfailures wheels were not placed: %s", exc)
+            self.notes.append(f"the rerunfailures wheels could not be placed in the compile container ({exc}): "
+                              f"reruns off")
+            self._recording = None
+            return
+        for collision in placed.collisions:
+            self.compile_flags = integrity.merge(self.compile_flags, [integrity.IntegrityFlag(
+                integrity.HARNESS_PATH, collision, f"{collision} existed before the grader made it")])
+        self.wheel_dir = placed.directory
+
+    def _check_git(self, env: SdkContainerEnvironment) -> None:
+        code, output = env.harness_run(["stat", "-c", "%F", f"{integrity.WORKSPACE}/.git"], timeout=60)
+        kind = output.strip()
+        if code != 0 or kind == "directory":
+            self.git_seeded = code != 0  # none shipped: seed_git makes one
+            return
+        flag = integrity.git_metadata_flag(kind or "special file")
+        self.compile_flags = integrity.merge(self.compile_flags, [flag])
+        if self.strict:
+            code, output = env.harness_run(["rm", "-f", "--", f"{integrity.WORKSPACE}/.git"], timeout=60)
+            if code != 0:
+                raise EvalStepError(STRICT_FAILED, f"--pb-strict could not remove .git: {output.strip()[:2000]}")
+            self.neutralised = list(dict.fromkeys([*self.neutralised, ".git"]))
+            self.git_seeded = True
 
     def step_env(self, step: str, env: SdkContainerEnvironment) -> dict[str, str] | None:
         if step == INSTALL_RERUNS_STEP:
-            return pip_environment(self.wheels)
+            return pip_environment(self.wheels, self.wheel_dir)
         return None
 
     def after_step(self, step: str, env: SdkContainerEnvironment, result: dict[str, Any]) -> None:
@@ -350,12 +384,12 @@ class _Probe:
             if self.strict:
                 self._neutralise(env, self.compile_flags)
         elif step == INSTALL_RERUNS_STEP:
-            if self.wheels_copied:
-                cleanup = env.execute(f"rm -rf {CONTAINER_WHEEL_DIR}", timeout=60)
-                if cleanup["returncode"] != 0:
-                    log.warning("could not remove the wheel directory: %s", cleanup["output"].strip())
+            if self.wheel_dir is not None:
+                problem = harness_material.remove_directory(env, self.wheel_dir)
+                if problem is not None:
+                    log.warning("could not remove the wheel directory: %s", problem)
                     self._recording = None  # what pip wrote cannot be told from our leftovers
-            if self._recording is not None and (self.wheels_copied or not self.wheels.available):
+            if self._recording is not None and (self.wheel_dir is not None or not self.wheels.available):
                 self._record_install(env, result)
 
     # ------------------------------------------------------------------------------ the install step's record
@@ -379,6 +413,12 @@ class _Probe:
         if record is not None:
             env.exec_override = lambda command, _timeout: self._replay(env, record, command)
             return True
+        # Recorded only from a container the submission left untouched outside /workspace, flag-free: the record
+        # is replayed into other evaluations of this image, in this run and later ones.
+        untouched = untouched_for_recording(self.scanned) if not self.compile_flags else "an integrity flag"
+        if untouched is not None:
+            log.debug("install step not recorded: %s", untouched)
+            return False
         before = env.bounded_diff(prune=DIFF_PRUNE)
         if not before.bounded:
             self._recording = (key, before.changes)
@@ -443,8 +483,9 @@ class _Probe:
         after = self._diff(env)
         self.scanned = after.changes
         self.scan_bounded = list(after.bounded)
+        baseline = self.baseline if self.baseline is not None else self.before
         self.compile_flags = [*self.compile_flags, *integrity.scan_compile(
-            self.before or [], after.changes, lambda rel: _read(env, rel), bounded=after.bounded)]
+            baseline or [], after.changes, lambda rel: _read(env, rel), bounded=after.bounded)]
         return self.compile_flags
 
     def _scan_late(self, env: SdkContainerEnvironment) -> list[IntegrityFlag]:
@@ -452,6 +493,7 @@ class _Probe:
             return []
         now = self._diff(env)
         late = integrity.scan_late(integrity.late_changes(self.scanned, now.changes), lambda rel: _read(env, rel))
+        late += integrity.grader_path_flags(self.scanned, now.changes)
         self.scanned = now.changes
         self.compile_flags = integrity.merge(self.compile_flags, late)
         return late
@@ -459,7 +501,8 @@ class _Probe:
     @staticmethod
     def _diff(env: SdkContainerEnvironment) -> Diff:
         # Build caches and scratch space are listed, not descended into: what lies below them is never flagged.
-        return env.bounded_diff(prune=integrity.ALLOWED_OUTSIDE)
+        # The grader's own paths in /tmp are walked whole.
+        return env.bounded_diff(prune=integrity.ALLOWED_OUTSIDE, watch=harness_material.GRADER_PATHS)
 
     def _guarded(self, where: str, probe: Callable[[], _T], *, flag: bool = True) -> _T | None:
         """Runs a probe of ours: the engine going away is an infrastructure error; any other failure is a flag, or
@@ -547,7 +590,6 @@ def fill_scores(outcome: EvaluationOutcome, result: EvaluationResult, instance: 
     for branch in outcome.branch_errors:
         failing.setdefault(branch, [])
     outcome.failing_branches = failing
-    outcome.corrected = safe_corrected_score(result, inst)
     for entry in result.log:
         if entry.get("step") == COMPILE_STEP:
             outcome.compile_seconds = float(entry.get("wall_time", 0.0))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -29,7 +30,11 @@ from typing import Any
 
 from pytest_programbench.evaluation import integrity
 
-RECORD_VERSION = 1
+log = logging.getLogger(__name__)
+
+# 2: records are made only from untouched containers with verified wheels, and carry their archive's sha256
+# (version 1 records may come from a container whose /tmp held a planted wheel: never read).
+RECORD_VERSION = 2
 # The most a record's tar may hold; past it nothing is recorded (pip's closure is ~10 MB).
 MAX_RECORD_BYTES = 256 << 20
 # Where pip's own writes are never taken from: scratch, the wheel directory we copy in, the workspace.
@@ -84,6 +89,20 @@ def pristine_for_pip(changes: Sequence[Mapping[str, Any]], bounded: Sequence[str
     return None
 
 
+def untouched_for_recording(changes: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why a record must not be made from this compile container, or None. Called once it is known to be pristine
+    for pip (:func:`pristine_for_pip`); stricter: no file or link of the submission's in scratch space or a build
+    cache either (a directory's own change, such as /tmp's after a compiler's temporary files came and went, is
+    none), so nothing it left anywhere can have reached pip in the evaluation that is replayed to others."""
+    for change in changes:
+        path = str(change.get("Path", ""))
+        if not _under(path, integrity.ALLOWED_OUTSIDE):
+            continue  # the workspace, the official's own files; anything else pristine_for_pip refused already
+        if change.get("Kind") == 2 or change.get("Stamp") is not None:
+            return f"the compile container changed {path}"
+    return None
+
+
 def record_key(image: str, wheels: Sequence[str], command: str, environment: Mapping[str, str]) -> str:
     payload = json.dumps({"v": RECORD_VERSION, "image": image, "wheels": sorted(wheels), "command": command,
                           "env": dict(sorted(environment.items()))}, sort_keys=True)
@@ -118,6 +137,14 @@ class InstallRecord:
     archive: Path
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 class InstallCache:
     """Records on disk, one directory per key: ``record.json`` and ``files.tar`` (written whole, then renamed)."""
 
@@ -131,6 +158,9 @@ class InstallCache:
             archive = directory / "files.tar"
             if data.get("v") != RECORD_VERSION or not archive.is_file():
                 return None
+            if _sha256(archive) != data["files_sha256"]:
+                log.warning("install record %s does not match its own digest: not replayed", directory)
+                return None
             return InstallRecord(int(data["returncode"]), str(data["output"]),
                                  tuple(str(p) for p in data["deleted"]), archive)
         except (OSError, ValueError, KeyError, TypeError):
@@ -142,9 +172,12 @@ class InstallCache:
         return Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
 
     def commit(self, key: str, staging: Path, *, returncode: int, output: str, deleted: Sequence[str]) -> None:
-        (staging / "record.json").write_text(json.dumps({"v": RECORD_VERSION, "returncode": returncode,
-                                                          "output": output, "deleted": list(deleted)}))
+        (staging / "record.json").write_text(json.dumps({
+            "v": RECORD_VERSION, "returncode": returncode, "output": output, "deleted": list(deleted),
+            "files_sha256": _sha256(staging / "files.tar")}))
         target = self.root / key
+        if target.exists() and self.load(key) is None:
+            shutil.rmtree(target, ignore_errors=True)  # a damaged record (its digest failed): this one replaces it
         try:
             os.rename(staging, target)
         except OSError:  # another worker recorded it first: theirs stays

@@ -22,6 +22,13 @@ neutralise what can be neutralised). What is flagged:
   container's changes right before and right after the compile step), build caches excepted.
 * ``changed_after_compile`` — ``/workspace`` changed after ``compile.sh`` ended and its processes were stopped (the
   image is scanned again, frozen, right before it is committed: the scan covers exactly what is committed).
+* ``harness_path`` — the submission (``compile.sh``, ``seed_git`` or a login profile) made or changed a path the
+  grader's own material uses (:data:`~.harness_material.GRADER_PATHS`): the official's plugin directory, first on
+  the hidden tests' ``PYTHONPATH``, or our wheel directories. Watched wherever they lie, ``/tmp`` included.
+* ``git_metadata`` — ``/workspace/.git`` is not a plain directory (a ``gitdir:`` file, a symbolic link, ...): the
+  official ``seed_git`` step then runs git as root with the submission's own configuration and hooks.
+* ``seed_git_changed`` — the official ``seed_git`` step changed something besides the fresh ``/workspace/.git`` it
+  makes (a hook or a configured command ran).
 * ``reference_executable`` — the built executable's sha256 is in the task's ``eval_clean_hashes`` or equals the
   reference binary's.
 * ``scan_bounded`` — a walk reached one of its bounds (:data:`MAX_DEPTH` levels, :data:`MAX_ENTRIES` entries) or a
@@ -32,8 +39,9 @@ Every text in a flag is printable (:func:`~pytest_programbench.text.printable.pr
 shows its bytes as ``\\xNN``); the path kept for neutralisation is the exact name. At most :data:`SHOW_FLAGS` flags
 of a kind are kept, then one that counts the rest.
 
-Under ``--pb-strict`` the files of the first four kinds are deleted from the workspace after ``compile.sh`` ran and
-before the image the hidden tests run in is committed, so the build still sees them and the tests never do.
+Under ``--pb-strict`` the files of the first four kinds and the ``harness_path`` ones are deleted after
+``compile.sh`` ran and before the image the hidden tests run in is committed, so the build still sees them and the
+tests never do; a ``git_metadata`` ``.git`` is removed before ``seed_git`` (which then seeds a fresh repository).
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from pytest_programbench.evaluation.harness_material import is_grader_path
 from pytest_programbench.text.printable import printable
 
 WORKSPACE = "/workspace"
@@ -59,9 +68,12 @@ COMPILE_OUTSIDE = "compile_outside_workspace"
 CHANGED_AFTER_COMPILE = "changed_after_compile"
 REFERENCE_EXECUTABLE = "reference_executable"
 SCAN_BOUNDED = "scan_bounded"
+HARNESS_PATH = "harness_path"
+GIT_METADATA = "git_metadata"
+SEED_GIT_CHANGED = "seed_git_changed"
 
-# Kinds that are files in the workspace and can be removed before the hidden tests run.
-NEUTRALISABLE = frozenset({PYTEST_CONFIG, PYTHON_STARTUP, MODULE_SHADOWING, EVAL_DIR})
+# Kinds that are files (in the workspace, or a harness path) and can be removed before the hidden tests run.
+NEUTRALISABLE = frozenset({PYTEST_CONFIG, PYTHON_STARTUP, MODULE_SHADOWING, EVAL_DIR, HARNESS_PATH})
 
 # Bounds of every walk and read of submission content (a bound reached is a scan_bounded flag).
 MAX_DEPTH = 256  # directory levels below / (a legitimate build tree is far shallower)
@@ -358,7 +370,48 @@ def scan_compile(
     if outside:
         flags.append(_flag(COMPILE_OUTSIDE, "/", f"compile.sh changed {len(outside)} path(s) outside /workspace and "
                                                  f"/tmp: {_listed(outside)}"))
-    return flags
+    return flags + grader_path_flags(before, after)
+
+
+def grader_path_flags(before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[str, Any]]) -> list[IntegrityFlag]:
+    """A ``harness_path`` flag for each top path of the grader's material (:data:`GRADER_PATHS`) under which
+    something changed between the snapshots: the submission prepared what the grader was to create there."""
+    old = _leaves(before)
+    tops: dict[str, list[str]] = {}
+    for path, entry in sorted(_leaves(after).items()):
+        if not is_grader_path(path) or old.get(path) == entry:
+            continue
+        top = "/".join(path.split("/")[:3])  # /tmp/<name>: the directory the grader makes
+        tops.setdefault(top, []).append(path)
+    return [_flag(HARNESS_PATH, top, f"{printable(top)} was prepared by the submission before the grader made it "
+                                     f"(its own plugin directory, first on the hidden tests' PYTHONPATH, or its "
+                                     f"wheels): {_listed(paths)}")
+            for top, paths in tops.items()]
+
+
+def git_metadata_flag(kind: str) -> IntegrityFlag:
+    """``/workspace/.git`` is a ``kind`` (not a plain directory)."""
+    return _flag(GIT_METADATA, ".git", f".git is a {kind}, not a plain directory: the official seed_git step "
+                                       f"([ ! -d .git ]) then runs git as root with the submission's own "
+                                       f"configuration and hooks")
+
+
+def seed_git_flags(before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[str, Any]], *,
+                   seeded: bool) -> list[IntegrityFlag]:
+    """What changed between the snapshots around ``clear_stale_executable`` and ``seed_git`` besides the removed
+    ``./executable`` and, when seed_git made a repository (``seeded``), the new ``/workspace/.git``."""
+    old = _leaves(before)
+    allowed = [f"{WORKSPACE}/.git"] if seeded else []
+    changed = [f"{path}" for path, entry in sorted(_leaves(after).items())
+               if old.get(path) != entry and path != f"{WORKSPACE}/executable" and not _under(path, allowed)
+               and path not in HARNESS_OUTSIDE]
+    changed += [f"{path} (undone)" for path in sorted(set(old) - set(_leaves(after)))
+                if path != f"{WORKSPACE}/executable" and not _under(path, allowed)]
+    if not changed:
+        return []
+    return [_flag(SEED_GIT_CHANGED, "", f"the official seed_git step changed {len(changed)} path(s) besides the "
+                                        f"repository it seeds (git ran the submission's configuration or hooks): "
+                                        f"{_listed(changed)}")]
 
 
 def late_changes(scanned: Iterable[Mapping[str, Any]], committed: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -375,7 +428,8 @@ def _workspace_leaves(changes: Iterable[Mapping[str, Any]]) -> dict[str, tuple[i
 
 
 def scan_late(paths: Sequence[str], read: Callable[[str], bytes | None]) -> list[IntegrityFlag]:
-    """Flags for what changed in /workspace after compile.sh ended: each path classified, and the change itself."""
+    """Flags for what changed in /workspace after compile.sh ended: each path classified, and the change itself.
+    (The grader's paths changed since the scan: :func:`grader_path_flags` of the two snapshots.)"""
     if not paths:
         return []
     flags = scan_paths(paths, read)
@@ -438,13 +492,14 @@ def neutralise_command(flags: Iterable[IntegrityFlag]) -> tuple[list[str], list[
     """Shell commands (each line at most :data:`NEUTRALISE_CHUNK` bytes) removing the neutralisable flagged files
     from /workspace, and their paths (printable)."""
     paths = sorted({f.path for f in flags if f.neutralisable and f.path and f.path != "..."
-                    and ".." not in PurePosixPath(f.path).parts})
+                    and ".." not in PurePosixPath(f.path).parts
+                    and (not f.path.startswith("/") or is_grader_path(f.path))})
     if not paths:
         return None
     commands: list[str] = []
     line = ""
     for path in paths:
-        word = _shell_path(f"{WORKSPACE}/{path}")
+        word = _shell_path(path if path.startswith("/") else f"{WORKSPACE}/{path}")
         if line and len(line) + len(word) + 1 > NEUTRALISE_CHUNK:
             commands.append(line)
             line = ""

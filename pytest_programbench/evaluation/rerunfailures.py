@@ -44,6 +44,8 @@ INSTALL_COMMAND = f"pip3 install -q --disable-pip-version-check {REQUIREMENT}"
 # only older Pythons need are named explicitly.
 EXTRA_REQUIREMENTS = ("exceptiongroup", "tomli")
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
+# The wheel directory's canonical name (in a record's key); each evaluation's own is this plus a random token
+# (evaluation/harness_material.py).
 CONTAINER_WHEEL_DIR = "/tmp/pytest-programbench-wheels"
 # A failed download is not retried by other workers for this long (an offline host would stall every item).
 FAILURE_TTL = 3600
@@ -186,11 +188,12 @@ def _ensure_locked(root: Path, timeout: float) -> RerunWheels:
         return RerunWheels(wheels_dir, wheels=wheels)
 
 
-def pip_environment(wheels: RerunWheels) -> dict[str, str]:
-    """The environment of the official install step: offline, our wheels (or none: pip fails fast, reruns off)."""
-    env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": CONTAINER_WHEEL_DIR if wheels.available else "",
-           "PIP_NO_INPUT": "1"}
-    return env
+def pip_environment(wheels: RerunWheels, directory: str | None = None) -> dict[str, str]:
+    """The environment of the official install step: offline, our wheels in ``directory`` (the fresh one they were
+    placed in; the canonical :data:`CONTAINER_WHEEL_DIR` names them in a record's key), or none: pip fails fast,
+    reruns off."""
+    found = (directory or CONTAINER_WHEEL_DIR) if wheels.available else ""
+    return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": found, "PIP_NO_INPUT": "1"}
 
 
 def install_cache_dir(environ: Mapping[str, str] | None = None) -> Path | None:

@@ -1,0 +1,299 @@
+"""Isolation between evaluations: the grader's own material and the official's early steps (issue 30, section 1).
+
+Three attacks of the fourth red-team round, each through a real ``pytest --pb-submissions`` session on the test bed:
+
+* **a planted wheel** (rpn): a wrong but honest program whose ``compile.sh`` fills ``/tmp/pytest-programbench-wheels``
+  with ``pytest_rerunfailures-16.4-1-py3-none-any.whl`` (a build tag pip prefers) that turns every failure into a
+  pass. Our wheels now go into a fresh directory of an unguessable name, made after compile.sh's last process,
+  verified: the planted one is never read, the program keeps its honest failures, the prepared path is flagged.
+* **the grader's plugin directory** (catlike): ``echo nope`` plus a ``sitecustomize.py`` left by ``compile.sh`` in
+  ``/tmp/programbench-grader-plugins``, which the official puts first on the hidden tests' ``PYTHONPATH``: the
+  official passes it; we keep its score, flag it, and under ``--pb-strict`` remove the directory before the commit.
+* **git before the baseline** (tuiish): ``echo nope`` plus a ``.git`` *file* (``gitdir: gm``) whose pre-commit hook,
+  run as root by the official ``seed_git`` step, installs a pytest plugin into site-packages: flagged three ways
+  (the ``.git``, the change during seed_git, the change outside /workspace), and under ``--pb-strict`` the ``.git``
+  file is removed before seed_git, so the hook never runs.
+
+The install step's record is made only from an untouched, flag-free evaluation (a direct evaluation with a private
+cache shows the poisoned one records nothing and an honest one does).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_programbench.evaluation import harness_material, integrity
+from pytest_programbench.evaluation.container_layer import UpperWalk
+from tests.conftest import Testbed
+from tests.test_evaluate_only import leaked
+from tests.test_evaluation_parity import run_ours, tasks
+from tests.test_integrity_sessions import NOPE_COMPILE, flags_of, junit, meta, session
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("clean_env")]
+
+CATLIKE = "pbfix__catlike.c47c47c"
+RPN = "pbfix__rpn.0b5e55e"
+TUIISH = "pbfix__tuiish.7e1a0b2"
+PLANTED_DIR = "/tmp/pytest-programbench-wheels"
+PLUGIN_DIR = "/tmp/programbench-grader-plugins"
+
+# A pytest plugin under rerunfailures' name: accepts the official's --reruns options and makes every report a pass.
+FORCE_PASS_PLUGIN = b'''import pytest
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("rerunfailures")
+    group.addoption("--reruns", action="store", type=int, default=0)
+    group.addoption("--reruns-delay", action="store", type=float, default=0)
+    group.addoption("--only-rerun", action="append", default=None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.outcome = "passed"
+    report.longrepr = None
+'''
+# The same force-pass hook as a plain plugin module, loaded through PYTEST_PLUGINS.
+FORCE_PASS_MODULE = b'''import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.outcome = "passed"
+    report.longrepr = None
+'''
+# Imported at every interpreter start from the plugin directory: every pytest then loads pb_force.
+SITECUSTOMIZE = b'import os\nos.environ["PYTEST_PLUGINS"] = "pb_force"\n'
+
+
+def planted_wheel() -> bytes:
+    """``pytest_rerunfailures-16.4-1-py3-none-any.whl``: the pinned release with a build tag, so pip prefers it."""
+    dist = "pytest_rerunfailures-16.4.dist-info"
+    files = {
+        "pytest_rerunfailures.py": FORCE_PASS_PLUGIN,
+        f"{dist}/METADATA": b"Metadata-Version: 2.1\nName: pytest-rerunfailures\nVersion: 16.4\n",
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: planted\nRoot-Is-Purelib: true\nBuild: 1\n"
+                         b"Tag: py3-none-any\n",
+        f"{dist}/entry_points.txt": b"[pytest11]\nrerunfailures = pytest_rerunfailures\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + f"{dist}/RECORD,,\n"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as wheel:
+        for name, data in files.items():
+            wheel.writestr(name, data)
+        wheel.writestr(f"{dist}/RECORD", record)
+    return buffer.getvalue()
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(f"./{name}")
+    info.size = len(data)
+    info.mode = mode
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_archive(out: Path, files: dict[str, bytes | tuple[bytes, int]]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out / "submission.tar.gz", "w:gz") as tar:
+        for name, data in files.items():
+            content, mode = data if isinstance(data, tuple) else (data, 0o755 if name.endswith(".sh") else 0o644)
+            _add(tar, name, content, mode)
+    return out / "submission.tar.gz"
+
+
+def planted_wheel_submission(testbed: Testbed, out: Path) -> Path:
+    """rpn's wrong program; compile.sh also plants the wheel where the harness used to copy its own."""
+    wrong = testbed.bad / RPN / "wrong"
+    plant = (f"\nmkdir -p {PLANTED_DIR} && cp pytest_rerunfailures-16.4-1-py3-none-any.whl {PLANTED_DIR}/\n"
+             f"rm -f pytest_rerunfailures-16.4-1-py3-none-any.whl\n").encode()
+    return write_archive(out, {"main.c": (wrong / "main.c").read_bytes(),
+                               "compile.sh": (wrong / "compile.sh").read_bytes() + plant,
+                               "pytest_rerunfailures-16.4-1-py3-none-any.whl": planted_wheel()})
+
+
+def plugin_dir_submission(out: Path) -> Path:
+    """``echo nope``; compile.sh leaves a sitecustomize.py and the force-pass module in the official's plugin dir."""
+    plant = (f"mkdir -p {PLUGIN_DIR} && cp sitecustomize.txt {PLUGIN_DIR}/sitecustomize.py "
+             f"&& cp pb_force.txt {PLUGIN_DIR}/pb_force.py\n").encode()
+    return write_archive(out, {"compile.sh": NOPE_COMPILE + plant, "sitecustomize.txt": SITECUSTOMIZE,
+                               "pb_force.txt": FORCE_PASS_MODULE})
+
+
+def git_hook_submission(out: Path, scratch: Path) -> Path:
+    """``echo nope``; ``.git`` is a file naming ``gm/``, a repository whose pre-commit hook installs the force-pass
+    plugin into site-packages (a .pth setting PYTEST_PLUGINS) when the official's seed_git commits."""
+    repo = scratch / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    gitdir = repo / ".git"
+    hook = (b"#!/bin/sh\n"
+            b"d=$(python3 -c 'import site; print(site.getsitepackages()[0])')\n"
+            b"mkdir -p \"$d\" && cp /workspace/gm/pb_force.py \"$d/pb_force.py\"\n"
+            b"echo 'import os; os.environ.setdefault(\"PYTEST_PLUGINS\", \"pb_force\")' > \"$d/pb_force.pth\"\n")
+    files: dict[str, bytes | tuple[bytes, int]] = {"compile.sh": NOPE_COMPILE, ".git": b"gitdir: gm\n",
+                                                   "gm/hooks/pre-commit": (hook, 0o755),
+                                                   "gm/pb_force.py": FORCE_PASS_MODULE}
+    files["gm/objects/info/.keep"] = b""  # the repository's empty directories, which a tar of files lacks
+    files["gm/refs/heads/.keep"] = b""
+    for path in sorted(gitdir.rglob("*")):
+        rel = path.relative_to(gitdir).as_posix()
+        if path.is_file() and not rel.startswith("hooks/"):
+            files[f"gm/{rel}"] = path.read_bytes()
+    return write_archive(out, files)
+
+
+def test_grader_material_attacks_are_flagged_and_score_officially(pytester: pytest.Pytester, testbed: Testbed,
+                                                                  docker_client: Any) -> None:
+    subs = pytester.path / "subs"
+    planted_wheel_submission(testbed, subs / RPN)
+    plugin_dir_submission(subs / CATLIKE)
+    git_hook_submission(subs / TUIISH, pytester.path)
+    result = session(pytester, testbed, subs)
+
+    result.assert_outcomes(failed=3)
+    cases = junit(pytester)
+    # The planted wheel is never read: the wrong program keeps its failures (reruns still on, with our wheels).
+    assert float(cases[RPN]["score"]) < 1.0
+    assert (integrity.HARNESS_PATH, PLANTED_DIR) in flags_of(pytester, RPN)
+    assert meta(pytester, RPN)["evaluation"]["reruns"] == "on"
+    # The plugin directory: the official passes `echo nope` through it; the score stays the official one, flagged.
+    assert float(cases[CATLIKE]["score"]) == 1.0
+    assert (integrity.HARNESS_PATH, PLUGIN_DIR) in flags_of(pytester, CATLIKE)
+    assert "harness_path" in cases[CATLIKE]["message"]
+    # Git: the baseline is taken before seed_git, so what its hook installed is seen, and named three ways.
+    tuiish = flags_of(pytester, TUIISH)
+    assert float(cases[TUIISH]["score"]) == 1.0
+    assert (integrity.GIT_METADATA, ".git") in tuiish
+    assert (integrity.SEED_GIT_CHANGED, "") in tuiish
+    assert (integrity.COMPILE_OUTSIDE, "/") in tuiish
+    assert "pb_force.pth" in cases[TUIISH]["integrity_flags"]
+    summary = json.loads((pytester.path / "run" / "summary.json").read_text())
+    assert summary["headline"]["errors"] == 0
+    assert leaked(docker_client, pytester.path / "run") == []
+
+
+def test_grader_material_attacks_under_strict_score_what_the_program_deserves(
+        pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> None:
+    subs = pytester.path / "subs"
+    plugin_dir_submission(subs / CATLIKE)
+    git_hook_submission(subs / TUIISH, pytester.path)
+    result = session(pytester, testbed, subs, "--pb-strict")
+
+    result.assert_outcomes(failed=2)
+    cases = junit(pytester)
+    assert float(cases[CATLIKE]["score"]) < 1.0
+    assert PLUGIN_DIR in meta(pytester, CATLIKE)["evaluation"]["neutralised"]
+    assert float(cases[TUIISH]["score"]) < 1.0
+    assert ".git" in meta(pytester, TUIISH)["evaluation"]["neutralised"]
+    tuiish = flags_of(pytester, TUIISH)
+    assert (integrity.GIT_METADATA, ".git") in tuiish
+    assert (integrity.SEED_GIT_CHANGED, "") not in tuiish  # the hook never ran
+    assert leaked(docker_client, pytester.path / "run") == []
+
+
+def test_install_record_only_from_an_untouched_evaluation(testbed: Testbed, tmp_path: Path) -> None:
+    """A private record cache: the poisoned evaluation records nothing; an honest one records, the next replays."""
+    task = tasks(testbed)[RPN]
+    records = tmp_path / "records"
+    poisoned = run_ours(task, planted_wheel_submission(testbed, tmp_path / "poisoned"), testbed, tmp_path / "a",
+                        reruns=True, install_cache=str(records))
+    assert poisoned.reruns_install == "pip"
+    assert not any(records.glob("*/record.json"))
+    good = testbed.submissions / RPN / "submission.tar.gz"
+    first = run_ours(task, good, testbed, tmp_path / "b", reruns=True, install_cache=str(records))
+    assert first.reruns_install == "pip, recorded"
+    record = next(records.glob("*/record.json"))
+    assert json.loads(record.read_text())["v"] == 2
+    second = run_ours(task, good, testbed, tmp_path / "c", reruns=True, install_cache=str(records))
+    assert second.reruns_install == "replayed"
+    assert second.score == first.score == 1.0
+    # A record whose files no longer match its digest is never replayed.
+    with (record.parent / "files.tar").open("ab") as f:
+        f.write(b"\0" * 512)
+    third = run_ours(task, good, testbed, tmp_path / "d", reruns=True, install_cache=str(records))
+    assert third.reruns_install == "pip, recorded"  # pip ran, and its record replaced the damaged one
+    assert third.score == 1.0
+
+
+# --------------------------------------------------------------------------------------------- units
+
+
+class _FakeTarget:
+    """A container for :func:`harness_material.place_directory`: records commands, answers as told."""
+
+    def __init__(self, *, existing: set[str], listing: str | None = None) -> None:
+        self.existing = existing
+        self.listing = listing
+        self.put: dict[str, dict[str, bytes]] = {}
+        self.commands: list[list[str]] = []
+
+    def stop_processes(self) -> int | None:
+        return 0
+
+    def harness_run(self, argv: list[str], *, timeout: float, limit: int = 4096) -> tuple[int | None, str]:
+        self.commands.append(argv)
+        if argv[0] == "mkdir":
+            return (1, "File exists") if argv[-1] in self.existing else (0, "")
+        if argv[0] == "sh":
+            files = self.put[argv[-1]]
+            return 0, self.listing if self.listing is not None else harness_material.expected_listing(files)
+        return 0, ""
+
+    def put_files(self, directory: str, files: dict[str, bytes], *, mode: int = 0o644, subdir: str = "") -> None:
+        self.put[directory] = dict(files)
+
+
+def test_place_directory_takes_a_fresh_name_and_verifies() -> None:
+    tokens = iter(["taken", "fresh"])
+    target = _FakeTarget(existing={"/tmp/p-taken"})
+    placed = harness_material.place_directory(target, {"a.whl": b"x"}, prefix="/tmp/p", token=lambda: next(tokens))
+    assert placed.directory == "/tmp/p-fresh"
+    assert placed.collisions == ("/tmp/p-taken",)
+    extra = _FakeTarget(existing=set(), listing=harness_material.expected_listing({"a.whl": b"x", "b.whl": b"y"}))
+    with pytest.raises(harness_material.MaterialRefused, match="not what was sent"):
+        harness_material.place_directory(extra, {"a.whl": b"x"}, prefix="/tmp/p")
+    assert extra.commands[-1][:2] == ["rm", "-rf"]  # what did not verify is removed
+
+
+def test_the_scan_walks_grader_paths_below_pruned_scratch(tmp_path: Path) -> None:
+    upper = tmp_path / "upper"
+    (upper / "tmp" / "programbench-grader-plugins").mkdir(parents=True)
+    (upper / "tmp" / "programbench-grader-plugins" / "sitecustomize.py").write_text("x")
+    (upper / "tmp" / "build" / "deep").mkdir(parents=True)
+    (upper / "tmp" / "build" / "deep" / "obj.o").write_text("x")
+    walked = UpperWalk(str(upper), [], ("/tmp",), 64, 1000, harness_material.GRADER_PATHS).run()
+    paths = {c["Path"] for c in walked.changes}
+    assert "/tmp/programbench-grader-plugins/sitecustomize.py" in paths
+    assert "/tmp/build" in paths
+    assert "/tmp/build/deep" not in paths
+    flags = integrity.grader_path_flags([], walked.changes)
+    assert [(f.kind, f.path) for f in flags] == [(integrity.HARNESS_PATH, PLUGIN_DIR)]
+    assert integrity.neutralise_command(flags) == ([f"rm -rf -- {PLUGIN_DIR}"], [PLUGIN_DIR])
+
+
+def test_seed_git_flags_only_what_is_not_its_own_repository() -> None:
+    before = [{"Path": "/workspace", "Kind": 0, "Stamp": None},
+              {"Path": "/workspace/executable", "Kind": 1, "Stamp": (1, 2, 3)}]
+    seeded = [{"Path": "/workspace", "Kind": 0, "Stamp": None},
+              {"Path": "/workspace/executable", "Kind": 2, "Stamp": None},
+              {"Path": "/workspace/.git", "Kind": 1, "Stamp": None},
+              {"Path": "/workspace/.git/HEAD", "Kind": 1, "Stamp": (1, 2, 3)}]
+    assert integrity.seed_git_flags(before, seeded, seeded=True) == []
+    hooked = [*seeded, {"Path": "/usr/lib/python3/dist-packages/x.pth", "Kind": 1, "Stamp": (1, 2, 3)}]
+    flags = integrity.seed_git_flags(before, hooked, seeded=True)
+    assert [f.kind for f in flags] == [integrity.SEED_GIT_CHANGED]
+    assert "x.pth" in flags[0].detail
+    # A shipped .git directory: seed_git runs no git, so even its own repository changing is a finding.
+    assert integrity.seed_git_flags(before, seeded, seeded=False) != []
+
