@@ -295,7 +295,8 @@ class TaskRun:
                            api_key_env=self.settings.model_key_env, unix=not on_host, tcp=on_host,
                            retry=RetryPolicy(budget_s=self.settings.model_retry_budget), on_wait=self._model_wait,
                            slots=slots, on_slot_wait=self._slot_wait, replay_from=replay_from, spend=spend,
-                           rate=rate, on_rate_wait=self._rate_wait)
+                           rate=rate, on_rate_wait=self._rate_wait,
+                           allow_server_tools=self.settings.model_allow_server_tools)
         try:
             self.relay = relay.start()
         except (RelayConfigError, OSError) as exc:
@@ -314,6 +315,11 @@ class TaskRun:
             self.model_unavailable = relay.unavailable()
             self.replay_mismatch = relay.replay_mismatch()
             self.over_budget = relay.over_budget()
+            cleanroom = relay.cleanroom()  # provider-side tools and other APIs the agent asked for: refused, flagged
+            self.meta["cleanroom"] = cleanroom.as_dict()
+            flag = cleanroom.flag()
+            if flag is not None and flag not in self.agent_flags:
+                self.agent_flags.append(flag)
             if self.model_unavailable is not None:
                 self.meta["model_unavailable"] = self.model_unavailable
 

@@ -453,7 +453,7 @@ def test_aggregate_counts_only_reported_usage(upstream: ScriptedUpstream) -> Non
         post_json(conn, "/v1/chat/completions", {"model": "a"})
         assert settled_stats(relay, 1).input_tokens is None
         post_json(conn, "/v1/responses", {"model": "a"})
-        post_json(conn, "/v1/unknown", {"model": "a"})  # the upstream's 404 is passed on, and counted an error
+        post_json(conn, "/v1/unknown", {"model": "a"})  # no model call: the relay's 403, counted an error
         stats = settled_stats(relay, 3)
     counts = stats.as_dict()
     assert {k: counts[k] for k in ("requests", "errors", "requests_with_usage", "input_tokens", "output_tokens",
@@ -672,7 +672,8 @@ def test_chunked_request_body_and_gzip_response(upstream: ScriptedUpstream) -> N
 def test_head_and_no_content(upstream: ScriptedUpstream) -> None:
     upstream.route("HEAD", "/v1/models", Reply([b"0123456789"]))
     upstream.route("DELETE", "/v1/files/1", Reply([b""], status=204))
-    with ModelRelay(upstream.url, tcp=True) as relay:
+    # A DELETE of a file is no model call: only forwarded when server tools are allowed (the cleanroom refuses it).
+    with ModelRelay(upstream.url, tcp=True, allow_server_tools=True) as relay:
         conn = tcp_client(relay)
         conn.request("HEAD", "/v1/models")
         head = conn.getresponse()

@@ -152,8 +152,10 @@ def _codex(ctx: InvocationContext) -> Invocation:
 def _claude(ctx: InvocationContext) -> Invocation:
     settings = {"permissions": {"defaultMode": "bypassPermissions"}, "autoUpdates": False,
                 "includeCoAuthoredBy": False, "cleanupPeriodDays": 1}
+    # No WebSearch (an Anthropic server tool the relay refuses) nor WebFetch: removed from what the model is offered.
     argv = ["claude", "-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions",
-            "--setting-sources", "user", "--strict-mcp-config", "--model", ctx.model]
+            "--setting-sources", "user", "--strict-mcp-config", "--disallowedTools", "WebSearch,WebFetch",
+            "--model", ctx.model]
     env = {"CLAUDE_CONFIG_DIR": f"{ctx.home}/.claude", "DISABLE_AUTOUPDATER": "1",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
            "CLAUDE_CODE_DISABLE_TERMINAL_TITLE": "1"}

@@ -265,6 +265,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("model-retry-budget", "Seconds one model request may be retried for (429, 5xx, 529, connection "
            "errors, before any byte reaches the agent); a request still failing then makes the task an error "
            "(model API unavailable).", "model", "float", "SECONDS", _float(0.0)),
+    Option("model-allow-server-tools", "Let the relay forward provider-side tools (web search, code execution, "
+           "MCP, file search...) and every API of the endpoint (files, batches, stored responses...), not only model "
+           "calls: the internet through the model API. Recorded in the run and its leaderboard package.", "model",
+           "bool"),
     Option("model-failures-scored", "Score tasks whose model API was unavailable or rejected the key (the "
            "agent's half-finished work) instead of making them errors.", "model", "bool"),
     Option("budget", "USD the run may spend on the model (tokens at --pb-token-price): no new task starts once spent "
@@ -441,6 +445,7 @@ class Settings:
     model_key_env: str | None = None
     model_retry_budget: float = 600.0
     model_failures_scored: bool = False
+    model_allow_server_tools: bool = False
     model_concurrency: int | None = None
     model_rpm: int | None = None
     model_tpm: int | None = None

@@ -33,6 +33,7 @@ RESULT_SETTINGS = (
     "agent", "agent_setup", "agent_on_host", "agent_timeout", "prompt_template", "model", "model_endpoint",
     "submissions", "image_tag", "cpus", "memory", "branch_workers", "branch_retries", "compile_timeout",
     "test_timeout", "strict", "sandbox_cpus", "sandbox_memory", "model_failures_scored", "agent_replay",
+    "model_allow_server_tools",
 )
 
 

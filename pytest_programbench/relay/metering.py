@@ -283,15 +283,3 @@ class UsageTap:
             return None
         self.tool_calls = tool_calls_in_body(body)
         return usage_from_body(body)
-
-
-def api_of(path: str) -> str | None:
-    """The API shape a request path names."""
-    path = path.split("?", 1)[0].rstrip("/")
-    for suffix, api in (("/chat/completions", "chat.completions"), ("/responses", "responses"),
-                        ("/messages", "anthropic.messages"), ("/completions", "completions"),
-                        ("/embeddings", "embeddings")):
-        if path.endswith(suffix):
-            return api
-    return None
-

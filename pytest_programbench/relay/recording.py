@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pytest_programbench.relay.metering import Usage, api_of
+from pytest_programbench.relay.apis import api_of
+from pytest_programbench.relay.metering import Usage
 from pytest_programbench.relay.records import BoundedJsonl, HeadTail, clip_text
 from pytest_programbench.relay.upstream import Attempts
 
@@ -57,6 +58,7 @@ class RelayRecord:
     gave_up: bool = False  # the retry budget ran out: the last transient failure went to the agent
     rejected: bool = False  # the upstream answered 401/403: the key is not accepted
     stream_broken: bool = False  # the upstream broke off after bytes went to the agent (not retryable)
+    cleanroom_refused: str | None = None  # what the cleanroom relay refused (apis.py), never sent upstream
 
     @property
     def failed(self) -> bool:
@@ -71,7 +73,8 @@ class RelayRecord:
                 "retry_wait_s": self.retry_wait_s, "slot_wait_s": self.slot_wait_s, "rate_wait_s": self.rate_wait_s,
                 "gave_up": self.gave_up,
                 "rejected": self.rejected,
-                "stream_broken": self.stream_broken}
+                "stream_broken": self.stream_broken,
+                "cleanroom_refused": self.cleanroom_refused}
 
 
 _MODEL_APIS = frozenset({"chat.completions", "responses", "anthropic.messages", "completions"})
@@ -99,6 +102,7 @@ class RelayStats:
     gave_up: int = 0  # requests whose retry budget ran out
     rejected: int = 0  # requests the upstream answered 401/403
     stream_breaks: int = 0  # responses the upstream broke off after bytes went to the agent
+    cleanroom_refused: int = 0  # requests the cleanroom relay refused (provider-side tools, other APIs)
 
     def add(self, record: RelayRecord) -> None:
         self.requests += 1
@@ -111,6 +115,7 @@ class RelayStats:
         self.gave_up += record.gave_up
         self.rejected += record.rejected
         self.stream_breaks += record.stream_broken
+        self.cleanroom_refused += record.cleanroom_refused is not None
         if record.api in _MODEL_APIS and not record.failed:
             self.turns += 1
             self.model_latency_s += record.total_s
@@ -132,7 +137,7 @@ class RelayStats:
                 "retry_wait_s": round(self.retry_wait_s, 3), "slot_wait_s": round(self.slot_wait_s, 3),
                 "rate_wait_s": round(self.rate_wait_s, 3),
                 "gave_up": self.gave_up, "rejected": self.rejected,
-                "stream_breaks": self.stream_breaks}
+                "stream_breaks": self.stream_breaks, "cleanroom_refused": self.cleanroom_refused}
 
 
 class Exchange:
@@ -158,6 +163,7 @@ class Exchange:
         self.rejected = False
         self.stream_broken = False
         self.captured: bytearray | None = None  # the response body as it went out, for model-replay.jsonl
+        self.cleanroom: str | None = None  # what the cleanroom relay refused
 
     def mark_first_byte(self) -> None:
         if self.first_byte_s is None:
@@ -171,7 +177,8 @@ class Exchange:
                            self.request_bytes, self.response_bytes, self.usage,
                            None if self.error is None else clip_text(self.error), self.tool_calls,
                            tuple(self.attempts.tries), self.attempts.waited_s, self.attempts.slot_wait_s,
-                           self.attempts.rate_wait_s, self.attempts.gave_up, self.rejected, self.stream_broken)
+                           self.attempts.rate_wait_s, self.attempts.gave_up, self.rejected, self.stream_broken,
+                           None if self.cleanroom is None else clip_text(self.cleanroom, 256))
 
 
 

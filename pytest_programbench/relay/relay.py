@@ -13,6 +13,9 @@ Its parts, one module each:
 * ``server.py``: the agent-facing HTTP/1.1 server, its wire work h11's (request line and header caps, connection
   cap, refusals);
 * ``upstream.py``: the endpoint and the httpx client that reaches it;
+* ``apis.py``, ``body_scan.py``: the cleanroom: the model calls it forwards (one table of method and path per API)
+  and what their bodies may ask for; every other API and every provider-side tool is refused with a 4xx, recorded,
+  and counted for the item's ``provider_tools_requested`` flag (``allow_server_tools``: forwarded as they come);
 * ``metering.py``: token usage and tool calls read from responses as they stream by (every API shape);
 * ``recording.py``: one :class:`RelayRecord` per request, in ``model-requests.jsonl`` and summed in
   :class:`RelayStats`; no record ever contains a header value, so no key reaches the records;
@@ -47,13 +50,20 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from pytest_programbench.relay.apis import (
+    CleanroomRefusal,
+    CleanroomTally,
+    allowed_call,
+    api_of,
+    check_body,
+    check_headers,
+)
 from pytest_programbench.relay.budget import ByteBudget, budget_wait, inflight_limit, request_limit
 from pytest_programbench.relay.metering import (
     SSEDecoder,
     StreamUsage,
     Usage,
     UsageTap,
-    api_of,
     tool_calls_in_body,
     usage_from_body,
     usage_from_mapping,
@@ -182,6 +192,10 @@ class ModelRelay:
     from instead of the endpoint, ``replay.py``). After :meth:`close`, :meth:`unavailable`, :meth:`over_budget` and
     :meth:`replay_mismatch` say why the task must be an error, if it must.
 
+    ``allow_server_tools`` (``--pb-model-allow-server-tools``): forward every request inside the endpoint, provider-side
+    tools and other APIs included; without it the relay is a cleanroom (``apis.py``) and :meth:`cleanroom` tells what
+    it refused.
+
     A request is recorded just after its last byte went to the client, so :meth:`records` and :meth:`stats` are
     complete once :meth:`close` has returned (it waits for in-flight exchanges, cutting them after a few seconds).
     """
@@ -216,6 +230,7 @@ class ModelRelay:
         spend: SpendLedger | None = None,
         rate: RunRateLimit | None = None,
         on_rate_wait: Callable[[float], None] | None = None,
+        allow_server_tools: bool = False,
     ) -> None:
         if not unix and not tcp:
             raise RelayConfigError("the relay needs a Unix socket, a TCP listener, or both")
@@ -240,6 +255,8 @@ class ModelRelay:
         self._spend = spend
         self._rate = rate
         self._on_rate_wait = on_rate_wait
+        self.allow_server_tools = allow_server_tools
+        self._cleanroom = CleanroomTally(allowed=allow_server_tools)
         self._budget_refused = 0
         self._metering = threading.Condition()  # answers whose cost is not yet in the ledger
         self._unmetered = 0
@@ -507,6 +524,10 @@ class ModelRelay:
         except Refusal as refusal:
             exchange.error = refusal.message
             exchange.status = refusal.status
+            if isinstance(refusal, CleanroomRefusal):
+                exchange.cleanroom = refusal.what
+                with self._lock:
+                    self._cleanroom.add(refusal)
             self._send_error(handler, exchange, refusal.status, refusal.message)
         except OSError as exc:  # the client went away or stalled
             handler.close_connection = True
@@ -595,10 +616,16 @@ class ModelRelay:
             raise Refusal(405, f"CONNECT is not supported: the relay forwards only to {self.upstream.url}")
         path = self._target(handler.path)
         exchange.path = path
+        # The cleanroom: a model call or nothing, refused before its body is read when the path or headers say so.
+        call = None if self.allow_server_tools else allowed_call(handler.command, path, self.upstream.prefix)
+        if call is not None:
+            check_headers(call, handler.headers)
         body = self._read_body(handler, exchange)
         exchange.request_bytes = len(body)
         exchange.t0 = time.monotonic()
         exchange.model, exchange.stream = request_fields(body)  # scanned, not parsed: bounded memory
+        if call is not None:
+            check_body(call, body)
         upstream = self._upstream
         if upstream is None or self._closed:
             raise Refusal(503, "the relay is closing")
@@ -652,6 +679,12 @@ class ModelRelay:
             return None
         return (f"model budget spent: {refused} request(s) refused once the run had spent ${self._spend.total():.4f} "
                 f"of --pb-budget ${self._spend.budget:g} (x{HARD_FACTOR:g})")
+
+    def cleanroom(self) -> CleanroomTally:
+        """What the cleanroom refused so far (complete after :meth:`close`): its ``flag()`` and ``as_dict()``."""
+        with self._lock:
+            return CleanroomTally(self._cleanroom.allowed, dict(self._cleanroom.attempts),
+                                  self._cleanroom.other_attempts, self._cleanroom.unreadable)
 
     def replay_mismatch(self) -> str | None:
         """Under ``replay_from``: the first request that matched no recorded one (the task is an error of it)."""

@@ -81,10 +81,12 @@ class Headers:
 
 
 def send_error(handler: Handler, status: int, message: str, linger_bytes: int) -> int:
-    """Answer ``status`` with a JSON error body and close the connection; the bytes of body sent."""
+    """Answer ``status`` with a JSON error body and close the connection; the bytes of body sent. The body reads as
+    an error in both providers' shapes (OpenAI's ``error.message``, Anthropic's ``type: error`` with ``error.type``
+    and ``error.message``), so whichever SDK the agent uses shows it the message."""
     handler.close_connection = True  # the request body may be unread
-    body = json.dumps({"error": {"message": f"pb model relay: {message}", "type": "pb_relay_error",
-                                 "code": status}}).encode()
+    body = json.dumps({"type": "error", "error": {"message": f"pb model relay: {message}", "type": "pb_relay_error",
+                                                  "code": status}}).encode()
     sent = 0
     with contextlib.suppress(OSError, h11.LocalProtocolError):
         handler.start_response(status, [(b"Content-Type", b"application/json"),

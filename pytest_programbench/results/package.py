@@ -8,7 +8,9 @@ Then what it leaves as TODO, from the run's own records:
 - ``submission.yaml``: ``system.agent`` and ``system.model`` (and ``system.provider`` from a ``provider/model``
   name) from the run's recorded settings, where the official file still says TODO (an author's values are kept),
   and a ``harness`` block: pytest-programbench's and programbench's versions, the agent with its version, the
-  model, the run's start and end, the command line (``--pb-agent-env`` values masked) and each task's trajectory;
+  model, whether the model relay let provider-side tools through (``model_server_tools``: ``allowed`` under
+  ``--pb-model-allow-server-tools``, else ``refused``), the run's start and end, the command line
+  (``--pb-agent-env`` values masked) and each task's trajectory;
 - ``_stats/cost.json`` (USD, as summary.json has it: the agent's own account, else the relay's tokens at
   ``--pb-token-price``) and ``_stats/calls.json`` (model calls the relay answered), ``{instance_id: value}`` for
   the packaged tasks that have one, computed by ``_scripts/pb_stats.py`` (shipped, so the numbers can be
@@ -114,9 +116,10 @@ def _trajectories(run_dir: Path, packaged: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def _system_of_run(run_dir: Path, settings: dict[str, Any]) -> tuple[str | None, str | None]:
-    """The agent (with its version) and model that made the submissions: this run's, or for an evaluate-only run
-    the ones recorded by the run its ``--pb-submissions`` directory is (when it is a pytest-programbench run)."""
+def _system_of_run(run_dir: Path, settings: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """The agent (with its version), model and provider-side tools rule that made the submissions: this run's, or
+    for an evaluate-only run the ones recorded by the run its ``--pb-submissions`` directory is (when it is a
+    pytest-programbench run)."""
     if not settings.get("agent") and settings.get("submissions"):
         try:
             source = json.loads((Path(settings["submissions"]) / RUN_MARKER).read_text()).get("settings") or {}
@@ -124,7 +127,18 @@ def _system_of_run(run_dir: Path, settings: dict[str, Any]) -> tuple[str | None,
             source = {}
         if isinstance(source, dict) and source.get("agent"):
             settings = source
-    return agent_with_version(settings.get("agent")), settings.get("model")
+    return agent_with_version(settings.get("agent")), settings.get("model"), _server_tools(settings)
+
+
+def _server_tools(settings: dict[str, Any]) -> str | None:
+    """``allowed`` or ``refused``: whether the model relay forwarded provider-side tools (web search, code execution,
+    MCP, files...); ``None`` when no recorded agent made the submissions."""
+    if not settings.get("agent"):
+        return None
+    if not settings.get("model_endpoint"):
+        return "refused"  # no relay: the agent reached nothing
+    # A run recorded before the cleanroom relay has no such setting: its relay forwarded everything.
+    return "refused" if settings.get("model_allow_server_tools") is False else "allowed"
 
 
 OURS_MARK = "\n# Written by pytest-programbench (--pb-package)"
@@ -170,7 +184,7 @@ def fill_manifest(run_dir: Path, packaged: Sequence[str], headline: Mapping[str,
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
         summary = {}
-    agent, model = _system_of_run(run_dir, settings)
+    agent, model, server_tools = _system_of_run(run_dir, settings)
     provider = registry.infer_provider(registry.submitting_settings(settings))
     manifest_path = run_dir / "submission.yaml"
     text = _without_ours(manifest_path.read_text())  # ours, from an earlier packaging
@@ -190,6 +204,7 @@ def fill_manifest(run_dir: Path, packaged: Sequence[str], headline: Mapping[str,
         "agent": agent,
         "model": model,
         "model_endpoint": settings.get("model_endpoint"),
+        "model_server_tools": server_tools,  # provider-side tools through the relay: allowed or refused
         "submissions": settings.get("submissions"),  # evaluate-only: where the submissions came from
         "run_id": record.get("run_id"),
         **run_dates(run_dir, record, summary, packaged),

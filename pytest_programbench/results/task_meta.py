@@ -45,6 +45,7 @@ class TaskMeta(TypedDict, total=False):
     image: dict[str, Any]  # images.ResolvedImage
     relay: dict[str, Any]  # relay.RelayStats.as_dict: tokens, turns, cost
     relay_bounds: dict[str, Any]
+    cleanroom: dict[str, Any]  # relay.apis.CleanroomTally.as_dict: provider-side tools allowed, refusals by label
     model_unavailable: str  # relay.ModelRelay.unavailable(): why the model API could not be used (an error)
     sandbox: dict[str, Any]  # container, proxy_client, reference_kind
     sandbox_end: dict[str, Any]  # sandbox.WindowEnd
