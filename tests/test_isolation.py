@@ -154,7 +154,10 @@ def git_hook_submission(out: Path, scratch: Path) -> Path:
 
 
 def test_grader_material_attacks_are_flagged_and_score_officially(pytester: pytest.Pytester, testbed: Testbed,
-                                                                  docker_client: Any) -> None:
+                                                                  docker_client: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # pip runs in every evaluation (no recorded install replayed): the planted wheel meets pip itself.
+    monkeypatch.setenv("PYTEST_PROGRAMBENCH_PIP_REPLAY", "0")
     subs = pytester.path / "subs"
     planted_wheel_submission(testbed, subs / RPN)
     plugin_dir_submission(subs / CATLIKE)
