@@ -243,8 +243,11 @@ def no_sandbox_bytes(data: bytes, where: str) -> None:
 
 @pytest.mark.docker
 @pytest.mark.usefixtures("clean_env")
+@pytest.mark.parametrize("xdist", [False, True], ids=["plain", "xdist"])
 def test_control_bytes_from_the_sandbox_reach_every_reader_escaped(pytester: pytest.Pytester, testbed: Testbed,
-                                                                    docker_client: Any) -> None:
+                                                                    docker_client: Any, xdist: bool) -> None:
+    """Without xdist the item runs in the session's process (its live log on the terminal); under xdist its report
+    crosses to the controller, which shows it."""
     agent_dir = pytester.mkdir("escapes")
     (agent_dir / "agent.py").write_text(AGENT)
     run_dir, log_file = pytester.path / "run", pytester.path / "pytest.log"
@@ -253,7 +256,8 @@ def test_control_bytes_from_the_sandbox_reach_every_reader_escaped(pytester: pyt
         "--log-file-level", "DEBUG", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
         "--pb-filter", f"^{RPN}$", "--pb-agent", "python3 /pb-escapes/agent.py",
         "--pb-agent-mount", f"{agent_dir}:/pb-escapes", "--pb-pull", "never", "--pb-output", str(run_dir),
-        "--pb-cpus", "1", "--junitxml", str(pytester.path / "junit.xml"), timeout=1200)
+        "--pb-cpus", "1", "--junitxml", str(pytester.path / "junit.xml"), *(["-n", "1"] if xdist else []),
+        timeout=1200)
     result.assert_outcomes(failed=1)
     task_dir = run_dir / RPN
     assert b"\x1b]52;c;" in (task_dir / "agent.log").read_bytes()  # the attack is real: the agent's log holds it
@@ -265,8 +269,11 @@ def test_control_bytes_from_the_sandbox_reach_every_reader_escaped(pytester: pyt
     shown = stdout.decode()
     for text in (SHOWN_TAIL, SHOWN_FAKE, f"pytest_config: {SHOWN_DIR}/conftest.py", f"compile_failed: {SHOWN_COMPILE}"):
         assert text in shown, text
-    assert "COMPILE-TITLE" in log_file.read_text()  # the official's debug line quoting compile.sh's output ...
-    for path in (log_file, task_dir / "harness.log"):  # ... escaped in --log-file, as in the live log above
+    # The official's debug line quoting compile.sh's output, escaped in harness.log and --log-file as in the live
+    # log above (under xdist a worker writes --log-file too: the file then holds one process's records).
+    logs = [task_dir / "harness.log", *([] if xdist else [log_file])]
+    for path in logs:
+        assert "COMPILE-TITLE" in path.read_text(), path
         no_sandbox_bytes(path.read_bytes(), path.name)
 
     # JUnit: the message, <system-out> and the properties hold the escapes; none reached pytest's XML escaping.
