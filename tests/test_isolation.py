@@ -20,6 +20,7 @@ cache shows the poisoned one records nothing and an honest one does).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import subprocess
@@ -300,3 +301,18 @@ def test_seed_git_flags_only_what_is_not_its_own_repository() -> None:
     # A shipped .git directory: seed_git runs no git, so even its own repository changing is a finding.
     assert integrity.seed_git_flags(before, seeded, seeded=False) != []
 
+
+
+def test_verify_file_refuses_what_was_not_sent() -> None:
+    data = b"plugin source\n"
+    listing = f"regular file 600 0\n{hashlib.sha256(data).hexdigest()}  /tmp/programbench-grader-plugins/p.py"
+
+    class _Target(_FakeTarget):
+        def harness_run(self, argv: list[str], *, timeout: float, limit: int = 4096) -> tuple[int | None, str]:
+            return 0, listing
+
+    harness_material.verify_file(_Target(existing=set()), "/tmp/programbench-grader-plugins/p.py", data, 0o600)
+    with pytest.raises(harness_material.MaterialRefused, match="not what was sent"):
+        harness_material.verify_file(_Target(existing=set()), "/tmp/programbench-grader-plugins/p.py", b"other", 0o600)
+    with pytest.raises(harness_material.MaterialRefused):
+        harness_material.verify_file(_Target(existing=set()), "/tmp/programbench-grader-plugins/p.py", data, 0o644)

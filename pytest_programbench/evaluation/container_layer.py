@@ -71,6 +71,7 @@ from pytest_programbench.engine.archive_out import (
 from pytest_programbench.engine.container import Container, ExecReader, OutputCap, decode_for_display
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.tar_in import TarIn
+from pytest_programbench.evaluation import harness_material
 from pytest_programbench.evaluation.step_batch import Step, StepResult, collect, driver_argv, new_nonce
 
 if TYPE_CHECKING:
@@ -413,6 +414,7 @@ class SdkContainerEnvironment:
         self.preloaded: tuple[Path, str] | None = None  # a tar already copied in ahead: (archive, destination)
         self.preloaded_files: dict[str, tuple[bytes, int]] = {}  # files copied in ahead: path -> (content, mode)
         self.before_commit: Callable[[SdkContainerEnvironment], None] | None = None
+        self.committed: str | None = None  # the image this container was committed to
         self.paused = False
         self.reaper: Reaper | None = reaper
         self.before_image_removal: Callable[[], None] | None = reaper.drain if reaper is not None else None
@@ -686,6 +688,13 @@ class SdkContainerEnvironment:
             raise
         if not ok:
             raise RuntimeError(f"docker cp failed: put_archive into {directory} refused")
+        if harness_material.is_grader_path(os.path.join(directory, name)):
+            # The grader's own file (the official's timeout-retry plugin) is checked where it landed.
+            try:
+                harness_material.verify_file(self, os.path.join(directory, name), local_path.read_bytes(),
+                                             st.st_mode & 0o7777)
+            except harness_material.MaterialRefused as exc:
+                raise RuntimeError(f"docker cp failed: {exc}") from exc
 
     def copy_in_tar(self, tar_path: Path, container_path: str) -> None:
         """Stream an on-disk tar(.gz) into ``tar -x`` inside the container (no host-side extraction); the copy
@@ -954,6 +963,7 @@ class SdkContainerEnvironment:
             if _is_connection_failure(exc):
                 raise _engine_unavailable(exc) from exc
             raise
+        self.committed = image_ref
         register_committed_image(image_ref, self._engine, self.before_image_removal)
         return image_ref
 
@@ -1100,18 +1110,24 @@ BRANCH_CLOCKS: dict[str, int] = {
 # the wheel directory), and after any step that timed out: the teardown, the stream's drain, the exit status poll.
 HARNESS_CLOCKS = 120 + 120 + 60 + 2 * KILL_TIMEOUT
 STEP_OVERHEAD = KILL_TIMEOUT + int(DRAIN_GRACE) + int(EXIT_POLL_SECONDS) + 15
+# The audit of the hidden tests (evaluation/audit.py) adds to each of its branch attempts: the plugin placed
+# (harness_material: processes stopped, mkdir, put, verify at 60 s each) and its report read.
+AUDIT_REPORT_TIMEOUT = 60
+AUDIT_CLOCKS = KILL_TIMEOUT + 60 + DOCKER_CP_TIMEOUT + 60 + AUDIT_REPORT_TIMEOUT
+AUDIT_RUNS = 2  # the audit's run of every branch, and the second run of those whose tests failed
 
 
 def evaluation_budget(*, compile_timeout: int, test_timeout: int, branches: int, branch_workers: int,
-                      branch_retries: int) -> int:
+                      branch_retries: int, audit: bool = False) -> int:
     """The longest one evaluation can take when every step runs to its own clock: the compile phase, then each
     branch with every attempt the official allows (``branch_retries`` more after a failed or crashed one), the
-    branches ``branch_workers`` at a time."""
+    branches ``branch_workers`` at a time; with ``audit``, the audit's runs of the branches the same way."""
     compile_phase = (sum(COMPILE_PHASE_CLOCKS.values()) + compile_timeout
                      + (len(COMPILE_PHASE_CLOCKS) + 1) * STEP_OVERHEAD + HARNESS_CLOCKS)
     attempt = sum(BRANCH_CLOCKS.values()) + test_timeout + (len(BRANCH_CLOCKS) + 1) * STEP_OVERHEAD
     rounds = -(-max(1, branches) // max(1, branch_workers)) * (1 + max(0, branch_retries))
-    return compile_phase + rounds * attempt
+    audit_part = AUDIT_RUNS * rounds * (attempt + AUDIT_CLOCKS) if audit else 0
+    return compile_phase + rounds * attempt + audit_part
 
 
 @dataclass
@@ -1122,6 +1138,8 @@ class StepHooks:
     after_step: Callable[[str, SdkContainerEnvironment, dict[str, Any]], None] | None = None
     step_env: Callable[[str, SdkContainerEnvironment], dict[str, str] | None] | None = None
     before_commit: Callable[[SdkContainerEnvironment], None] | None = None  # the compile container's commit
+    # Every branch ran (none raised): the committed image's reference, before it is removed (evaluation/audit.py).
+    after_branches: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -1180,6 +1198,7 @@ class SdkEvaluator(Evaluator):
         self._prefetch_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pb-prefetch")
         self._warming: list[_Warming] = []  # at most one: the next branch's container, made ready ahead
         self._claimed: set[str] = set()  # branches whose first container was handed out
+        self.branches_done = 0  # branches whose _evaluate_branch returned
 
     @staticmethod
     def _official_env(serial_pytest: bool) -> dict[str, str]:
@@ -1213,7 +1232,7 @@ class SdkEvaluator(Evaluator):
         with self._envs_lock:
             self.envs.append(container)
         if compile_phase:
-            container.before_image_removal = self._retire
+            container.before_image_removal = lambda: self._before_image_removal(container)
             container.before_commit = self.layer.hooks.before_commit
         return container
 
@@ -1295,6 +1314,19 @@ class SdkEvaluator(Evaluator):
         self._prefetch_pool.shutdown(wait=True)
         self.cleanup_all()
         self.reaper.drain()
+
+    def _before_image_removal(self, compile_env: SdkContainerEnvironment) -> None:
+        """The official removes the committed image in its ``finally``: its containers go first, then, when every
+        branch ran, ``after_branches`` sees the image."""
+        self._retire()
+        hook = self.layer.hooks.after_branches
+        if hook is not None and compile_env.committed and self.branches_done == len(self.tests_branches):
+            hook(compile_env.committed)
+
+    def _evaluate_branch(self, branch: str, image: str) -> None:
+        super()._evaluate_branch(branch, image)
+        with self._envs_lock:
+            self.branches_done += 1
 
     def _run_step(  # type: ignore[override]
         self,

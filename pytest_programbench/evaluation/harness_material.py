@@ -32,9 +32,12 @@ from programbench.eval.pytest_timeout_retry import PYTEST_TIMEOUT_RETRY_PLUGIN_D
 GRADER_PLUGIN_DIR = PYTEST_TIMEOUT_RETRY_PLUGIN_DIR
 # Our wheel directories are this prefix plus "-" and a random token, one per evaluation.
 WHEEL_DIR_PREFIX = "/tmp/pytest-programbench-wheels"
+# The audit's plugin directories (evaluation/audit.py), likewise; at the root, which a submission cannot make
+# unusable for root's mkdir (a /tmp it replaced by a file could).
+AUDIT_DIR_PREFIX = "/pytest-programbench-audit"
 # Name prefixes of every path the grader's material uses inside a container: what the submission made there is a
 # flag, and the integrity scan's walk descends into them even below a directory it otherwise only lists.
-GRADER_PATHS = (GRADER_PLUGIN_DIR, WHEEL_DIR_PREFIX)
+GRADER_PATHS = (GRADER_PLUGIN_DIR, WHEEL_DIR_PREFIX, AUDIT_DIR_PREFIX)
 VERIFY_TIMEOUT = 60.0
 VERIFY_OUTPUT_LIMIT = 256 << 10
 FILE_MODE = 0o644
@@ -42,6 +45,8 @@ FILE_MODE = 0o644
 # `sha256sum` are what the official's own remove_hashed_files step runs, so every task image has them.
 VERIFY_SCRIPT = ('cd -- "$1" && find . -mindepth 1 -printf "entry %y %m %U %p\\n" '
                  '&& find . -mindepth 1 -type f -exec sha256sum -- {} +')
+
+VERIFY_FILE_SCRIPT = 'stat -c "%F %a %u" -- "$1" && sha256sum -- "$1"'
 
 
 def is_grader_path(path: str) -> bool:
@@ -106,6 +111,15 @@ def place_directory(container: MaterialTarget, files: Mapping[str, bytes], *, pr
         raise MaterialRefused(f"the harness's files in {directory} are not what was sent "
                               f"(exit {code}): {output.strip()[:300]}")
     return Placed(directory, tuple(collisions))
+
+
+def verify_file(container: MaterialTarget, path: str, data: bytes, mode: int) -> None:
+    """Check in the container that ``path`` is a regular root-owned file with ``mode`` and ``data``'s sha256 (the
+    official's own material at its fixed path, such as the timeout-retry plugin). Raises :class:`MaterialRefused`."""
+    code, output = container.harness_run(["sh", "-c", VERIFY_FILE_SCRIPT, "sh", path], timeout=VERIFY_TIMEOUT)
+    expected = f"regular file {mode:o} 0\n{hashlib.sha256(data).hexdigest()}  {path}"
+    if code != 0 or output.strip() != expected:
+        raise MaterialRefused(f"{path} in the container is not what was sent (exit {code}): {output.strip()[:300]}")
 
 
 def remove_directory(container: MaterialTarget, directory: str) -> str | None:
