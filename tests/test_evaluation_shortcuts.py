@@ -10,13 +10,15 @@ so ours raises an integrity flag: the score is still the official one.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from programbench.eval.eval import EvaluationResult
 from programbench.utils import blob_store
 
-from pytest_programbench.evaluation.evaluation import EvaluationOutcome
+from pytest_programbench.evaluation.evaluation import EvaluationOutcome, _reruns_reason
+from pytest_programbench.evaluation.rerunfailures import RerunWheels
 from pytest_programbench.evaluation.step_batch import ENV_STEP_BATCH
 from tests.conftest import Testbed
 from tests.outcome_support import item_message
@@ -29,8 +31,6 @@ from tests.test_evaluation_divergences import (
     with_profile_script,
 )
 from tests.test_evaluation_parity import statuses
-
-pytestmark = pytest.mark.docker
 
 BRANCH = "4d3c2b1a0f9e"  # one active branch: the cases are about the steps around it, not about the tests
 # The steps the batch runs (container_layer.SdkEvaluator._batch_from): their outputs are compared too.
@@ -45,6 +45,7 @@ def step_view(result: EvaluationResult) -> list[tuple[str, Any, str]]:
             for e in result.log]
 
 
+@pytest.mark.docker
 @pytest.mark.parametrize(
     ("profile", "score"),
     [
@@ -92,3 +93,21 @@ def official_blobs(monkeypatch: pytest.MonkeyPatch) -> Any:
         monkeypatch.setenv("PROGRAMBENCH_BLOB_DIR", str(blob_dir))
         monkeypatch.setattr(blob_store, "BLOB_LOCAL_DIR", str(blob_dir))
     return use
+
+
+def reruns_reason(returncode: int, output: str) -> str:
+    install = {"step": "install_rerunfailures", "returncode": returncode, "output": output}
+    evaluator = SimpleNamespace(result=SimpleNamespace(log=[install]))
+    return _reruns_reason(cast(Any, evaluator), RerunWheels(Path("/wheels"), wheels=("w.whl",)))
+
+
+def test_reruns_reason_says_what_the_official_would_do() -> None:
+    """Ours installs from the host's wheels only; the official reaches PyPI. Only a missing pip3 fails there too
+    (issue 30 §5: the reason said "the official run would fail the same way" of every failure)."""
+    assert reruns_reason(0, "") == ""
+    missing = reruns_reason(127, "bash: line 1: pip3: command not found")
+    assert missing.startswith("no pip3 in this image (the official's install fails the same way)")
+    offline = reruns_reason(1, "ERROR: No matching distribution found for pytest>=7.4")
+    assert "from this host's wheels (offline, --no-index)" in offline
+    assert "`programbench eval` installs it from PyPI, where it can succeed" in offline
+    assert "same way" not in offline

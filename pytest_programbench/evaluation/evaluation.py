@@ -605,8 +605,11 @@ def _reruns_reason(evaluator: SdkEvaluator, wheels: RerunWheels) -> str:
         return f"no pytest-rerunfailures wheels on this host: {wheels.reason}"
     if entries[-1].get("returncode") != 0:
         tail = str(entries[-1].get("output", "")).strip().splitlines()[-1:] or [""]
-        return (f"pip3 could not install pytest-rerunfailures==16.4 in this image (the official run would fail "
-                f"the same way): {tail[0][:200]}")
+        if entries[-1].get("returncode") == 127:  # the shell found no pip3: so would the official's
+            return f"no pip3 in this image (the official's install fails the same way): {tail[0][:200]}"
+        # Ours reads only the host's wheels; the official's pip reaches PyPI (and can upgrade a pytest too old).
+        return (f"pip3 could not install pytest-rerunfailures==16.4 from this host's wheels (offline, --no-index): "
+                f"{tail[0][:200]}; `programbench eval` installs it from PyPI, where it can succeed (reruns on)")
     return ""
 
 
