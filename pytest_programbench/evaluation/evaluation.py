@@ -15,7 +15,8 @@ an :class:`EvaluationOutcome`:
   the official pipeline (output that is not UTF-8, an ``IndexError`` on an empty hash, a JUnit file junitparser
   cannot read, a timed-out ``docker commit``, "no space left on device") is a 0 for the instance with the
   exception's type as its error code, and ``notes`` names the cause.
-* ``notes`` — what the reader of a score needs to know (a cause of a 0, the network used under ``--pb-strict``).
+* ``notes`` — what the reader of a score needs to know (a cause of a 0, the network used under ``--pb-strict``);
+* ``corrected`` — the same official scoring with test names compared canonically (:mod:`.corrected`), beside it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from pytest_programbench.evaluation.container_layer import (
     _is_connection_failure,
     prefetch_enabled,
 )
+from pytest_programbench.evaluation.corrected import CorrectedScore, safe_corrected_score
 from pytest_programbench.evaluation.harness_material import WHEEL_DIR_PREFIX
 from pytest_programbench.evaluation.install_cache import (
     DIFF_PRUNE,
@@ -168,6 +170,7 @@ class EvaluationOutcome:
     submission_sha256: str | None = None
     reference_hash: str | None = None
     notes: list[str] = field(default_factory=list)
+    corrected: CorrectedScore | None = None  # the official scoring with canonical names (corrected.py)
 
     @property
     def clock_fired(self) -> str | None:
@@ -207,6 +210,7 @@ class EvaluationOutcome:
             "timeouts": list(self.timeouts),
             "infra_error": self.infra_error,
             "notes": list(self.notes),
+            "corrected": self.corrected.as_dict() if self.corrected is not None else None,
         }
 
 
@@ -590,6 +594,7 @@ def fill_scores(outcome: EvaluationOutcome, result: EvaluationResult, instance: 
     for branch in outcome.branch_errors:
         failing.setdefault(branch, [])
     outcome.failing_branches = failing
+    outcome.corrected = safe_corrected_score(result, inst)
     for entry in result.log:
         if entry.get("step") == COMPILE_STEP:
             outcome.compile_seconds = float(entry.get("wall_time", 0.0))
