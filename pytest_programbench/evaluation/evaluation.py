@@ -16,7 +16,9 @@ an :class:`EvaluationOutcome`:
   cannot read, a timed-out ``docker commit``, "no space left on device") is a 0 for the instance with the
   exception's type as its error code, and ``notes`` names the cause.
 * ``notes`` — what the reader of a score needs to know (a cause of a 0, the network used under ``--pb-strict``);
-* ``corrected`` — the same official scoring with test names compared canonically (:mod:`.corrected`), beside it.
+* ``corrected`` — the same official scoring with test names compared canonically (:mod:`.corrected`), beside it;
+* ``audit`` — for a task that would pass, whether it still passes when it cannot read the hidden tests (:mod:`.audit`):
+  a ``reads_hidden_tests`` flag when not, never a change of the score.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from programbench.utils.load_data import get_active_branches, get_ignored_branch
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.evaluation import harness_material, integrity, results_check, step_batch
+from pytest_programbench.evaluation.audit import AuditReport, HiddenTestAudit
 from pytest_programbench.evaluation.container_layer import (
     COMPILE_STEP,
     DEFAULT_OUTPUT_CAP,
@@ -128,6 +131,10 @@ class EvalSettings:
     # Recorded install steps (evaluation/install_cache.py); None: the default under the cache root, or none at all
     # under $PYTEST_PROGRAMBENCH_PIP_REPLAY=0.
     install_cache: str | None = None
+    # The audit of the hidden tests (evaluation/audit.py) for a task whose score reaches audit_threshold. Off for a
+    # direct call; a session's --pb-audit-hidden-tests (on by default) sets it.
+    audit: bool = False
+    audit_threshold: float = 1.0
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> EvalSettings:
@@ -135,6 +142,7 @@ class EvalSettings:
             "cpus": settings.cpus, "memory": settings.memory, "branch_workers": settings.branch_workers,
             "branch_retries": settings.branch_retries, "compile_timeout": settings.compile_timeout,
             "test_timeout": settings.test_timeout, "strict": settings.strict, "image_tag": settings.image_tag,
+            "audit": settings.audit_hidden_tests, "audit_threshold": settings.min_score,
         }
         values.update(overrides)
         return cls(**values)
@@ -171,6 +179,7 @@ class EvaluationOutcome:
     reference_hash: str | None = None
     notes: list[str] = field(default_factory=list)
     corrected: CorrectedScore | None = None  # the official scoring with canonical names (corrected.py)
+    audit: AuditReport | None = None  # the audit of the hidden tests (audit.py)
 
     @property
     def clock_fired(self) -> str | None:
@@ -211,6 +220,7 @@ class EvaluationOutcome:
             "infra_error": self.infra_error,
             "notes": list(self.notes),
             "corrected": self.corrected.as_dict() if self.corrected is not None else None,
+            "audit": self.audit.as_dict() if self.audit is not None else None,
         }
 
 
@@ -725,6 +735,8 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
         return outcome
     branches_data = instance.get("branches", {})
     tests_by_branch = {b: list(branches_data[b].get("tests", [])) for b in active if b in branches_data}
+    audit = HiddenTestAudit(instance=instance, threshold=settings.audit_threshold, enabled=settings.audit)
+    outcome.audit = audit.report
 
     archive = check_archive(submission)
     outcome.submission_sha256 = archive.sha256
@@ -748,11 +760,13 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
         outcome.infra_error = str(exc)
         return outcome
     task_labels = labels if labels.task else labels.for_task(task.instance_id)
+    hooks = probe.hooks()
+    hooks.after_branches = audit  # before the committed image goes
     evaluator = SdkEvaluator(
         layer=LayerConfig(
             engine=engine, image=image, labels=task_labels.as_dict(), memory=settings.memory,
             compile_timeout=settings.compile_timeout, test_timeout=settings.test_timeout,
-            output_cap=settings.output_cap, hooks=probe.hooks(),
+            output_cap=settings.output_cap, hooks=hooks,
             network_mode="none" if settings.strict else "default", storage=settings.storage,
             batch_steps=step_batch.enabled(), prefetch=prefetch_enabled(),
         ),
@@ -771,6 +785,7 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
         branch_workers=settings.branch_workers,
         branch_retries=settings.branch_retries,
     )
+    audit.attach(evaluator)
     try:
         result = evaluator.run()
     except (EngineUnavailable, HarnessError) as exc:
@@ -829,10 +844,14 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
     outcome.neutralised = list(probe.neutralised)
     outcome.notes.extend(probe.notes)
     outcome.notes.extend(evaluator.results_notes)
+    audit_note = audit.report.note()
+    if audit_note is not None:
+        outcome.notes.append(audit_note)
     outcome.integrity_flags = integrity.merge(
         archive.flags,
         probe.compile_flags,
         integrity.executable_flags(result.executable_hash, remove_hashes, probe.reference_hash),
         results_check.check_attempts(evaluator.attempts),
+        audit.flags,
     )
     return outcome

@@ -31,6 +31,9 @@ neutralise what can be neutralised). What is flagged:
   makes (a hook or a configured command ran).
 * ``reference_executable`` — the built executable's sha256 is in the task's ``eval_clean_hashes`` or equals the
   reference binary's.
+* ``reads_hidden_tests`` — tests that passed in the official run failed in the audit (:mod:`.audit`), where the
+  hidden tests' sources were withheld once collected and ``PYTEST_CURRENT_TEST`` named no test, twice: the program
+  read the tests to pass them.
 * ``scan_bounded`` — a walk reached one of its bounds (:data:`MAX_DEPTH` levels, :data:`MAX_ENTRIES` entries) or a
   part of the tree could not be read, so what lies past it was not checked. Never an exception: every walk and parse
   of submission content here is bounded and total, and a probe that fails says so as this flag.
@@ -71,6 +74,7 @@ SCAN_BOUNDED = "scan_bounded"
 HARNESS_PATH = "harness_path"
 GIT_METADATA = "git_metadata"
 SEED_GIT_CHANGED = "seed_git_changed"
+READS_HIDDEN_TESTS = "reads_hidden_tests"
 
 # Kinds that are files (in the workspace, or a harness path) and can be removed before the hidden tests run.
 NEUTRALISABLE = frozenset({PYTEST_CONFIG, PYTHON_STARTUP, MODULE_SHADOWING, EVAL_DIR, HARNESS_PATH})

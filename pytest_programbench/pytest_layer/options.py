@@ -183,6 +183,12 @@ def _score_basis(flag: str, value: Any) -> str:
     return str(value)
 
 
+def _on_off(flag: str, value: Any) -> bool:
+    if str(value) not in ("on", "off"):
+        raise pytest.UsageError(f"{flag}: {value!r} is not one of: on, off")
+    return str(value) == "on"
+
+
 def registry_ignore_map(flag: str, value: Any) -> str:
     """``--pb-registry-ignore FILE``: the leaderboard registry's ``ignored_tests.json``, ``{instance_id: [test]}``
     (each test ``<branch>/<name>``, as ``_stats/score.json`` keys them), checked here; its path is kept."""
@@ -318,6 +324,10 @@ OPTIONS: tuple[Option, ...] = (
            "leaderboard's) or corrected (the official scoring with test names compared without a leading 'eval.', "
            "upstream ProgramBench issue #56). Both are always reported.", "evaluation", metavar="official|corrected",
            parser=_score_basis, field_names=("score_basis",)),
+    Option("audit-hidden-tests", "For a task that would pass: run its hidden tests once more with their sources "
+           "withheld once collected and PYTEST_CURRENT_TEST naming no test; tests that then fail (twice) flag the item "
+           "reads_hidden_tests. The score stays the official one; costs only passing tasks.", "evaluation",
+           metavar="on|off", parser=_on_off),
     # Run
     Option("output", "Run directory (default pb-runs/<UTC>-<run id>).", "run", metavar="DIR"),
     Option("resume", "Resume RUN_DIR: reuse finished results, re-run missing and errored tasks.", "run",
@@ -465,6 +475,7 @@ class Settings:
     test_timeout: int = 3600
     min_score: float = 1.0
     score_basis: str = "official"
+    audit_hidden_tests: bool = True
     strict: bool = False
     allow_flags: bool = False
     output: str | None = None

@@ -108,6 +108,8 @@ def fingerprint(settings: options.Settings) -> dict[str, Any]:
     values["agent_env"] = sorted(spec.partition("=")[0] for spec in settings.agent_env)  # names, never values
     if settings.score_basis != "official":  # --pb-score corrected changes verdicts; a run without it stays resumable
         values["score_basis"] = settings.score_basis
+    if not settings.audit_hidden_tests:  # no reads_hidden_tests flag can fail an item; a default run stays resumable
+        values["audit_hidden_tests"] = "off"
     values["plugin_version"] = version("pytest-programbench")
     values["programbench_version"] = version("programbench")
     plain: dict[str, Any] = json.loads(json.dumps(values, default=str))

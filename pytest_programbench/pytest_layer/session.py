@@ -74,7 +74,7 @@ def item_timeout(task: Task, settings: options.Settings) -> int:
     agent = settings.agent_timeout + int(settings.agent_clock_cap) if settings.agent else 0
     evaluation = evaluation_budget(compile_timeout=settings.compile_timeout, test_timeout=settings.test_timeout,
                                    branches=branches, branch_workers=settings.branch_workers,
-                                   branch_retries=settings.branch_retries)
+                                   branch_retries=settings.branch_retries, audit=settings.audit_hidden_tests)
     # The setup re-runs the pipeline once per infrastructure attempt (--pb-infra-retries): each may use every clock.
     return (1 + settings.infra_retries) * (agent + evaluation) + TIMEOUT_MARGIN
 

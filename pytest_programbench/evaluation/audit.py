@@ -1,0 +1,429 @@
+"""The audit of the hidden tests (issue 30 §2): a passing program must still pass when it cannot read the tests.
+
+An executable that implements nothing can read ``PYTEST_CURRENT_TEST`` and the running hidden test file (its path is
+in that variable, or a walk of ``/workspace/eval`` finds it), work out what the test expects and print it: the
+official evaluator scores that 1.0. The official score stays what it is; this audit only raises a flag.
+
+For a task whose official evaluation would pass (its official or corrected score at or above the item's threshold),
+once every official branch ran and before the committed post-compile image is removed (``StepHooks.after_branches``),
+each active branch runs again in a fresh container from that image through the official steps
+(:class:`AuditEvaluator`, the official ``_evaluate_branch`` and ``_run_test_branch``: executable restored and its
+hash verified, stale results cleaned, the timeout method patched, the timeout-retry plugin when reruns are on, the
+serial retry after a worker crash), with one difference: the tests run with our plugin (:mod:`.audit_plugin`), which
+deletes the hidden tests' sources once pytest has collected them and keeps ``PYTEST_CURRENT_TEST`` from naming the
+running test. The plugin enters under :mod:`.harness_material`'s rule (processes stopped, a fresh directory, content
+verified) right before the tests, as a module of an unguessable name appended to ``PYTHONPATH`` and loaded with
+``-p`` through ``PYTEST_ADDOPTS``, with ``PYTHONDONTWRITEBYTECODE=1``.
+
+Tests that passed officially and fail in the audit are run once more (their branches, the same way); those failing
+both times make the flag ``reads_hidden_tests`` (the tests named, bounded). The audit never changes the score, never
+raises an error for the item and never claims a pass it did not see: anything of its own that fails (an audit
+container that does not start, the plugin not placed, the plugin not seen running) is logged and makes its result
+``inconclusive`` in ``pb-meta.json`` (``evaluation.audit``); only the engine going away is an infrastructure error,
+as everywhere. A branch whose audit run fails in the submission's windows (its tests time out, its output is not
+UTF-8, its results file is missing) counts as its tests failing: the program behaved differently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from programbench.constants import WORKSPACE_DIR
+from programbench.eval.eval import EvaluationResult, TestResult
+from programbench.exceptions import EvalStepError
+from programbench.utils.load_data import get_active_branches, get_ignored_tests
+
+from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.evaluation import audit_plugin, harness_material
+from pytest_programbench.evaluation.container_layer import (
+    AUDIT_REPORT_TIMEOUT,
+    RUN_TESTS_STEP,
+    SdkContainerEnvironment,
+    SdkEvaluator,
+    StepHooks,
+    _is_connection_failure,
+)
+from pytest_programbench.evaluation.corrected import canonical_full, safe_corrected_score
+from pytest_programbench.evaluation.integrity import READS_HIDDEN_TESTS, IntegrityFlag
+from pytest_programbench.text.printable import printable
+
+log = logging.getLogger(__name__)
+progress = logging.getLogger("pytest_programbench")
+
+TREE = f"{WORKSPACE_DIR}/eval"  # where every branch's archive puts its tests
+MODULE_PREFIX = "pb_audit_"
+PLUGIN_TREE_LINE = 'TREE = "/workspace/eval"'
+SHOW_TESTS = 5  # tests named in the flag
+MESSAGE_CHARS = 120  # of each named test's failure message
+# What the official pipeline raises inside the submission's windows (as evaluation.OFFICIAL_RAISES, which scores them
+# 0): in an audit branch, that branch's tests count as failing.
+SUBMISSION_RAISES = (RuntimeError, UnicodeDecodeError, EvalStepError, FileNotFoundError, IndexError, ValueError,
+                     subprocess.TimeoutExpired)
+
+OFF, SKIPPED, RAN = "off", "skipped", "ran"
+CLEAN, FLAGGED, UNCONFIRMED, INCONCLUSIVE = "clean", "flagged", "unconfirmed", "inconclusive"
+
+
+class AuditUnavailable(Exception):
+    """The audit could not do its own part in a branch (container, plugin): never the submission's failing."""
+
+
+def plugin_source(tree: str = TREE) -> bytes:
+    """:mod:`.audit_plugin`'s text with its tree set to ``tree``."""
+    text = Path(audit_plugin.__file__).read_text(encoding="utf-8")
+    if PLUGIN_TREE_LINE not in text:
+        raise AuditUnavailable(f"{audit_plugin.__file__} has no line {PLUGIN_TREE_LINE!r} to set its tree in")
+    return text.replace(PLUGIN_TREE_LINE, f"TREE = {tree!r}", 1).encode("utf-8")
+
+
+def audit_command(directory: str, module: str) -> str:
+    """What runs before the official ``run_tests`` command in the same login shell: the plugin importable (after
+    whatever the image or its profile put on ``PYTHONPATH``), loaded by every pytest of the run, no bytecode written."""
+    return (f'export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}"{shlex.quote(directory)} '
+            f'PYTEST_ADDOPTS="${{PYTEST_ADDOPTS:-}} -p {module}" PYTHONDONTWRITEBYTECODE=1 && ')
+
+
+def plugin_reports(text: str) -> tuple[int, int, list[str]]:
+    """The plugin's report lines (one per process that ran tests): processes, entries withheld, problems."""
+    processes = withheld = 0
+    problems: list[str] = []
+    for line in text.splitlines():
+        fields = dict(word.split("=", 1) for word in line.split(" ")[:3] if "=" in word)
+        if "withheld" not in fields:
+            continue
+        processes += 1
+        try:
+            withheld += int(fields["withheld"])
+            failed = int(fields.get("failed", "1"))
+        except ValueError:
+            failed = 1
+        if failed:
+            problems.append(line.strip()[:300])
+        elif fields.get("every_phase") != "1":
+            problems.append("PYTEST_CURRENT_TEST replaced around the test function only (pytest's setter not found)")
+    return processes, withheld, problems
+
+
+@dataclass
+class BranchAudit:
+    """One branch's audit runs: what the plugin said, how long, what went wrong."""
+
+    seconds: float = 0.0
+    reports: list[str] = field(default_factory=list)  # the plugin's report text, per run of the tests
+    problem: str = ""  # the audit's own failure: the branch is not compared
+    crashed: str = ""  # the submission's windows raised: the branch's tests count as failing
+
+    def plugin_problem(self) -> str | None:
+        """Why the plugin cannot be said to have been active in every run of this branch's tests (None: it was)."""
+        if not self.reports:
+            return "its tests never ran with the plugin"
+        for text in self.reports:
+            processes, _withheld, problems = plugin_reports(text)
+            if not processes:
+                return "the plugin did not report from its test run (not loaded?)"
+            if problems:
+                return "; ".join(problems)
+        return None
+
+    def summary(self) -> str:
+        if self.problem:
+            return f"not audited: {self.problem}"
+        if self.crashed:
+            return f"failed: {self.crashed}"
+        counts = [plugin_reports(text) for text in self.reports]
+        return (f"plugin active in {sum(c[0] for c in counts)} process(es) over {len(self.reports)} run(s), "
+                f"{sum(c[1] for c in counts)} entries withheld")
+
+
+@dataclass
+class AuditPass:
+    """One audit of some branches: per canonical test name whether it passed, and each branch's story."""
+
+    passed: set[str] = field(default_factory=set)
+    results: dict[str, TestResult] = field(default_factory=dict)  # canonical branch/name -> a result, failures first
+    branches: dict[str, BranchAudit] = field(default_factory=dict)
+    timeouts: list[str] = field(default_factory=list)
+
+    def compared(self) -> list[str]:
+        return [b for b, audit in self.branches.items() if not audit.problem]
+
+
+@dataclass
+class AuditReport:
+    """``pb-meta.json``'s ``evaluation.audit``."""
+
+    switch: str = "on"
+    state: str = OFF  # off, skipped, ran
+    why: str = ""  # why skipped, or why the result is inconclusive / unconfirmed
+    result: str = ""  # when ran: clean, flagged, unconfirmed, inconclusive
+    branches: dict[str, str] = field(default_factory=dict)
+    regressed: list[str] = field(default_factory=list)  # passed officially, failed in the first audit run
+    confirmed: list[str] = field(default_factory=list)  # ... and in the second
+    timeouts: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"switch": self.switch, "state": self.state, "why": printable(self.why), "result": self.result,
+                "branches": {b: printable(s) for b, s in self.branches.items()},
+                "regressed": self.regressed[:50], "n_regressed": len(self.regressed),
+                "confirmed": self.confirmed[:50], "n_confirmed": len(self.confirmed),
+                "timeouts": list(self.timeouts), "seconds": round(self.seconds, 3)}
+
+    def note(self) -> str | None:
+        """A line for the item's notes when the reader should know (nothing for a clean or skipped audit)."""
+        if self.result == INCONCLUSIVE:
+            return f"audit of the hidden tests inconclusive (never a clean result): {self.why}"
+        if self.result == UNCONFIRMED:
+            return f"audit of the hidden tests: {self.why}"
+        return None
+
+
+class AuditEvaluator(SdkEvaluator):
+    """The official branch pipeline on the committed image, each run of the tests with the audit's plugin."""
+
+    def __init__(self, official: SdkEvaluator, branches: list[str]) -> None:
+        super().__init__(
+            layer=dataclasses.replace(official.layer, hooks=StepHooks()),
+            tests_branches=branches, tests_by_branch=official.tests_by_branch, ignored_tests=official.ignored_tests,
+            ignored_branches=official.ignored_branches, image_name=official.image_name,
+            solution_branch=official.solution_branch, blob_dir=official.blob_dir, image_tag=official.image_tag,
+            instance_id=official.instance_id, docker_cpus=official.docker_cpus,
+            branch_workers=official.branch_workers, branch_retries=official.branch_retries,
+        )
+        self.result.executable_hash = official.result.executable_hash
+        self._has_rerunfailures = official._has_rerunfailures
+        self.reports: dict[str, list[str]] = {}
+
+    def _new_env(self, image: str, *, serial_pytest: bool = False) -> SdkContainerEnvironment:  # type: ignore[override]
+        try:
+            return super()._new_env(image, serial_pytest=serial_pytest)
+        except EngineUnavailable:
+            raise
+        except Exception as exc:
+            if _is_connection_failure(exc):
+                raise
+            raise AuditUnavailable(f"an audit container did not start: {type(exc).__name__}: {exc}") from exc
+
+    def _run_step(  # type: ignore[override]
+        self,
+        command: str,
+        *,
+        env: SdkContainerEnvironment,
+        log_buf: list[dict[str, Any]],
+        step_name: str,
+        accept_failure: bool = False,
+        timeout: int = 20,
+    ) -> dict[str, Any]:
+        if step_name != RUN_TESTS_STEP:
+            return super()._run_step(command, env=env, log_buf=log_buf, step_name=step_name,
+                                     accept_failure=accept_failure, timeout=timeout)
+        module = MODULE_PREFIX + secrets.token_hex(8)
+        try:
+            placed = harness_material.place_directory(env, {f"{module}.py": plugin_source()},
+                                                      prefix=harness_material.AUDIT_DIR_PREFIX)
+        except harness_material.MaterialRefused as exc:
+            raise AuditUnavailable(f"the audit's plugin was not placed: {exc}") from exc
+        result = super()._run_step(audit_command(placed.directory, module) + command, env=env, log_buf=log_buf,
+                                   step_name=step_name, accept_failure=accept_failure, timeout=timeout)
+        _code, text = env.harness_run(
+            ["sh", "-c", f'cat -- "$1"/{audit_plugin.REPORT_PREFIX}* 2>/dev/null; true', "sh", placed.directory],
+            timeout=AUDIT_REPORT_TIMEOUT)
+        branch = str(getattr(self._current, "branch", None) or "?")
+        with self._envs_lock:
+            self.reports.setdefault(branch, []).append(text)
+        return result
+
+
+class HiddenTestAudit:
+    """``StepHooks.after_branches`` for one evaluation: audits the committed image when the task would pass."""
+
+    def __init__(self, *, instance: Mapping[str, Any], threshold: float, enabled: bool = True) -> None:
+        self.instance = dict(instance)
+        self.threshold = threshold
+        self.report = AuditReport(switch="on" if enabled else "off")
+        if enabled:
+            self.report.state, self.report.why = SKIPPED, "the official evaluation did not run every branch"
+        self.enabled = enabled
+        self.flags: list[IntegrityFlag] = []
+        self.official: SdkEvaluator | None = None
+
+    def attach(self, official: SdkEvaluator) -> None:
+        self.official = official
+
+    # ------------------------------------------------------------------------------------------- entry point
+
+    def __call__(self, image: str) -> None:
+        """Total: the engine going away is the only exception that leaves (an infrastructure error)."""
+        if not self.enabled or self.official is None:
+            return
+        started = time.monotonic()
+        try:
+            self._run(self.official, image)
+        except EngineUnavailable:
+            raise
+        except pytest.fail.Exception as exc:  # the item's backstop: the audit ends, the official result stands
+            self._inconclusive(f"the item's pytest-timeout backstop fired during the audit ({exc})")
+        except Exception as exc:
+            if _is_connection_failure(exc):
+                raise
+            log.warning("%s: the audit of the hidden tests failed", self.official.instance_id, exc_info=True)
+            self._inconclusive(f"the audit failed: {type(exc).__name__}: {str(exc)[:300]}")
+        finally:
+            self.report.seconds = time.monotonic() - started
+
+    def _inconclusive(self, why: str) -> None:
+        self.report.state, self.report.result, self.report.why = RAN, INCONCLUSIVE, why
+        self.flags = []
+
+    def _run(self, official: SdkEvaluator, image: str) -> None:
+        reason = self._not_passing(official.result)
+        if reason is not None:
+            self.report.state, self.report.why = SKIPPED, reason
+            return
+        self.report.state, self.report.why = RAN, ""
+        branches = [b for b in official.tests_branches if b in get_active_branches(self.instance)]
+        progress.info("[%s] audit of the hidden tests: %d branch(es) with the sources withheld",
+                      official.instance_id, len(branches))
+        first = self._audit(official, image, branches)
+        officially = self._passed(official.result, first.compared())
+        regressed = sorted(officially - first.passed)
+        self.report.regressed = regressed
+        self.report.branches = {b: a.summary() for b, a in first.branches.items()}
+        self.report.timeouts = list(first.timeouts)
+        if regressed:
+            again = [b for b in branches if any(name.startswith(f"{b}/") for name in regressed)]
+            progress.info("[%s] audit: %d test(s) failed without their sources; their %d branch(es) once more",
+                          official.instance_id, len(regressed), len(again))
+            second = self._audit(official, image, again)
+            retried = set(second.compared())
+            confirmed = [n for n in regressed if n.split("/", 1)[0] in retried and n not in second.passed]
+            self.report.confirmed = confirmed
+            self.report.timeouts += second.timeouts
+            for b, a in second.branches.items():
+                self.report.branches[b] += f"; second run: {a.summary()}"
+            if confirmed:
+                self.report.result = FLAGGED
+                self.flags = [self._flag(confirmed, first)]
+                return
+            lost = [b for b in again if b not in retried]
+            self.report.result = INCONCLUSIVE if lost else UNCONFIRMED
+            self.report.why = (f"{len(regressed)} test(s) failed in the audit's first run and "
+                               + (f"their branch(es) {', '.join(lost)} could not run again: "
+                                  + "; ".join(second.branches[b].problem for b in lost) if lost
+                                  else "passed in its second (flaky, not flagged)")
+                               + f": {', '.join(regressed[:SHOW_TESTS])}")
+            return
+        problems = [f"branch {b}: {a.problem}" for b, a in first.branches.items() if a.problem]
+        problems += [f"branch {b}: {why}" for b, a in first.branches.items()
+                     if not a.problem and not a.crashed and (why := a.plugin_problem()) is not None]
+        if problems:
+            self.report.result, self.report.why = INCONCLUSIVE, "; ".join(problems)
+        else:
+            self.report.result = CLEAN
+
+    # ------------------------------------------------------------------------------------------- scoring
+
+    def _filtered(self, result: EvaluationResult, branches: list[str]) -> EvaluationResult:
+        return result.for_branches(branches).without_ignored(get_ignored_tests(self.instance))
+
+    def _not_passing(self, result: EvaluationResult) -> str | None:
+        """Why the official evaluation would not pass (None: it would, so it is audited)."""
+        if result.error_code:
+            return f"the official evaluation failed ({result.error_code})"
+        official = self._filtered(result, get_active_branches(self.instance)).score
+        corrected = safe_corrected_score(result, self.instance)
+        best = max(official, corrected.score if corrected is not None else 0.0)
+        if best < self.threshold:
+            return f"score {official:.4f} below the threshold {self.threshold:g}: the audit runs for passing tasks"
+        return None
+
+    def _passed(self, result: EvaluationResult, branches: list[str]) -> set[str]:
+        """Canonical ``branch/name`` of the counted tests that passed in ``branches`` (names with and without the
+        official's ``eval.`` prefix compare equal: the audit and the official read the same JUnit names)."""
+        return {canonical_full(t.full_name) for t in self._filtered(result, branches).test_results if t.is_resolved}
+
+    def _flag(self, confirmed: list[str], first: AuditPass) -> IntegrityFlag:
+        shown = []
+        for name in confirmed[:SHOW_TESTS]:
+            found = first.results.get(name)
+            if found is None:
+                shown.append(f"{name} (not run)")
+                continue
+            message = str(found.extra.get("message") or found.extra.get("error_code") or "").strip()
+            message = message.splitlines()[0][:MESSAGE_CHARS] if message else ""
+            shown.append(f"{name} ({found.status}{': ' + message if message else ''})")
+        more = f" and {len(confirmed) - SHOW_TESTS} more" if len(confirmed) > SHOW_TESTS else ""
+        detail = (f"{len(confirmed)} test(s) that passed in the official run failed when the program could not read "
+                  f"the hidden tests (their sources withheld after collection, PYTEST_CURRENT_TEST naming no test), "
+                  f"in two audit runs; the score stays the official one: {'; '.join(shown)}{more}")
+        return IntegrityFlag(READS_HIDDEN_TESTS, "", printable(detail))
+
+    # ------------------------------------------------------------------------------------------- running
+
+    def _audit(self, official: SdkEvaluator, image: str, branches: list[str]) -> AuditPass:
+        evaluator = AuditEvaluator(official, branches)
+        outcome = AuditPass(branches={b: BranchAudit() for b in branches})
+        lock = threading.Lock()
+
+        def one(branch: str) -> None:
+            started = time.monotonic()
+            audit = outcome.branches[branch]
+            try:
+                evaluator._evaluate_branch(branch, image)
+            except EngineUnavailable:
+                raise
+            except AuditUnavailable as exc:
+                with lock:
+                    audit.problem = str(exc)
+            except SUBMISSION_RAISES as exc:
+                if _is_connection_failure(exc):
+                    raise
+                with lock:
+                    audit.crashed = f"{type(exc).__name__}: {str(exc)[:300]}"
+            except Exception as exc:
+                log.warning("%s: the audit of branch %s failed", official.instance_id, branch, exc_info=True)
+                with lock:
+                    audit.problem = f"{type(exc).__name__}: {str(exc)[:300]}"
+            finally:
+                audit.seconds = time.monotonic() - started
+
+        pool: ThreadPoolExecutor | None = None
+        try:
+            if evaluator.branch_workers > 1 and len(branches) > 1:
+                pool = ThreadPoolExecutor(max_workers=evaluator.branch_workers, thread_name_prefix="pb-audit")
+                futures: list[Future[None]] = [pool.submit(one, b) for b in branches]
+                for future in futures:
+                    future.result()
+            else:
+                for branch in branches:
+                    one(branch)
+        finally:
+            evaluator.cleanup_all()  # first: a branch still running then ends with its container
+            if pool is not None:
+                pool.shutdown(wait=True)
+            evaluator._retire()
+            evaluator.reaper.close()
+        for branch, audit in outcome.branches.items():
+            audit.reports = list(evaluator.reports.get(branch, []))
+        outcome.timeouts = list(evaluator.timed_out)
+        ran = [b for b, a in outcome.branches.items() if not a.problem and not a.crashed]
+        for test in self._filtered(evaluator.result, ran).test_results:
+            name = canonical_full(test.full_name)
+            if test.is_resolved:
+                outcome.passed.add(name)
+                outcome.results.setdefault(name, test)
+            else:
+                outcome.results[name] = test
+        return outcome

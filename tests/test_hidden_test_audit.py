@@ -1,0 +1,294 @@
+"""Passing by reading the test (issue 30, section 2): the audit of the hidden tests.
+
+A program that implements nothing reads ``PYTEST_CURRENT_TEST``, opens the running hidden test file, finds what the
+test function asserts and prints it: the official evaluator scores it 16/16. Through real ``pytest --pb-submissions``
+sessions on the test bed:
+
+* the cheater (rpn) keeps its official 1.0 and is flagged ``reads_hidden_tests`` (its tests failed in two audit runs
+  with the sources withheld); the correct catlike passes with the audit recorded clean; a wrong tuiish is not
+  audited (it does not pass);
+* with ``--pb-audit-hidden-tests off`` no audit runs and the cheater passes, unflagged: what the official sees.
+
+Units: the plugin itself in a real pytest on the host (plain and under xdist): the program a test runs sees no test
+name and no test source; the budget the item's backstop counts holds the audit.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_programbench.evaluation import audit, audit_plugin, integrity
+from pytest_programbench.evaluation.container_layer import evaluation_budget
+from pytest_programbench.pytest_layer.options import Settings
+from pytest_programbench.pytest_layer.session import item_timeout
+from pytest_programbench.tasks.catalogue import load_tasks_dir
+from tests.conftest import Testbed
+from tests.test_evaluate_only import leaked
+from tests.test_integrity_sessions import flags_of, junit, meta, session
+
+CATLIKE = "pbfix__catlike.c47c47c"
+RPN = "pbfix__rpn.0b5e55e"
+TUIISH = "pbfix__tuiish.7e1a0b2"
+
+# Implements nothing: the running test's function, found through PYTEST_CURRENT_TEST (or a walk of the hidden tests),
+# says what to print, to which stream, and with which exit status.
+CHEATER = r'''#!/usr/bin/env python3
+import ast
+import os
+import sys
+
+
+def running_test():
+    current = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    path, _, name = current.partition("::")
+    name = name.split("::")[-1].split("[")[0]
+    candidates = [path, os.path.join("eval", path)]
+    for root, _dirs, files in os.walk("/workspace/eval"):
+        candidates += [os.path.join(root, f) for f in files if f.endswith(".py")]
+    for candidate in candidates:
+        try:
+            with open(candidate) as f:
+                tree = ast.parse(f.read())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                return node
+    return None
+
+
+def const(node):
+    return node.value if isinstance(node, ast.Constant) else None
+
+
+def expectations(test):
+    want = {"stdout": "", "stderr": [], "rc": 0, "lines": []}
+    for node in ast.walk(test):
+        if isinstance(node, ast.Assert) and isinstance(node.test, ast.Attribute) and node.test.attr == "stderr":
+            want["stderr"].append("error")
+        if not isinstance(node, ast.Compare) or len(node.ops) != 1:
+            continue
+        left, op, right = node.left, node.ops[0], node.comparators[0]
+        pairs = []
+        if isinstance(left, ast.Tuple) and isinstance(right, ast.Tuple):
+            pairs = list(zip(left.elts, right.elts))
+        elif isinstance(op, ast.Eq):
+            pairs = [(left, right)]
+        for key, value in pairs:
+            if isinstance(key, ast.Attribute) and key.attr == "returncode":
+                want["rc"] = const(value)
+            elif isinstance(key, ast.Attribute) and key.attr == "stdout":
+                want["stdout"] = const(value)
+            elif isinstance(key, ast.Call) and isinstance(key.func, ast.Attribute):
+                if key.func.attr == "readline":
+                    want["lines"].append(const(value))
+                elif key.func.attr == "wait":
+                    want["rc"] = const(value)
+        if isinstance(op, ast.In) and isinstance(right, ast.Attribute) and right.attr == "stderr":
+            want["stderr"].append(const(left))
+    return want
+
+
+test = running_test()
+want = expectations(test) if test is not None else {"stdout": "", "stderr": [], "rc": 0, "lines": []}
+for line in want["lines"]:
+    sys.stdin.readline()
+    sys.stdout.write(line)
+    sys.stdout.flush()
+sys.stdout.write(want["stdout"] or "")
+sys.stderr.write(" ".join(want["stderr"]))
+sys.exit(want["rc"] or 0)
+'''
+CHEATER_COMPILE = b"#!/bin/sh\ncp rpn.txt executable && chmod +x executable\n"
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
+    info = tarfile.TarInfo(f"./{name}")
+    info.size = len(data)
+    info.mode = mode
+    tar.addfile(info, io.BytesIO(data))
+
+
+def cheater_submission(out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out / "submission.tar.gz", "w:gz") as tar:
+        _add(tar, "compile.sh", CHEATER_COMPILE, 0o755)
+        _add(tar, "rpn.txt", CHEATER.encode(), 0o644)
+    return out / "submission.tar.gz"
+
+
+def copy_submission(source: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "submission.tar.gz").write_bytes(source.read_bytes())
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("clean_env")
+def test_a_program_that_reads_the_hidden_tests_is_flagged(pytester: pytest.Pytester, testbed: Testbed,
+                                                          docker_client: Any) -> None:
+    subs = pytester.path / "subs"
+    cheater_submission(subs / RPN)
+    copy_submission(testbed.submissions / CATLIKE / "submission.tar.gz", subs / CATLIKE)
+    copy_submission(testbed.submissions.parent / "wrong" / TUIISH / "submission.tar.gz", subs / TUIISH)
+    result = session(pytester, testbed, subs)
+
+    result.assert_outcomes(passed=1, failed=2)
+    cases = junit(pytester)
+    # The official score stays: every test passed, by reading it.
+    assert float(cases[RPN]["score"]) == 1.0
+    assert cases[RPN]["outcome"] == "failure"
+    assert (integrity.READS_HIDDEN_TESTS, "") in flags_of(pytester, RPN)
+    assert "reads_hidden_tests" in cases[RPN]["message"]
+    found = meta(pytester, RPN)["evaluation"]["audit"]
+    assert (found["switch"], found["state"], found["result"]) == ("on", "ran", "flagged")
+    assert found["n_confirmed"] == found["n_regressed"] == 15, found  # every counted test, in both runs
+    assert set(found["confirmed"]) <= set(found["regressed"])
+    assert all("plugin active" in text for text in found["branches"].values()), found["branches"]
+    # The honest program passes the audit; the audit says it ran, and what the plugin did.
+    assert cases[CATLIKE]["outcome"] == "passed"
+    assert flags_of(pytester, CATLIKE) == set()
+    clean = meta(pytester, CATLIKE)["evaluation"]["audit"]
+    assert (clean["state"], clean["result"], clean["regressed"]) == ("ran", "clean", [])
+    assert len(clean["branches"]) == 2
+    assert all("plugin active" in t for t in clean["branches"].values())
+    # A program that does not pass is not audited.
+    skipped = meta(pytester, TUIISH)["evaluation"]["audit"]
+    assert skipped["state"] == "skipped"
+    assert "below the threshold" in skipped["why"]
+    summary = json.loads((pytester.path / "run" / "summary.json").read_text())
+    assert summary["headline"]["errors"] == 0
+    assert leaked(docker_client, pytester.path / "run") == []
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("clean_env")
+def test_with_the_audit_off_the_cheater_passes_as_officially(pytester: pytest.Pytester, testbed: Testbed,
+                                                             docker_client: Any) -> None:
+    subs = pytester.path / "subs"
+    cheater_submission(subs / RPN)
+    result = session(pytester, testbed, subs, "--pb-audit-hidden-tests", "off")
+
+    result.assert_outcomes(passed=1)
+    cases = junit(pytester)
+    assert float(cases[RPN]["score"]) == 1.0
+    assert flags_of(pytester, RPN) == set()
+    found = meta(pytester, RPN)["evaluation"]["audit"]
+    assert (found["switch"], found["state"]) == ("off", "off")
+    record = json.loads((pytester.path / "run" / "pb-run.json").read_text())
+    assert record["settings"]["audit_hidden_tests"] is False
+    assert leaked(docker_client, pytester.path / "run") == []
+
+
+# --------------------------------------------------------------------------------------------- the plugin, on the host
+
+SPY = r'''#!/usr/bin/env python3
+import json, os, sys
+current = os.environ.get("PYTEST_CURRENT_TEST")
+readable = [os.path.join(r, f) for r, _d, fs in os.walk(sys.argv[1]) for f in fs
+            if f.endswith((".py", ".pyc")) and os.path.getsize(os.path.join(r, f))]
+print(json.dumps({"current": current, "readable": sorted(readable)}))
+'''
+SPIED_TEST = '''import json, os, subprocess, sys
+
+SPY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spy.py")
+
+
+def run_spy():
+    return json.loads(subprocess.run([sys.executable, SPY, os.path.dirname(os.path.abspath(__file__))],
+                                     capture_output=True, text=True, check=True).stdout)
+
+
+def keep(name, seen):
+    with open(os.path.join(os.environ["SEEN_DIR"], name + ".json"), "w") as f:
+        json.dump(seen, f)
+
+
+def test_{n}_plain():
+    assert os.environ.get("PYTEST_CURRENT_TEST") is not None  # the test itself still finds a value
+    keep("{n}_plain", run_spy())
+
+
+def test_{n}_with_env():
+    keep("{n}_with_env", json.loads(subprocess.run([sys.executable, SPY, os.path.dirname(os.path.abspath(__file__))],
+                                                   capture_output=True, text=True, check=True,
+                                                   env=dict(os.environ)).stdout))
+'''
+
+
+def _plugin_tree(root: Path) -> tuple[Path, Path, str]:
+    tree = root / "eval"
+    tests = tree / "hidden"  # not "tests": the suite's own package of that name is on the path (its network guard)
+    tests.mkdir(parents=True)
+    (tree / "pytest.ini").write_text("[pytest]\n")
+    (tree / "spy.py").write_text(SPY)
+    (tests / "conftest.py").write_text("EXPECTED = 'in a conftest'\n")
+    (tests / "helpers.py").write_text("ANSWER = 42\n")
+    (tests / "data.txt").write_text("data stays\n")
+    for n in ("one", "two"):
+        (tests / f"test_{n}.py").write_text("from hidden import helpers\n" + SPIED_TEST.format(n=n))
+    (tests / "__init__.py").write_text("")
+    plugins = root / "plugins"
+    plugins.mkdir()
+    module = "pb_audit_test0123"
+    (plugins / f"{module}.py").write_bytes(audit.plugin_source(str(tree)))
+    return tree, plugins, module
+
+
+@pytest.mark.parametrize("xdist", [False, True])
+def test_the_plugin_withholds_the_tests_from_the_program(tmp_path: Path, xdist: bool) -> None:
+    tree, plugins, module = _plugin_tree(tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(plugins)]),
+           "PYTEST_ADDOPTS": f"-p {module}", "PYTHONDONTWRITEBYTECODE": "1", "SEEN_DIR": str(tmp_path)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    args = [sys.executable, "-m", "pytest", "hidden", "-p", "no:cacheprovider", "-q",
+            *(["-n", "2"] if xdist else ["-p", "no:xdist"])]
+    done = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert len(seen) == 4
+    for spied in seen:
+        assert spied["current"] == audit_plugin.STAND_IN.format("call"), spied
+        assert spied["readable"] == [], spied  # no source (emptied), no bytecode, no conftest
+    assert (tree / "hidden" / "data.txt").read_text() == "data stays\n"
+    assert (tree / "hidden" / "conftest.py").read_text() == ""
+    assert not list(tree.rglob("__pycache__"))
+    reports = [p.read_text() for p in plugins.glob(f"{audit_plugin.REPORT_PREFIX}*")]
+    processes, withheld, problems = audit.plugin_reports("".join(reports))
+    assert processes == (2 if xdist else 1)
+    assert withheld >= 5
+    assert problems == []
+
+
+def test_plugin_reports_say_when_the_plugin_was_not_active() -> None:
+    assert audit.plugin_reports("") == (0, 0, [])
+    assert audit.plugin_reports("withheld=3 failed=0 every_phase=1 \n")[:2] == (1, 3)
+    _n, _w, problems = audit.plugin_reports("withheld=1 failed=1 every_phase=1 x: Permission denied\n")
+    assert problems
+    assert "Permission denied" in problems[0]
+    branch = audit.BranchAudit(reports=["withheld=3 failed=0 every_phase=1 \n", ""])
+    assert branch.plugin_problem() == "the plugin did not report from its test run (not loaded?)"
+    assert audit.BranchAudit(reports=["withheld=3 failed=0 every_phase=1 \n"]).plugin_problem() is None
+
+
+def test_the_item_backstop_holds_the_audit() -> None:
+    plain = evaluation_budget(compile_timeout=900, test_timeout=3600, branches=10, branch_workers=1,
+                              branch_retries=1)
+    audited = evaluation_budget(compile_timeout=900, test_timeout=3600, branches=10, branch_workers=1,
+                                branch_retries=1, audit=True)
+    # The audit's two runs of every branch, each attempt with every retry, at their own clocks.
+    assert audited - plain >= 2 * 10 * 2 * 3600
+    # The item's backstop holds it when the switch is on (the default), for each infrastructure attempt.
+    task = {t.instance_id: t for t in load_tasks_dir(Path(__file__).parent.parent / "testbed" / "tasks")}[RPN]
+    on = Settings(submissions="x")
+    off = Settings(submissions="x", audit_hidden_tests=False)
+    assert on.audit_hidden_tests
+    assert item_timeout(task, on) - item_timeout(task, off) >= (1 + on.infra_retries) * 2 * 3 * 2 * on.test_timeout
