@@ -91,6 +91,13 @@ def check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> No
     # Turns and tool calls, read from the responses as they streamed through the relay.
     assert tokens["turns"] == server.sent.requests, (tokens, server.log)
     assert tokens["errors"] == 0, (tokens, server.log)  # start-up probes answered, nothing refused
+    assert tokens["cleanroom_refused"] == 0, tokens  # the cleanroom relay lets every request of the CLI through
+    # No tool that reaches the web is offered to the model: codex's web search and opencode's webfetch are off, and
+    # claude-code's WebSearch and WebFetch (the latter fetches from the sandbox, the former is Anthropic's server tool).
+    offered = {str(tool.get("name") or (tool.get("function") or {}).get("name") or tool.get("type")).lower()
+               for body in server.bodies for tool in body.get("tools") or [] if isinstance(tool, dict)}
+    assert offered, server.bodies[:1]
+    assert not offered & {"websearch", "webfetch", "web_search", "web_fetch", "web_search_preview"}, sorted(offered)
     assert tokens["tool_calls"] == server.sent.tool_calls >= 2, (tokens, server.sent)
     assert tokens["model_latency_s"] > 0, tokens
     totals = summary["tokens"]  # the run's totals sum them

@@ -87,6 +87,7 @@ def test_a_run_packaged_and_verified_by_the_official_cli(pytester: pytest.Pytest
     assert harness["version"] == version("pytest-programbench")
     assert harness["programbench_version"] == version("programbench")
     assert harness["model_endpoint"] == llm.base_url
+    assert harness["model_server_tools"] == "refused"  # the cleanroom relay: provider-side tools were refused
     assert harness["trajectories"] == {iid: f"{iid}/agent.log" for iid in (CATLIKE, RPN)}
     assert "--pb-package" in harness["command"]
     assert "PB_SOME_TOKEN=..." in harness["command"]
