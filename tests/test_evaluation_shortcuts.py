@@ -1,28 +1,42 @@
-"""Issue 30 §5: the speed shortcuts give the official result. Each case is a submission whose login profile (written
-by its compile.sh into /etc/profile.d, so every later ``bash -lc`` step sources it) once made the batched steps
-(evaluation/step_batch.py) differ from one exec per step. Each is evaluated by ``programbench eval``'s own code
-(``eval_batch._evaluate_instance``), by ours with the batch and by ours without it
-(``PYTEST_PROGRAMBENCH_STEP_BATCH=0``): the same score, error code, per-test statuses, executable hash and, for every
-step, the same return code (and the same output for the steps the batch runs). The profile lies outside /workspace,
-so ours raises an integrity flag: the score is still the official one.
+"""Issue 30 §5: the speed shortcuts give the official result, or differ only as README's table says.
+
+The step batch: each case is a submission whose login profile (written by its compile.sh into /etc/profile.d, so
+every later ``bash -lc`` step sources it) once made the batched steps (evaluation/step_batch.py) differ from one
+exec per step. Each is evaluated by ``programbench eval``'s own code (``eval_batch._evaluate_instance``), by ours with
+the batch and by ours without it (``PYTEST_PROGRAMBENCH_STEP_BATCH=0``): the same score, error code, per-test
+statuses, executable hash and, for every step, the same return code (and the same output for the steps the batch
+runs). The profile lies outside /workspace, so ours raises an integrity flag: the score is still the official one.
+
+The made-ahead branch container: older when its tests start, a documented difference; the switch restores the
+official's. The wheel directory's clean-up: no login shell (the official runs none there).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from programbench import constants
 from programbench.eval.eval import EvaluationResult
 from programbench.utils import blob_store
+from programbench.utils.load_data import get_active_branches
 
-from pytest_programbench.evaluation.evaluation import EvaluationOutcome, _reruns_reason
-from pytest_programbench.evaluation.rerunfailures import RerunWheels
+from pytest_programbench.engine.docker_engine import Labels
+from pytest_programbench.engine.images import ensure_image
+from pytest_programbench.evaluation.container_layer import ENV_PREFETCH
+from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome, _reruns_reason, evaluate
+from pytest_programbench.evaluation.rerunfailures import CONTAINER_WHEEL_DIR, RerunWheels, ensure_wheels
 from pytest_programbench.evaluation.step_batch import ENV_STEP_BATCH
+from pytest_programbench.tasks.blobs import resolve_blobs
+from pytest_programbench.tasks.catalogue import Task
 from tests.conftest import Testbed
 from tests.outcome_support import item_message
+from tests.proxy_support import environment_engine
 from tests.test_evaluation_divergences import (
+    GOOD_COMPILE,
     custom_rpn,
     load,
     rpn_archive,
@@ -30,7 +44,7 @@ from tests.test_evaluation_divergences import (
     run_ours,
     with_profile_script,
 )
-from tests.test_evaluation_parity import statuses
+from tests.test_evaluation_parity import RUN_LABEL, statuses
 
 BRANCH = "4d3c2b1a0f9e"  # one active branch: the cases are about the steps around it, not about the tests
 # The steps the batch runs (container_layer.SdkEvaluator._batch_from): their outputs are compared too.
@@ -93,6 +107,136 @@ def official_blobs(monkeypatch: pytest.MonkeyPatch) -> Any:
         monkeypatch.setenv("PROGRAMBENCH_BLOB_DIR", str(blob_dir))
         monkeypatch.setattr(blob_store, "BLOB_LOCAL_DIR", str(blob_dir))
     return use
+
+
+# --------------------------------------------------------------------------------------------- the made-ahead container
+
+AGE_TEST = '''import os
+import time
+
+import pytest
+
+
+def parent_and_start(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[1]), int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def test_container_is_young():
+    """The container's age when the test run started: from pid 1's start to that of the exec running the tests
+    (the ancestor whose parent is outside the container), so pytest's own start-up on a loaded host does not count."""
+    pid = os.getpid()
+    while True:
+        parent, started = parent_and_start(pid)
+        if parent in (0, 1):
+            break
+        pid = parent
+    age = started - parent_and_start(1)[1]
+    print(f"container age {age:.1f} s")
+    assert age < 10
+
+
+@pytest.mark.timeout(60)
+def test_takes_a_while():
+    time.sleep(20)
+'''
+AGE_NAME = "tests.test_aaa_age.test_container_is_young"
+
+
+@pytest.mark.docker
+def test_the_made_ahead_container_is_older_as_documented(testbed: Testbed, official_blobs: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: the next branch's container, made ready while the branch before it runs, is older when its tests
+    start; a program reading its container's age scores differently, and PYTEST_PROGRAMBENCH_PREFETCH=0 restores the
+    official's. Two branches, each a test of the container's age when its tests started (under 10 s) and one taking
+    20 s."""
+    branches = ["0b5e55e01a2b", "4d3c2b1a0f9e"]
+    names = [AGE_NAME, "tests.test_aaa_age.test_takes_a_while"]
+    root = custom_rpn(testbed, tmp_path / "task", active=branches,
+                      extra_tests={b: ("test_aaa_age.py", AGE_TEST, names) for b in branches})
+    task, instance = load(root)
+    archive = rpn_archive(testbed, tmp_path / "s.tar.gz", GOOD_COMPILE)
+    official_blobs(root / "blobs")
+    summary, official = run_official_cli(instance, archive, tmp_path / "official")
+    assert official is not None, summary
+    assert summary.score == 1.0, statuses(official)
+    outcomes: dict[str, EvaluationOutcome] = {}
+    for prefetch in ("1", "0"):
+        monkeypatch.setenv(ENV_PREFETCH, prefetch)
+        (work := tmp_path / f"ours-{prefetch}").mkdir()
+        outcomes[prefetch] = run_ours(task, archive, root / "blobs", work)
+    made_ahead = get_active_branches(instance)[1]  # the first branch's container is made at its turn
+    ahead, at_its_turn = outcomes["1"].result, outcomes["0"].result
+    assert ahead is not None
+    assert at_its_turn is not None
+    assert statuses(at_its_turn) == statuses(official)
+    assert {t for t, status in statuses(ahead).items() if status != "passed"} == {f"{made_ahead}/{AGE_NAME}"}
+    seen = {"official": ages(official), "made at its turn": ages(at_its_turn), "made ahead": ages(ahead)}
+    assert len(seen["made ahead"]) == 2, seen
+    assert max(seen["official"] + seen["made at its turn"]) < 10 <= seen["made ahead"][1], seen
+
+
+def ages(result: EvaluationResult) -> list[float]:
+    """The container ages the age test printed (pytest -rA shows a passed test's output; a failed one's too)."""
+    return [float(line.split()[2]) for e in result.log if e["step"] == "run_tests"
+            for line in str(e["output"]).splitlines() if line.startswith("container age ")]
+
+
+# --------------------------------------------------------------------------------------------- the wheel directory
+
+LOGINS_TEST = '''from pathlib import Path
+
+
+def test_login_shells_so_far_are_even():
+    assert len(Path("/root/.pb-logins").read_text().splitlines()) % 2 == 0
+'''
+
+
+def run_ours_with_reruns(task: Task, archive: Path, blob_dir: Path, work: Path) -> EvaluationOutcome:
+    instance = task.load_instance()
+    blobs = resolve_blobs(task, get_active_branches(instance), blob_dir=blob_dir, cache_dir=work / "cache")
+    with environment_engine() as client:
+        image = ensure_image(task, pull="never", engine=client)
+        return evaluate(task, archive, blobs=blobs, image=image.id, labels=Labels(RUN_LABEL),
+                        settings=EvalSettings(cpus=2, reruns=True), workdir=work, engine=client)
+
+
+@pytest.fixture
+def official_wheels() -> Iterator[None]:
+    """The rerunfailures wheels for the official evaluator, as it would get them from PyPI with internet."""
+    wheels = ensure_wheels()
+    if not wheels.available:
+        pytest.fail(f"the rerunfailures wheels are needed for this test: {wheels.reason}", pytrace=False)
+    extra = ["-v", f"{wheels.directory}:{CONTAINER_WHEEL_DIR}:ro", "-e", "PIP_NO_INDEX=1",
+             "-e", f"PIP_FIND_LINKS={CONTAINER_WHEEL_DIR}"]
+    constants.DOCKER_RUN_ARGS.extend(extra)
+    try:
+        yield
+    finally:
+        del constants.DOCKER_RUN_ARGS[-len(extra):]
+
+
+@pytest.mark.docker
+def test_the_wheel_directory_leaves_without_a_login_shell(testbed: Testbed, official_blobs: Any,
+                                                          official_wheels: None, tmp_path: Path) -> None:
+    """The official runs no shell between install_rerunfailures and the commit; our clean-up of the wheel directory
+    ran one login shell more (``bash -lc rm -rf``), which a profile counting its logins and a hidden test reading
+    the count (its parity) tell apart."""
+    root = custom_rpn(testbed, tmp_path / "task", active=[BRANCH], extra_tests={
+        BRANCH: ("test_logins.py", LOGINS_TEST, ["tests.test_logins.test_login_shells_so_far_are_even"])})
+    task, instance = load(root)
+    archive = rpn_archive(testbed, tmp_path / "s.tar.gz", with_profile_script("echo login >> /root/.pb-logins"))
+    official_blobs(root / "blobs")
+    summary, official = run_official_cli(instance, archive, tmp_path / "official")
+    assert official is not None, summary
+    assert [e["returncode"] for e in official.log if e["step"] == "install_rerunfailures"] == [0]
+    (work := tmp_path / "ours").mkdir()
+    outcome = run_ours_with_reruns(task, archive, root / "blobs", work)
+    assert outcome.reruns, outcome.reruns_reason
+    assert outcome.result is not None
+    assert statuses(outcome.result) == statuses(official)
+    assert (outcome.score, outcome.error_code) == (summary.score, summary.error_code)
 
 
 def reruns_reason(returncode: int, output: str) -> str:

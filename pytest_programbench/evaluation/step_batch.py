@@ -61,12 +61,13 @@ LINGER = 2
 DRIVER = r"""
 nonce=$1 linger=$2; shift 2
 exec 5>&1 6>&2 1>/dev/null 2>/dev/null
+pipe() { local h; exec {h}<> <(:); exec {pr}</proc/self/fd/$h {pw}>/proc/self/fd/$h {h}>&-; }
 if ! { [ "${BASH_VERSINFO[0]:-0}" -gt 4 ] || { [ "${BASH_VERSINFO[0]}" = 4 ] && [ "${BASH_VERSINFO[1]}" -ge 4 ]; }; } \
-    || [ ! -x /usr/bin/setsid ] || [ ! -x /usr/bin/env ] || [ ! -x /bin/cat ] || [ ! -r /proc/$$/environ ]; then
+    || [ ! -x /usr/bin/setsid ] || [ ! -x /usr/bin/env ] || [ ! -x /bin/cat ] || [ ! -r /proc/$$/environ ] \
+    || ! ( pipe ); then
     printf '\n%s 0 0 skip\n' "$nonce" >&5; printf '\n%s 0\n' "$nonce" >&6; exit 0
 fi
 mapfile -t -d '' env0 </proc/$$/environ
-pipe() { local h; exec {h}<> <(:); exec {pr}</proc/self/fd/$h {pw}>/proc/self/fd/$h {h}>&-; }
 i=0
 for arg in "$@"; do
     pipe; done_r=$pr done_w=$pw
