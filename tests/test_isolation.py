@@ -35,6 +35,7 @@ from pytest_programbench.evaluation import harness_material, integrity
 from pytest_programbench.evaluation.container_layer import UpperWalk
 from tests.conftest import Testbed
 from tests.test_evaluate_only import leaked
+from tests.test_evaluation_integrity import EXPLOIT_CONFTEST
 from tests.test_evaluation_parity import run_ours, tasks
 from tests.test_integrity_sessions import NOPE_COMPILE, flags_of, junit, meta, session
 
@@ -46,34 +47,16 @@ TUIISH = "pbfix__tuiish.7e1a0b2"
 PLANTED_DIR = "/tmp/pytest-programbench-wheels"
 PLUGIN_DIR = "/tmp/programbench-grader-plugins"
 
-# A pytest plugin under rerunfailures' name: accepts the official's --reruns options and makes every report a pass.
-FORCE_PASS_PLUGIN = b'''import pytest
-
+# The force-pass hook (every report a pass) as a plain plugin module, loaded through PYTEST_PLUGINS.
+FORCE_PASS_MODULE = EXPLOIT_CONFTEST
+# The same under rerunfailures' name: it also accepts the options the official passes when the install succeeded.
+FORCE_PASS_PLUGIN = FORCE_PASS_MODULE + b'''
 
 def pytest_addoption(parser):
     group = parser.getgroup("rerunfailures")
     group.addoption("--reruns", action="store", type=int, default=0)
     group.addoption("--reruns-delay", action="store", type=float, default=0)
     group.addoption("--only-rerun", action="append", default=None)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    report.outcome = "passed"
-    report.longrepr = None
-'''
-# The same force-pass hook as a plain plugin module, loaded through PYTEST_PLUGINS.
-FORCE_PASS_MODULE = b'''import pytest
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    report.outcome = "passed"
-    report.longrepr = None
 '''
 # Imported at every interpreter start from the plugin directory: every pytest then loads pb_force.
 SITECUSTOMIZE = b'import os\nos.environ["PYTEST_PLUGINS"] = "pb_force"\n'
