@@ -30,7 +30,8 @@ one after the other, and stops after the first failure the official would stop o
 What the driver needs beyond bash builtins (bash 4.4 or later, ``/usr/bin/setsid``, ``/usr/bin/env``, ``/bin/cat``,
 ``/proc``) is checked first; without it the driver runs nothing and every step runs by itself. The step's parent is
 the driver, not a process outside the container (``$PPID`` is 0 for an exec's process): a difference only a login
-profile can see.
+profile can see. Not detected either: a ``compile.sh`` that replaces the driver's own tools (``setsid``, ``env``,
+``cat``) changes the batched steps and not the official's (a change outside /workspace: an integrity flag).
 
 The nonce is only readable by code running in the container, and code that runs there during these steps (a login
 profile or a binary ``compile.sh`` replaced) already decides every step's output and status in the official
@@ -52,11 +53,12 @@ from pytest_programbench.engine.container import ExecReader, OutputCap
 # (daemon/monitor.go, the exec's exit event) before it closes them.
 LINGER = 2
 # The driver: $1 the nonce, $2 LINGER, then one argument per step, "s<command>" (stop when it fails) or "a<command>"
-# (accept). The exec's stdout and stderr are kept as fds 5 and 6; the driver's own messages go nowhere. Per step:
-# three pipes (made by reopening a fresh pipe through /proc, builtins only): the step's stdout and stderr, each
-# read by a cat writing to 5 or 6, and "done", whose write end only the two cats hold (EOF: both ended). The step
-# runs in the foreground (a background job would have SIGINT and SIGQUIT ignored) with only fds 0-2. After it
-# exits, the cats get LINGER seconds; still running, they are killed and the batch ends after this step ("last").
+# (accept). The exec's stdout and stderr are kept as fds 5 and 6; the driver's own messages go nowhere. Per step: a
+# "done" pipe (a fresh pipe reopened through /proc: builtins only) whose write end only two cats hold, so its EOF
+# says both ended; the step's stdout and stderr, each a process substitution running one of those cats, writing to
+# 5 or 6. The step runs in the foreground (a background job would have SIGINT and SIGQUIT ignored) with only fds
+# 0-2. After it exits, the cats get LINGER seconds; still running, they are killed and the batch ends after this
+# step ("last").
 # The stdout marker: index, status, and "next", "last" or "skip" (nothing run: the driver cannot run here).
 DRIVER = r"""
 nonce=$1 linger=$2; shift 2
