@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.pytest_layer.invocation import ATTEMPT, GOLD, TaskKey
-from pytest_programbench.results import task_meta
+from pytest_programbench.results import coverage, task_meta
 from pytest_programbench.results.artifacts import TaskArtifacts
 from pytest_programbench.results.atomic import atomic_copy
 from pytest_programbench.results.gold import GoldError, reference_bytes, require_reference_built, write_submission
@@ -69,6 +69,7 @@ class TaskRun:
         self.labels = Labels(session.identity.run_id, session.worker_id, self.key.name)
         self.log = TaskLog(log, {"task": self.key.name})
         self.timings: dict[str, float] = {}
+        self.phases: list[dict[str, Any]] = []  # when each phase started and how long it took (report.html's timeline)
         # Kept across infrastructure retries: the agent runs once.
         self.agent_result: AgentResult | None = None
         self.submission: Path | None = None
@@ -102,11 +103,12 @@ class TaskRun:
         self.log.info("%s ...", name)
         if self.session.progress is not None and self.record:  # the live view (--pb-progress)
             self.session.progress.phase(self.key.name, name)
-        started = time.monotonic()
+        started, at = time.monotonic(), time.time()
         try:
             yield
         finally:
             self.timings[name] = round(time.monotonic() - started, 3)
+            self.phases.append({"phase": name, "at": round(at, 3), "seconds": self.timings[name]})
             self.log.info("%s done in %.1f s", name, self.timings[name])
 
     # -- one attempt ------------------------------------------------------------------------------------------
@@ -137,6 +139,7 @@ class TaskRun:
 
     def write_meta(self) -> None:
         self.meta["timings"] = self.timings
+        self.meta["phases"] = self.phases
         if self.record and self.artifacts.dir.exists() and not self.reused:
             self.artifacts.write_meta(self.meta)
 
@@ -583,6 +586,10 @@ class TaskRun:
                 engine=self.engine_client(),
             )
         self.meta["evaluation"] = result.meta()
+        if result.infra_error is None and self.key.kind != GOLD:
+            # After the evaluation, on the host: the hidden tests' options against the agent's calls (coverage.py).
+            self.meta["coverage"] = coverage.measure_task([blobs.archive(b) for b in blobs.branches],
+                                                          self.artifacts.binary_calls)
         if self.settings.prune_images and image.source in ("built", "pulled"):
             engine = self.engine_client()
             self.meta["pruned"] = dataclasses.asdict(disk.prune_images([image.id], engine=engine))

@@ -1192,6 +1192,8 @@ class SdkEvaluator(Evaluator):
         # Per branch attempt: (branch, the JUnit text read, its run_tests log entry), for the cross-check.
         self.attempts: list[tuple[str, str, dict[str, Any] | None]] = []
         self.results_notes: list[str] = []  # why a results file scored what it did (a device, a FIFO)
+        # When compile.sh, each branch's tests and the audit started and how long they took (report.html's timeline).
+        self.clock: list[dict[str, Any]] = []
         self.reaper = Reaper()
         self._envs_lock = threading.Lock()
         self._current = threading.local()
@@ -1321,7 +1323,18 @@ class SdkEvaluator(Evaluator):
         self._retire()
         hook = self.layer.hooks.after_branches
         if hook is not None and compile_env.committed and self.branches_done == len(self.tests_branches):
-            hook(compile_env.committed)
+            with self._clocked({"phase": "audit"}):
+                hook(compile_env.committed)
+
+    @contextlib.contextmanager
+    def _clocked(self, entry: dict[str, Any]) -> Iterator[None]:
+        """``entry`` joins the clock with its start (epoch seconds) and its seconds, however the block ends."""
+        at, started = time.time(), time.monotonic()
+        try:
+            yield
+        finally:
+            with self._envs_lock:
+                self.clock.append({**entry, "at": round(at, 3), "seconds": round(time.monotonic() - started, 3)})
 
     def _evaluate_branch(self, branch: str, image: str) -> None:
         super()._evaluate_branch(branch, image)
@@ -1354,7 +1367,7 @@ class SdkEvaluator(Evaluator):
         if hooks.step_env is not None:
             env.exec_env = hooks.step_env(step_name, env)
         n_before = len(log_buf)
-        t0 = time.monotonic()
+        t0, at = time.monotonic(), time.time()
         try:
             result: dict[str, Any] = super()._run_step(
                 command, env=cast(Any, env), log_buf=log_buf, step_name=step_name, accept_failure=accept_failure,
@@ -1370,6 +1383,10 @@ class SdkEvaluator(Evaluator):
             raise
         finally:
             env.exec_env = None
+            if step_name == COMPILE_STEP:
+                with self._envs_lock:
+                    self.clock.append({"phase": "compile", "at": round(at, 3),
+                                       "seconds": round(time.monotonic() - t0, 3)})
             if len(log_buf) > n_before:
                 entry = log_buf[-1]
                 if str(entry.get("exception_info", "")).startswith("Command timed out"):
@@ -1418,7 +1435,8 @@ class SdkEvaluator(Evaluator):
                       " (serial retry)" if serial_pytest else "")
         n_before = len(log_buf)
         try:
-            xml = str(super()._run_test_branch(branch, image, log_buf, serial_pytest=serial_pytest))
+            with self._clocked({"phase": "branch", "branch": branch, "serial": serial_pytest}):
+                xml = str(super()._run_test_branch(branch, image, log_buf, serial_pytest=serial_pytest))
         finally:
             self._current.branch = None
         runs = [e for e in log_buf[n_before:] if e.get("step") == RUN_TESTS_STEP]

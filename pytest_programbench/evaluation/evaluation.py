@@ -180,6 +180,7 @@ class EvaluationOutcome:
     notes: list[str] = field(default_factory=list)
     corrected: CorrectedScore | None = None  # the official scoring with canonical names (corrected.py)
     audit: AuditReport | None = None  # the audit of the hidden tests (audit.py)
+    phases: list[dict[str, Any]] = field(default_factory=list)  # compile, each branch, the audit: start and seconds
 
     @property
     def clock_fired(self) -> str | None:
@@ -221,6 +222,7 @@ class EvaluationOutcome:
             "notes": list(self.notes),
             "corrected": self.corrected.as_dict() if self.corrected is not None else None,
             "audit": self.audit.as_dict() if self.audit is not None else None,
+            "phases": list(self.phases),
         }
 
 
@@ -827,6 +829,7 @@ def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, label
                              f"inside the submission's evaluation, before the evaluation's own clocks ended it")
     finally:
         evaluator.cleanup_all()
+        outcome.phases = sorted(evaluator.clock, key=lambda entry: entry["at"])
 
     short = _disk_still_short(result, outcome.notes, workdir, engine, branches=len(active))
     if short is not None:

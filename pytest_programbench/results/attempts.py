@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_programbench.results.coverage import mean_coverage
 from pytest_programbench.results.statistics import CONFIDENCE, RESAMPLES, SEED, Interval, pass_at_k
 
 RESOLVED, NEAR_RESOLVED = 1.0, 0.95  # programbench.submission's thresholds
@@ -143,4 +144,46 @@ def headline(per_task: Mapping[str, Sequence[Attempt]], *, attempts: int, seed: 
         "pass_at_k": mean_at_k("pass_at_k"),
         "resolved_at_k": mean_at_k("resolved_at_k"),
         "near_resolved_at_k": mean_at_k("near_resolved_at_k"),
+    }
+
+
+def mean_numbers(values: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Each numeric key's mean over the mappings that have it as a number (bools and other values left out)."""
+    sums: dict[str, list[float]] = {}
+    for mapping in values:
+        for key, value in mapping.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                sums.setdefault(key, []).append(float(value))
+    return {key: round(sum(v) / len(v), 3) for key, v in sums.items()}
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def mean_meta(metas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A task's pb-meta.json numbers as their means over its attempts (each over the attempts that have it), in the
+    same shape, so that a task's row reads as one attempt's does: phase timings, the evaluation's timings, the
+    relay's tokens and waits, the agent's clock. What is not a number (the image, the blobs, the engine) is the last
+    attempt's; integrity flags are every attempt's, once each."""
+    metas = [m for m in metas if m]
+    if not metas:
+        return {}
+    evaluations = [_mapping(m.get("evaluation")) for m in metas]
+    flags: dict[str, Any] = {}
+    for evaluation in evaluations:
+        for flag in evaluation.get("integrity_flags") or []:
+            flags.setdefault(repr(flag), flag)
+    relays = [_mapping(m.get("relay")) for m in metas if isinstance(m.get("relay"), Mapping)]
+    last = metas[-1]
+    return {
+        **{key: last[key] for key in ("image", "blobs", "engine", "engines_tried") if key in last},
+        "timings": mean_numbers([_mapping(m.get("timings")) for m in metas]),
+        "evaluation": {"timings": mean_numbers([_mapping(e.get("timings")) for e in evaluations]),
+                       "integrity_flags": list(flags.values())},
+        "relay": mean_numbers(relays) if relays else None,
+        "agent": {key: value for key, value in mean_numbers([_mapping(m.get("agent")) for m in metas]).items()
+                  if key in ("seconds", "clock_extended_s")},
+        "coverage": mean_coverage([_mapping(m.get("coverage")) or None for m in metas]),
+        "attempts_averaged": len(metas),
     }

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_programbench.pytest_layer.invocation import TaskKey
 from pytest_programbench.pytest_layer.run_record import RUN_MARKER
+from pytest_programbench.results import coverage
 from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.report import TaskScope
 from pytest_programbench.results.statistics import (
@@ -133,6 +134,18 @@ class FinishedRun:
             out[full] = str(test.get("status", ""))
         return out
 
+    def per_attempt_tokens(self) -> dict[str, Any]:
+        """Under --pb-attempts the run's tokens and cost per attempt: the sum over tasks of each task's mean over its
+        attempts (summary.json's rows), as its times are, so a K-attempt run compares with a one-attempt run."""
+        out: dict[str, Any] = {}
+        for key in ("input_tokens", "output_tokens", "total_tokens"):
+            values = [v for row in self.tasks.values() if isinstance(v := (row.get("tokens") or {}).get(key),
+                                                                         int | float)]
+            out[key] = round(sum(values), 1) if values else None
+        costs = [c for row in self.tasks.values() if isinstance(c := row.get("cost_usd"), int | float)]
+        out["cost_usd"] = round(sum(costs), 6) if costs else None
+        return out
+
     def describe(self) -> dict[str, Any]:
         settings = self.record.get("settings") or {}
         return {
@@ -142,7 +155,7 @@ class FinishedRun:
             "plugin_version": self.record.get("plugin_version"),
             "programbench_version": self.record.get("programbench_version"),
             "headline": {k: v for k, v in (self.summary.get("headline") or {}).items() if not k.endswith("_ci")},
-            "tokens": self.summary.get("tokens") or {},
+            "tokens": self.summary.get("tokens") or {} if self.attempts == 1 else self.per_attempt_tokens(),
             **{f"{phase}_seconds": round(sum(_seconds(r, phase) or 0.0 for r in self.tasks.values()), 3)
                for phase in PHASES},
         }
@@ -184,15 +197,15 @@ def _seconds(row: Mapping[str, Any], phase: str) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def _tokens(row: Mapping[str, Any]) -> int | None:
+def _tokens(row: Mapping[str, Any]) -> float | None:
     tokens = row.get("tokens") or {}
     if not isinstance(tokens, dict):
         return None
     total = tokens.get("total_tokens")
-    if isinstance(total, int):
+    if isinstance(total, int | float):  # a float: the mean over a task's attempts
         return total
-    parts = [tokens.get(k) for k in ("input_tokens", "output_tokens")]
-    return sum(p for p in parts if isinstance(p, int)) if any(isinstance(p, int) for p in parts) else None
+    parts = [p for k in ("input_tokens", "output_tokens") if isinstance(p := tokens.get(k), int | float)]
+    return sum(parts) if parts else None
 
 
 def _delta(base: Any, new: Any, digits: int = 6) -> float | None:
@@ -245,7 +258,8 @@ ONE_ATTEMPT = ("each task's score; a flip: a hidden test's pass/fail changed bet
 OVER_ATTEMPTS = ("per task the mean of its scored attempts' scores, the delta the difference of those means; per "
                  "hidden test its pass rate over the attempts with a result in each run, a flip a change of its "
                  "majority outcome (passed in more than half); the paired bootstrap resamples tasks (attempts not "
-                 "resampled)")
+                 "resampled); tokens, cost and times per task are its means over its attempts, their totals the sums "
+                 "of those means (per attempt)")
 
 
 def method(base: FinishedRun, new: FinishedRun) -> dict[str, Any]:
@@ -327,6 +341,7 @@ def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = 
             "tokens_delta": _delta(_tokens(b), _tokens(n), 0),
             "cost_delta": _delta(b.get("cost_usd"), n.get("cost_usd")),
             **{f"{phase}_seconds_delta": _delta(_seconds(b, phase), _seconds(n, phase), 3) for phase in PHASES},
+            "coverage": coverage.compare_task(b.get("coverage"), n.get("coverage")),  # did it explore more?
         }
     base_info, new_info = base.describe(), new.describe()
     totals = {
@@ -356,6 +371,9 @@ def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = 
         },
         "totals": totals,
         "scores": by_basis(base, new),
+        "coverage": coverage.compare_runs({iid: row["coverage"] for iid, row in tasks.items()},
+                                          (row.get("coverage") for row in base.tasks.values()),
+                                          (row.get("coverage") for row in new.tasks.values())),
         "gold_ledger": None if ledger is None else str(getattr(ledger, "path", "given")),
         "gate": None,
     }
@@ -400,6 +418,9 @@ def terminal_lines(result: Mapping[str, Any]) -> list[str]:
     times = "; ".join(f"{phase} {totals[phase + '_seconds']['base']:.1f} s -> {totals[phase + '_seconds']['new']:.1f} s"
                       for phase in PHASES)
     lines.append(f"tokens {tokens['base']} -> {tokens['new']}; cost {cost['base']} -> {cost['new']}; {times}")
+    explored = coverage.compare_line(result["coverage"]) if result.get("coverage") else None
+    if explored is not None:
+        lines.append(explored)
     return lines
 
 
@@ -429,7 +450,24 @@ def render_html(result: Mapping[str, Any]) -> str:
     # finalize: every printed value made printable (control bytes escaped) before autoescape (markup escaped)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              finalize=html_text)
+    env.filters["score"] = score_text
+    env.filters["num"] = number_text
     return env.from_string(template).render(result=result, interval_text=interval_text)
+
+
+def score_text(value: Any) -> str:
+    """A score as the report prints it: four decimals ("-" for none)."""
+    return f"{value:.4f}" if isinstance(value, int | float) else "-"
+
+
+def number_text(value: Any, *, signed: bool = False) -> str:
+    """A total or a delta: a whole number with thousands separators, else at most four decimals ("-" for none)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "-"
+    sign = "+" if signed else ""
+    if float(value).is_integer():
+        return f"{value:{sign},.0f}"
+    return f"{value:{sign},.4f}".rstrip("0").rstrip(".")
 
 
 @dataclass(frozen=True)

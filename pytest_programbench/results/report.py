@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_programbench.results import task_meta
+from pytest_programbench.pytest_layer.invocation import TaskKey
+from pytest_programbench.results import coverage, task_meta, timeline
 from pytest_programbench.results.atomic import atomic_write_text
-from pytest_programbench.results.verdict import FailingTest, read_failing
+from pytest_programbench.results.verdict import PANEL_POINTER, FailingTest, read_failing
 from pytest_programbench.text.printable import html_text
 
 REPORT_NAME = "report.html"
@@ -69,34 +70,93 @@ def distribution(tasks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             for label, c in zip(labels, counts, strict=True)]
 
 
-def task_rows(run_dir: Path, data: dict[str, Any],
-              scope: Callable[[str], TaskScope | None]) -> list[dict[str, Any]]:
+def _count(value: Any) -> str:
+    """A count, or a mean of counts over attempts (one decimal when it is not whole)."""
+    if not isinstance(value, int | float):
+        return "-"
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
+
+
+def numbers(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The columns a task's row and each of its attempts show: tests, times, tokens, cost, retries, coverage."""
+    tokens = row.get("tokens") or {}
+    total = tokens.get("total_tokens")
+    if not isinstance(total, int | float):
+        parts = [v for k in ("input_tokens", "output_tokens") if isinstance(v := tokens.get(k), int | float)]
+        total = sum(parts) if parts else None
+    timings = row.get("timings") or {}
+    evaluation = timings.get("evaluation")
+    return {
+        "total_tokens": total, "tokens_text": _count(total),
+        "agent_seconds": timings.get("agent"), "agent_time": _seconds(timings.get("agent")),
+        "eval_seconds": evaluation, "eval_time": _seconds(evaluation),
+        "score_text": _fmt(row.get("score")),
+        "tests_text": (f"{_count(row.get('n_passed'))}/{_count(row['n_tests'])}"
+                       if row.get("n_tests") is not None else "-"),
+        "cost_text": "-" if row.get("cost_usd") is None else f"${row['cost_usd']:.4f}",
+        **model_meter(tokens), **coverage_columns(row.get("coverage")),
+    }
+
+
+def coverage_columns(row: Any) -> dict[str, Any]:
+    """A task's exploration coverage (results/coverage.py): "1/2" and its fraction, the options never tried."""
+    if not isinstance(row, Mapping) or not isinstance(row.get("total"), int):
+        return {"coverage": None, "coverage_text": "-", "coverage_sort": -1}
+    value = coverage.fraction(row)
+    covered = row.get("covered")
+    text = (f"{_count(covered)}/{row['total']}" if isinstance(covered, int | float)
+            else f"-/{row['total']} (no calls recorded)")
+    return {"coverage": row, "coverage_text": text, "coverage_sort": -1 if value is None else round(value, 6)}
+
+
+def task_rows(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope | None], *,
+              events_max: int = 0, progress: Mapping[str, list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
     rows = []
+    progress = progress or {}
     for iid, row in data.get("tasks", {}).items():
         task_dir = run_dir / iid
         links = {label: f"{iid}/{name}" for label, name in (
             ("agent.log", "agent.log"), ("trajectory", f"{iid}.traj.json"), ("eval.json", f"{iid}.eval.json"),
             ("pb-meta.json", "pb-meta.json")) if (task_dir / name).is_file()}
-        tokens = row.get("tokens") or {}
-        total = tokens.get("total_tokens")
-        if not isinstance(total, int) and any(isinstance(tokens.get(k), int)
-                                               for k in ("input_tokens", "output_tokens")):
-            total = (tokens.get("input_tokens") or 0) + (tokens.get("output_tokens") or 0)
-        timings = row.get("timings") or {}
-        evaluation = timings.get("evaluation")
         flags = list(row.get("integrity_flags") or [])
+        attempts = attempt_rows(run_dir, iid, row, scope(iid), events_max=events_max, progress=progress)
         rows.append({
-            **row, "id": iid, "links": links, "total_tokens": total, "flags": flags,
-            "agent_seconds": timings.get("agent"), "agent_time": _seconds(timings.get("agent")),
-            "eval_seconds": evaluation, "eval_time": _seconds(evaluation),
-            "score_text": _fmt(row.get("score")),
-            "tests_text": (f"{row['n_passed']}/{row['n_tests']}" if row.get("n_tests") is not None else "-"),
-            "cost_text": "-" if row.get("cost_usd") is None else f"${row['cost_usd']:.4f}",
-            **model_meter(tokens),
-            "failing": _bounded(failing_by_branch(task_dir / f"{iid}.eval.json", scope(iid))),
+            **row, "id": iid, "links": links, "flags": flags, **numbers(row),
+            # under --pb-attempts each attempt lists its own
+            "failing": {} if attempts else _bounded(failing_by_branch(task_dir / f"{iid}.eval.json", scope(iid))),
             "spread": attempt_spread(row), **gold_columns(row), **score_columns(row, task_dir),
+            "reason": _reason(row), "attempt_rows": attempts,
+            "timeline": None if attempts else timeline.build(task_dir, events_max=events_max,
+                                                             progress=progress.get(iid, ())),
         })
     return rows
+
+
+def attempt_rows(run_dir: Path, iid: str, row: Mapping[str, Any], scope: TaskScope | None, *, events_max: int,
+                 progress: Mapping[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """--pb-attempts: each attempt's own numbers, failing tests and timeline, for the task's panel (empty with one
+    attempt); the panel's budget for failing tests' messages is shared by the attempts."""
+    listed = row.get("attempts")
+    if not isinstance(listed, Mapping):
+        return []
+    out = []
+    for number, attempt in sorted(listed.items(), key=lambda kv: int(kv[0])):
+        key = TaskKey(iid, n=int(number), single=False)
+        task_dir = key.task_dir(run_dir)
+        failing = failing_by_branch(task_dir / f"{iid}.eval.json", scope)
+        out.append({**attempt, "n": int(number), **numbers(attempt),
+                    "dir": str(task_dir.relative_to(run_dir)),
+                    "failing": _bounded(failing, PANEL_DETAIL_MAX // len(listed)),
+                    "timeline": timeline.build(task_dir, events_max=events_max, progress=progress.get(key.name, ()))})
+    return out
+
+
+def _reason(row: Mapping[str, Any]) -> str:
+    """The item's last failure text as the panel shows it: without the line pointing at this very panel."""
+    reasons = row.get("reasons") or []
+    if not reasons:
+        return ""
+    return "\n".join(line for line in str(reasons[-1]).splitlines() if line.strip() != PANEL_POINTER)
 
 
 # The error bars' scale: a score of 0..1 across WIDTH pixels of inline SVG, PAD pixels of margin either side.
@@ -154,20 +214,19 @@ def model_meter(relay: dict[str, Any]) -> dict[str, Any]:
     """A task's model API retries and seconds waited (its relay's meter in summary.json), for its row: "3 (12 s
     waited)", "-" without a relay; the waits for the run's limits (--pb-model-concurrency, -rpm, -tpm) beside."""
     retries = relay.get("retries")
-    if not isinstance(retries, int):
+    if not isinstance(retries, int | float):  # a float: the mean over a task's attempts
         return {"retries": None, "retries_text": "-", "limits_text": ""}
     waited = relay.get("retry_wait_s") or 0
     limits = (relay.get("slot_wait_s") or 0) + (relay.get("rate_wait_s") or 0)
-    return {"retries": retries, "retries_text": f"{retries} ({waited:.0f} s waited)" if retries else "0",
+    return {"retries": retries, "retries_text": f"{_count(retries)} ({waited:.0f} s waited)" if retries else "0",
             "limits_text": f"{limits:.0f} s for the run's limits" if limits else ""}
 
 
 PANEL_DETAIL_MAX = 256 << 10  # characters of failing tests' messages per task panel; the rest are in eval.json
 
 
-def _bounded(failing: dict[str, list[FailingTest]]) -> dict[str, list[dict[str, str]]]:
+def _bounded(failing: dict[str, list[FailingTest]], budget: int = PANEL_DETAIL_MAX) -> dict[str, list[dict[str, str]]]:
     """Every failing test, each with its message while the panel's budget lasts (a task can fail thousands)."""
-    budget = PANEL_DETAIL_MAX
     out: dict[str, list[dict[str, str]]] = {}
     for branch, tests in failing.items():
         rows = out.setdefault(branch, [])
@@ -188,6 +247,17 @@ def _when(started: Any, updated: Any) -> dict[str, str]:
     return {"started": stamp, "duration": _seconds(max(0.0, ended - started))}
 
 
+# The timelines' part of the page: at most PAGE_EVENTS rows in all, shared by every attempt's timeline, each between
+# ATTEMPT_EVENTS_MIN and ATTEMPT_EVENTS_MAX (bench/bench_report.py measures the page this gives).
+PAGE_EVENTS, ATTEMPT_EVENTS_MIN, ATTEMPT_EVENTS_MAX = 12_000, 40, 1_500
+
+
+def events_budget(tasks: Mapping[str, Any]) -> int:
+    """Rows one attempt's timeline may embed: the page's budget over every attempt of every task."""
+    timelines = sum(len(row.get("attempts") or {}) or 1 for row in tasks.values() if isinstance(row, Mapping))
+    return max(ATTEMPT_EVENTS_MIN, min(ATTEMPT_EVENTS_MAX, PAGE_EVENTS // max(1, timelines)))
+
+
 def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope | None]) -> str:
     from importlib.resources import files
 
@@ -198,9 +268,12 @@ def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              finalize=html_text)
     env.filters["fmt"] = _fmt
+    env.filters["num"] = _count
     head = data["headline"]
+    rows = task_rows(run_dir, data, scope, events_max=events_budget(data.get("tasks", {})),
+                     progress=timeline.progress_lines(run_dir))
     return env.from_string(template).render(
-        data=data, head=head, rows=task_rows(run_dir, data, scope), bins=distribution(data.get("tasks", {})),
+        data=data, head=head, rows=rows, bins=distribution(data.get("tasks", {})),
         groups=[("language", data.get("by_language", {})), ("difficulty", data.get("by_difficulty", {}))],
         tokens=data.get("tokens") or {}, settings=data.get("settings") or {},
         when=_when(data.get("started"), data.get("updated")),

@@ -22,6 +22,8 @@ from _pytest._code.code import TerminalRepr
 from _pytest._io import TerminalWriter
 
 from pytest_programbench.results.atomic import atomic_write_text
+from pytest_programbench.results.attempts import mean_meta, mean_numbers
+from pytest_programbench.results.coverage import run_figure
 from pytest_programbench.results.pacing import Pacer
 from pytest_programbench.results.tally import Tally
 from pytest_programbench.text.printable import sanitise
@@ -98,6 +100,7 @@ class TaskRecord:
             "blob_sha256": (meta.get("blobs") or {}).get("sha256"),
             "tokens": meta.get("relay"), "cost_usd": self.cost_usd, "duration": round(self.duration, 3),
             "engine": meta.get("engine"), "engines_tried": meta.get("engines_tried"),
+            "coverage": meta.get("coverage"),  # the hidden tests' options the agent tried (results/coverage.py)
             **{name: self.properties[name] for name in ("gold_ceiling", "score_ignoring_gold_flaky")
                if name in self.properties},  # --pb-gold-ledger, --pb-ignore-flaky
         }
@@ -277,7 +280,9 @@ class RunSummary:
 
     def task_rows(self) -> list[TaskRecord]:
         """One row per task: the record itself with one attempt; with several, their mean over the scored ones
-        (outcome: passed when every scored attempt passed, error when none scored but one errored)."""
+        (outcome: passed when every scored attempt passed, error when none scored but one errored). Every other
+        number of the row (tests passed, phase times, tokens, cost, duration) is its mean over the attempts that
+        have it, so a row reads as one attempt's does (results/attempts.py ``mean_meta``)."""
         if self.attempts == 1:
             return list(self.records.values())
         rows = []
@@ -289,11 +294,17 @@ class RunSummary:
             else:
                 outcome = ERROR if any(r.outcome == ERROR for r in recs) else ""
             costs = [r.cost_usd for r in recs if r.cost_usd is not None]
+            ended = [r for r in recs if r.outcome]
+            tests = mean_numbers([{k: r.properties[k] for k in ("n_passed", "n_tests") if k in r.properties}
+                                  for r in scored])
             rows.append(TaskRecord(
                 iid, first.language, first.difficulty, first.overridden, outcome,
                 sum(r.score or 0.0 for r in scored) / len(scored) if scored else None,
-                {**gold_properties(recs), **basis_properties(scored)}, reasons=[x for r in recs for x in r.reasons],
-                duration=sum(r.duration for r in recs), cost_usd=sum(costs) if costs else None))
+                {**gold_properties(recs), **basis_properties(scored), **tests},
+                reasons=[x for r in recs for x in r.reasons],
+                duration=sum(r.duration for r in ended) / len(ended) if ended else 0.0,
+                meta=mean_meta([r.meta for r in ended]),
+                cost_usd=round(sum(costs) / len(costs), 6) if costs else None))
         return rows
 
     def attempt_results(self) -> dict[str, list[Any]]:
@@ -391,6 +402,7 @@ class RunSummary:
             "by_difficulty": self.breakdown("difficulty"),
             "by_engine": self.by_engine(),
             "tokens": token_totals(self.records.values()),
+            "coverage": run_figure(row.meta.get("coverage") for row in self.task_rows()),
             "budget": None if (budget := self.budget_state()) is None else budget.as_dict(),
             "in_flight": dict(sorted(self.in_flight.items())),
             "tasks": self.tasks_dict(),

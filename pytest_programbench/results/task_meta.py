@@ -39,6 +39,8 @@ class TaskMeta(TypedDict, total=False):
     # The TaskOutcome (``TaskOutcome.as_dict``) once finished; a bare error code when there was no submission.
     outcome: dict[str, Any] | str
     timings: dict[str, float]
+    phases: list[dict[str, Any]]  # each phase's start (epoch seconds), name and seconds, in the order they ended
+    coverage: dict[str, Any]  # results/coverage.py: the hidden tests' options against the agent's
     engine: str  # --pb-docker-host: the engine of the last infrastructure retry
     engines_tried: list[str]
     blobs: BlobsMeta

@@ -197,6 +197,10 @@ def read_failing(eval_json: Path, counted: Callable[[str, str], bool]) -> dict[s
     return dict(sorted(out.items()))
 
 
+# Where the rest is, said after the first few failing tests (report.html leaves it out of its own panel).
+PANEL_POINTER = "every failing test with its message: report.html's task panel, and eval.json"
+
+
 def _failing_lines(outcome: TaskOutcome, eval_json: Path | None) -> list[str]:
     """Per branch: how many of its scored tests failed, the first few with their one-line message, "+N more"."""
     by_branch: dict[str, list[str]] = {}
@@ -229,7 +233,7 @@ def _failing_lines(outcome: TaskOutcome, eval_json: Path | None) -> list[str]:
         lines.append(f"+{len(rest)} more branches failing: "
                      + ", ".join(f"{b} ({len(by_branch[b])})" for b in rest))
     if lines:
-        lines.append("every failing test with its message: report.html's task panel, and eval.json")
+        lines.append(PANEL_POINTER)
     return lines
 
 

@@ -862,8 +862,10 @@ def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log
     started = time.time()
     clock = time.monotonic()
     # The id joins a call's "started" and "ended" lines (worker pid + a clock: unique in the container).
+    # "at": the start to the millisecond, so a call and a model request in the same second keep their order
     record: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-                              "call": f"{os.getpid()}.{time.monotonic_ns()}", "phase": "ended"}
+                              "at": round(started, 3), "call": f"{os.getpid()}.{time.monotonic_ns()}",
+                              "phase": "ended"}
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     peer_pid, peer_uid, _peer_gid = struct.unpack("3i", creds)
     record.update(pid=peer_pid, uid=peer_uid)
