@@ -498,7 +498,7 @@ class RunSummary:
 
 def basis_properties(scored: list[TaskRecord]) -> dict[str, Any]:
     """A task's official and corrected scores over its scored attempts: each the mean, as the task's score is."""
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"score_basis": scored[0].properties.get("score_basis")} if scored else {}
     for basis in BASES:
         values = [v for r in scored if (v := r.basis_score(basis)) is not None]
         if values:
