@@ -348,8 +348,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("min-mean", "Fail the session when the mean score over the selection is below X.", "run", "float",
            "X", _float(*_TO_1)),
     Option("compare", "Compare this run with the earlier run BASE at session end; BASE,NEW compares two finished "
-           "runs and runs nothing (compare.json, compare.html in the newer run's directory).", "run", "list",
+           "runs and runs nothing (compare.json, compare.html in the newer run's directory). Either may be a "
+           "`programbench eval` output directory or a leaderboard entry.", "run", "list",
            "BASE[,NEW]", _run_dirs),
+    Option("report", "Write report.html for a run that is not ours (a `programbench eval` output directory or a "
+           "leaderboard entry) into DIR, from its files; nothing is collected or run.", "run", metavar="DIR",
+           parser=_dir),
     Option("max-regression", "With --pb-compare: fail the session when the 95% CI of the mean score difference "
            "(new - base) reaches below -X.", "run", "float", "X", _float(*_TO_1)),
     Option("attempts", "Independent attempts per task (own sandbox, agent run, submission, evaluation; items "
@@ -493,6 +497,7 @@ class Settings:
     progress_interval: float | None = None
     token_price: tuple[float, float] | None = None
     compare: tuple[str, ...] = ()
+    report: str | None = None
     max_regression: float | None = None
     package: bool = False
     registry_ignore: str | None = None

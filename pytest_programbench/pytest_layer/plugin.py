@@ -50,7 +50,12 @@ def pytest_cmdline_main(config: pytest.Config) -> object:
 
 @pytest.hookimpl(tryfirst=True, specname="pytest_cmdline_main")
 def pytest_cmdline_main_compare(config: pytest.Config) -> int | None:  # pytest reads pytest_* names only
-    """``--pb-compare BASE,NEW``: two finished runs compared from their files; nothing is collected or run."""
+    """``--pb-compare BASE,NEW``: two finished runs compared from their files; ``--pb-report DIR``: report.html for a
+    foreign run. Nothing is collected or run."""
+    if config.getoption(options.BY_DEST["pb_report"].dest, None) is not None:
+        from pytest_programbench.results.foreign_runs import main_report
+
+        return main_report(config)
     opt = options.BY_DEST["pb_compare"]
     raw = config.getoption(opt.dest, None)
     if raw is None or len(opt.parse(raw)["compare"]) < 2:

@@ -294,7 +294,9 @@ class SessionReporting:
 
             try:
                 written = write(Path(self.pb.settings.compare[0]), self.pb.identity.path, ledger=self.pb.ledger,
-                                max_regression=self.pb.settings.max_regression)
+                                max_regression=self.pb.settings.max_regression,
+                                tasks_dirs=self.pb.settings.tasks_dirs,
+                                registry_ignore=self.pb.settings.registry_ignore)
             except Exception as exc:  # a gate that cannot be computed fails; a plain comparison is only said
                 self.end_lines.append(("programbench compare", [f"comparison failed: {exc!r}"]))
                 if self.pb.settings.max_regression is not None:

@@ -233,10 +233,10 @@ class ProgramBenchSession:
             raise pytest.UsageError("--pb-max-regression X needs --pb-compare BASE: the run the regression is "
                                     "measured against")
         if settings.compare and not config.option.collectonly:
-            from pytest_programbench.results.compare import CompareError, FinishedRun
+            from pytest_programbench.results.compare import CompareError, check_run
 
             try:  # before any agent time is spent: the baseline must be readable at the end
-                FinishedRun.load(Path(settings.compare[0]))
+                check_run(Path(settings.compare[0]))
             except CompareError as exc:
                 raise pytest.UsageError(f"--pb-compare: {exc}") from None
         register_languages(config, {t.language for t in catalogue})

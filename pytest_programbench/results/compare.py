@@ -7,7 +7,12 @@ deltas, and the tasks present in one run only. Written as ``compare.json`` and `
 directory; ``--pb-max-regression X`` turns the CI's lower bound into a gate.
 
 Reads only finished files (``pb-run.json``, ``summary.json``, ``<id>/<id>.eval.json``): comparing two finished runs
-needs no agent, engine or collection.
+needs no agent, engine or collection. Either side may also be a run that is not ours: a ``programbench eval`` output
+directory or a leaderboard entry, read by results/foreign_runs.py (:func:`load_run` tells the kinds apart); what a side
+does not hold is said ("not in this run") and the comparison uses what both have. Where a side is an entry, or
+``--pb-registry-ignore`` is given, each side's leaderboard numbers are shown (over the benchmark's 200 tasks, the
+registry's ignore map struck); with the ignore map, the paired scores and the flips are the leaderboard's (its struck
+tests left out on both sides).
 
 Under ``--pb-attempts`` (either run) every attempt counts: a task's score is its mean over its scored attempts (as
 summary.json has it), the delta the difference of those means, and a hidden test's outcome in a run its pass rate over
@@ -18,14 +23,15 @@ bootstrap still resamples tasks. ``method`` in compare.json says which.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_programbench.pytest_layer.invocation import TaskKey
 from pytest_programbench.pytest_layer.run_record import RUN_MARKER
-from pytest_programbench.results import coverage
+from pytest_programbench.results import coverage, foreign_runs, registry
 from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.report import TaskScope
 from pytest_programbench.results.statistics import (
@@ -45,6 +51,31 @@ PASSED = "passed"
 
 class CompareError(Exception):
     """A directory that is not a finished run (a usage error where it comes from an option)."""
+
+
+class ComparedRun(Protocol):
+    """What a comparison reads of a side: our run (:class:`FinishedRun`) or a foreign one
+    (``foreign_runs.ForeignRun``)."""
+
+    @property
+    def path(self) -> Path: ...
+    @property
+    def kind(self) -> str: ...  # foreign_runs.OURS / OFFICIAL / ENTRY's name
+    @property
+    def lacks(self) -> tuple[str, ...]: ...  # what the run does not record ("not in this run")
+    @property
+    def notes(self) -> tuple[str, ...]: ...
+    @property
+    def tasks(self) -> dict[str, dict[str, Any]]: ...  # summary.json's rows, as far as the run has them
+    @property
+    def basis(self) -> str: ...
+    @property
+    def attempts(self) -> int: ...
+    def scores(self, basis: str | None = None) -> dict[str, float]: ...
+    def test_runs(self, instance_id: str) -> list[dict[str, str]]: ...  # per attempt with a result: test -> status
+    def test_map(self, instance_id: str) -> dict[str, bool] | None: ...  # what the leaderboard reads of the task
+    def scoped(self, instance_id: str) -> bool: ...  # its tests are the official score's (active, not ignored)
+    def describe(self) -> dict[str, Any]: ...
 
 
 class FlakyTests(Protocol):
@@ -80,6 +111,29 @@ class FinishedRun:
     def tasks(self) -> dict[str, dict[str, Any]]:
         tasks: dict[str, dict[str, Any]] = self.summary["tasks"]
         return tasks
+
+    @property
+    def kind(self) -> str:
+        return foreign_runs.OURS.name
+
+    @property
+    def lacks(self) -> tuple[str, ...]:
+        return ()
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return ()
+
+    def test_runs(self, instance_id: str) -> list[dict[str, str]]:
+        return self.outcomes(instance_id).runs
+
+    def test_map(self, instance_id: str) -> dict[str, bool] | None:
+        """Attempt 1's per-test map (the one ``<id>/<id>.eval.json`` a package holds) of a task the run scored."""
+        statuses = self.statuses(instance_id) if instance_id in self.scores() else None
+        return None if statuses is None else {t: s == PASSED for t, s in statuses.items()}
+
+    def scoped(self, instance_id: str) -> bool:
+        return self.scopes.get(instance_id) is not None
 
     def scores(self, basis: str | None = None) -> dict[str, float]:
         """Scores of the tasks this run scored (passed or failed; errors and unattempted are not scores): the run's
@@ -187,6 +241,10 @@ def _scopes(record: Mapping[str, Any], tasks: Mapping[str, Any]) -> dict[str, Ta
     return scopes
 
 
+# A total's name in a run kind's ``lacks`` (foreign_runs.NEVER_RECORDED, and "cost").
+LACKING = MappingProxyType({"input_tokens": "tokens", "output_tokens": "tokens", "total_tokens": "tokens",
+                            "cost_usd": "cost", "agent_seconds": "agent time", "evaluation_seconds": "evaluation time"})
+
 # Time per task from pb-meta.json's timings (summary.json's "timings"): the agent's window and the evaluation. Not
 # pytest's duration, which for a task a resumed session reused is only the reuse.
 PHASES = ("agent", "evaluation")
@@ -262,7 +320,7 @@ OVER_ATTEMPTS = ("per task the mean of its scored attempts' scores, the delta th
                  "of those means (per attempt)")
 
 
-def method(base: FinishedRun, new: FinishedRun) -> dict[str, Any]:
+def method(base: ComparedRun, new: ComparedRun) -> dict[str, Any]:
     """How the runs' attempts were compared, as compare.json and compare.html say it."""
     several = max(base.attempts, new.attempts) > 1
     return {"attempts": {"base": base.attempts, "new": new.attempts},
@@ -305,7 +363,7 @@ def both_scores(row: Mapping[str, Any]) -> dict[str, Any]:
             "score_note": row.get("score_note") or ""}
 
 
-def by_basis(base: FinishedRun, new: FinishedRun) -> dict[str, Any]:
+def by_basis(base: ComparedRun, new: ComparedRun) -> dict[str, Any]:
     """The means over the tasks both runs scored, by the official and by the corrected score, and which decided
     each run (the comparison's own numbers are each run's deciding score)."""
     out: dict[str, Any] = {"basis": {"base": base.basis, "new": new.basis}}
@@ -318,10 +376,59 @@ def by_basis(base: FinishedRun, new: FinishedRun) -> dict[str, Any]:
     return out
 
 
-def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = None,
-            max_regression: float | None = None) -> dict[str, Any]:
-    """The comparison of ``new`` against ``base`` as compare.json holds it."""
-    base_scores, new_scores = base.scores(), new.scores()
+def _statuses(run: ComparedRun, instance_id: str, struck: set[str]) -> AttemptStatuses:
+    return AttemptStatuses([{t: s for t, s in r.items() if t not in struck} for r in run.test_runs(instance_id)])
+
+
+def leaderboard_scores(run: ComparedRun, ignore: Mapping[str, Sequence[str]]) -> dict[str, float]:
+    """Each task the run scored as the leaderboard scores it: its per-test map with the ignore map's tests struck
+    (compile_leaderboard's ``_instance_score``)."""
+    out: dict[str, float] = {}
+    for iid in run.scores():
+        tests = run.test_map(iid)
+        if tests is not None:
+            out[iid] = registry.instance_score(tests, set(ignore.get(iid, ())))
+    return out
+
+
+def leaderboard(base: ComparedRun, new: ComparedRun, ignore: Mapping[str, Sequence[str]] | None,
+                ignore_file: str | None) -> dict[str, Any]:
+    """Each side's row as the leaderboard computes it from per-test maps: percentages over its 200 tasks."""
+    out: dict[str, Any] = {"ignore_file": ignore_file, "total": registry.LEADERBOARD_TOTAL}
+    for side, run in (("base", base), ("new", new)):
+        maps = {iid: tests for iid in run.scores() if (tests := run.test_map(iid)) is not None}
+        board = registry.compute(maps, {k: list(v) for k, v in (ignore or {}).items()}, ignore_file=ignore_file or "")
+        out[side] = {"mean_score": board.mean_score, "resolved": board.resolved, "near_resolved": board.near_resolved,
+                     "tasks": board.tasks, "struck": board.struck}
+    return out
+
+
+def kind_text(name: str) -> str:
+    return next(k.text for k in foreign_runs.KINDS if k.name == name)
+
+
+def side_info(run: ComparedRun) -> dict[str, Any]:
+    return {**run.describe(), "kind": run.kind, "kind_text": kind_text(run.kind), "lacks": list(run.lacks),
+            "notes": list(run.notes)}
+
+
+def _few(names: Iterable[str], shown: int = 5) -> str:
+    listed = sorted(names)
+    return ", ".join(listed[:shown]) + (f" and {len(listed) - shown} more" if len(listed) > shown else "") or "none"
+
+
+def compare(base: ComparedRun, new: ComparedRun, *, ledger: FlakyTests | None = None,
+            max_regression: float | None = None, ignore: Mapping[str, Sequence[str]] | None = None,
+            ignore_file: str | None = None) -> dict[str, Any]:
+    """The comparison of ``new`` against ``base`` as compare.json holds it. With ``ignore`` (the registry's ignore
+    map) the paired scores are the leaderboard's and its struck tests flip on neither side."""
+    if not set(base.tasks) & set(new.tasks):
+        raise CompareError(f"{base.path} and {new.path} have no task in common (base: {_few(base.tasks)}; new: "
+                           f"{_few(new.tasks)})")
+    if ignore is None:
+        base_scores, new_scores = base.scores(), new.scores()
+    else:
+        base_scores, new_scores = leaderboard_scores(base, ignore), leaderboard_scores(new, ignore)
     paired = sorted(set(base_scores) & set(new_scores))
     how = method(base, new)
     over = None if how["text"] == ONE_ATTEMPT else "tasks both runs scored (each task's mean over its attempts)"
@@ -330,30 +437,39 @@ def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = 
     tasks: dict[str, dict[str, Any]] = {}
     for iid in sorted(set(base.tasks) & set(new.tasks)):
         b, n = base.tasks[iid], new.tasks[iid]
-        changed = flips(base.outcomes(iid), new.outcomes(iid), iid, ledger)
+        struck = set((ignore or {}).get(iid, ()))
+        changed = flips(_statuses(base, iid, struck), _statuses(new, iid, struck), iid, ledger)
         tasks[iid] = {
-            "base": {"outcome": b.get("outcome"), "score": b.get("score"), **both_scores(b)},
-            "new": {"outcome": n.get("outcome"), "score": n.get("score"), **both_scores(n)},
+            "base": {"outcome": b.get("outcome"), "score": b.get("score"), "compared": base_scores.get(iid),
+                     **both_scores(b)},
+            "new": {"outcome": n.get("outcome"), "score": n.get("score"), "compared": new_scores.get(iid),
+                    **both_scores(n)},
             "paired": iid in base_scores and iid in new_scores,
             "delta": _delta(base_scores.get(iid), new_scores.get(iid)),
-            "scope": "official" if base.scopes.get(iid) and new.scopes.get(iid) else "all",
+            "scope": "official" if base.scoped(iid) and new.scoped(iid) else "all",
             **changed,
             "tokens_delta": _delta(_tokens(b), _tokens(n), 0),
             "cost_delta": _delta(b.get("cost_usd"), n.get("cost_usd")),
             **{f"{phase}_seconds_delta": _delta(_seconds(b, phase), _seconds(n, phase), 3) for phase in PHASES},
             "coverage": coverage.compare_task(b.get("coverage"), n.get("coverage")),  # did it explore more?
         }
-    base_info, new_info = base.describe(), new.describe()
+    base_info, new_info = side_info(base), side_info(new)
     totals = {
         key: {"base": base_info["tokens"].get(key), "new": new_info["tokens"].get(key),
-              "delta": _delta(base_info["tokens"].get(key), new_info["tokens"].get(key))}
+              "delta": _delta(base_info["tokens"].get(key), new_info["tokens"].get(key)),
+              "missing": [side for side, run in (("base", base), ("new", new)) if LACKING[key] in run.lacks]}
         for key in ("input_tokens", "output_tokens", "total_tokens", "cost_usd")
     }
     for phase in PHASES:
         key = f"{phase}_seconds"
-        totals[key] = {"base": base_info[key], "new": new_info[key], "delta": _delta(base_info[key], new_info[key], 3)}
+        totals[key] = {"base": base_info[key], "new": new_info[key], "delta": _delta(base_info[key], new_info[key], 3),
+                       "missing": [side for side, run in (("base", base), ("new", new)) if LACKING[key] in run.lacks]}
+    entry = foreign_runs.ENTRY.name in (base.kind, new.kind)
     result: dict[str, Any] = {
         "base": base_info, "new": new_info, "method": how,
+        # which score each side is compared by: its own (its --pb-score; a foreign run's official), or the
+        # leaderboard's (--pb-registry-ignore: per-test maps with the registry's struck tests left out)
+        "compared_by": "leaderboard" if ignore is not None else "own",
         "paired": {
             "tasks": len(paired),
             "mean_base": round(sum(base_scores[t] for t in paired) / len(paired), 6) if paired else None,
@@ -374,6 +490,7 @@ def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = 
         "coverage": coverage.compare_runs({iid: row["coverage"] for iid, row in tasks.items()},
                                           (row.get("coverage") for row in base.tasks.values()),
                                           (row.get("coverage") for row in new.tasks.values())),
+        "leaderboard": leaderboard(base, new, ignore, ignore_file) if entry or ignore is not None else None,
         "gold_ledger": None if ledger is None else str(getattr(ledger, "path", "given")),
         "gate": None,
     }
@@ -384,7 +501,7 @@ def compare(base: FinishedRun, new: FinishedRun, *, ledger: FlakyTests | None = 
 
 def terminal_lines(result: Mapping[str, Any]) -> list[str]:
     paired = result["paired"]
-    lines = [f"new  {result['new']['run_dir']}", f"base {result['base']['run_dir']}"]
+    lines = [f"new  {result['new']['run_dir']}", f"base {result['base']['run_dir']}", *side_lines(result)]
     how = result["method"]
     if how["text"] == OVER_ATTEMPTS:
         lines.append(f"attempts per task: base {how['attempts']['base']}, new {how['attempts']['new']}: {how['text']}")
@@ -405,7 +522,7 @@ def terminal_lines(result: Mapping[str, Any]) -> list[str]:
                  f"tests: {result['flips']['pass_to_fail']} pass->fail, {result['flips']['fail_to_pass']} fail->pass")
     for iid, row in tasks.items():
         if row["delta"] or row["pass_to_fail"] or row["fail_to_pass"] or not row["paired"]:
-            score = (f"{row['base']['score']:.4f} -> {row['new']['score']:.4f}" if row["paired"] else
+            score = (f"{row['base']['compared']:.4f} -> {row['new']['compared']:.4f}" if row["paired"] else
                      f"{row['base']['outcome']} -> {row['new']['outcome']} (not paired)")
             delta = f" ({row['delta']:+.4f})" if row["delta"] is not None else ""
             lines.append(f"  {iid}: {score}{delta}, {len(row['pass_to_fail'])} pass->fail, "
@@ -413,15 +530,49 @@ def terminal_lines(result: Mapping[str, Any]) -> list[str]:
     for side in ("only_in_base", "only_in_new"):
         if result[side]:
             lines.append(f"{side.replace('_', ' ')}: {', '.join(result[side])}")
+    lines.extend(leaderboard_lines(result.get("leaderboard")))
     totals = result["totals"]
-    tokens, cost = totals["total_tokens"], totals["cost_usd"]
-    times = "; ".join(f"{phase} {totals[phase + '_seconds']['base']:.1f} s -> {totals[phase + '_seconds']['new']:.1f} s"
-                      for phase in PHASES)
+    tokens, cost = shown(totals["total_tokens"], "{}"), totals["cost_usd"]
+    times = "; ".join(f"{phase} {shown(totals[phase + '_seconds'], '{:.1f} s')['base']} -> "
+                      f"{shown(totals[phase + '_seconds'], '{:.1f} s')['new']}" for phase in PHASES)
     lines.append(f"tokens {tokens['base']} -> {tokens['new']}; cost {cost['base']} -> {cost['new']}; {times}")
     explored = coverage.compare_line(result["coverage"]) if result.get("coverage") else None
     if explored is not None:
         lines.append(explored)
     return lines
+
+
+def shown(total: Mapping[str, Any], form: str) -> dict[str, str]:
+    """A total's two sides as text: "not in this run" for a side whose kind does not record it."""
+    return {side: foreign_runs.NOT_IN_RUN if side in total.get("missing", ()) else
+            ("-" if total[side] is None else form.format(total[side])) for side in ("base", "new")}
+
+
+def side_lines(result: Mapping[str, Any]) -> list[str]:
+    """Which kind each side is (one line), what a side does not record, and what was not scored there."""
+    base, new = result["base"], result["new"]
+    lines = [f"base is {base.get('kind_text', kind_text(foreign_runs.OURS.name))}; new is "
+             f"{new.get('kind_text', kind_text(foreign_runs.OURS.name))}"]
+    for label, side in (("base", base), ("new", new)):
+        if side.get("lacks"):
+            lines.append(f"{label}: {', '.join(side['lacks'])}: {foreign_runs.NOT_IN_RUN}")
+        lines.extend(f"{label}: {note}" for note in side.get("notes") or ())
+    if result.get("compared_by") == "leaderboard":
+        lines.append(f"compared by the leaderboard's scores: each task's per-test map with the tests "
+                     f"{Path(str((result.get('leaderboard') or {}).get('ignore_file'))).name} strikes left out, on "
+                     "both sides")
+    return lines
+
+
+def leaderboard_lines(board: Mapping[str, Any] | None) -> list[str]:
+    """Each side's leaderboard row (where a side is an entry, or with --pb-registry-ignore)."""
+    if not board:
+        return []
+    ignore = f", {Path(board['ignore_file']).name} struck" if board.get("ignore_file") else ""
+    return [f"leaderboard numbers (over {board['total']} tasks, resolved at 1.0, near-resolved at 0.95{ignore}): "
+            + "; ".join(f"{side} mean {row['mean_score']}%, resolved {row['resolved']}%, near-resolved "
+                        f"{row['near_resolved']}% ({row['tasks']} task(s), {row['struck']} test(s) struck)"
+                        for side, row in ((s, board[s]) for s in ("base", "new")))]
 
 
 def basis_lines(scores: Mapping[str, Any] | None) -> list[str]:
@@ -490,13 +641,55 @@ class Written:
         return out
 
 
-def write(base_dir: Path, new_dir: Path, *, ledger: FlakyTests | None = None,
-          max_regression: float | None = None) -> Written:
-    """Compare ``new_dir`` against ``base_dir``; compare.json and compare.html go into ``new_dir``."""
-    base, new = FinishedRun.load(base_dir), FinishedRun.load(new_dir)
+def detect(path: Path) -> foreign_runs.Kind:
+    """The kind of directory ``path`` is (ours, a ``programbench eval`` output, an entry); CompareError if none."""
+    try:
+        return foreign_runs.detect(path.expanduser().resolve())
+    except foreign_runs.ForeignRunError as exc:
+        raise CompareError(str(exc)) from None
+
+
+def check_run(path: Path) -> foreign_runs.Kind:
+    """Before a session spends agent time on it: ``path`` is a side a comparison can read (its kind found, our run's
+    files or an entry's per-test map readable)."""
+    kind = detect(path)
+    try:
+        if kind == foreign_runs.OURS:
+            FinishedRun.load(path)
+        elif kind == foreign_runs.ENTRY:
+            foreign_runs.read_score_map(path.expanduser().resolve() / foreign_runs.SCORE_JSON)
+    except foreign_runs.ForeignRunError as exc:
+        raise CompareError(str(exc)) from None
+    return kind
+
+
+def load_runs(paths: Sequence[Path], *, tasks_dirs: Sequence[str] = ()) -> list[ComparedRun]:
+    """Each side as its kind reads: ours as :class:`FinishedRun`, the others by results/foreign_runs.py with the
+    catalogue of ``tasks_dirs`` and of the tasks directories our sides' runs used."""
+    kinds = [detect(p) for p in paths]
+    ours = {i: FinishedRun.load(p) for i, (p, kind) in enumerate(zip(paths, kinds, strict=True))
+            if kind == foreign_runs.OURS}
+    dirs = [*tasks_dirs, *(str(d) for run in ours.values()
+                           for d in (run.record.get("settings") or {}).get("tasks_dirs") or ())]
+    runs: list[ComparedRun] = []
+    for i, (path, kind) in enumerate(zip(paths, kinds, strict=True)):
+        try:
+            runs.append(ours[i] if i in ours else foreign_runs.read(path, kind, tasks_dirs=dirs))
+        except foreign_runs.ForeignRunError as exc:
+            raise CompareError(str(exc)) from None
+    return runs
+
+
+def write(base_dir: Path, new_dir: Path, *, ledger: FlakyTests | None = None, max_regression: float | None = None,
+          tasks_dirs: Sequence[str] = (), registry_ignore: str | None = None) -> Written:
+    """Compare ``new_dir`` against ``base_dir`` (each any kind :func:`detect` knows); compare.json and compare.html go
+    into ``new_dir``. ``registry_ignore``: the registry's ignored_tests.json (``--pb-registry-ignore``)."""
+    base, new = load_runs([base_dir, new_dir], tasks_dirs=tasks_dirs)
     if base.path == new.path:
         raise CompareError(f"--pb-compare: {base.path} is compared with itself")
-    result = compare(base, new, ledger=ledger, max_regression=max_regression)
+    ignore = registry.read_ignore_map(Path(registry_ignore)) if registry_ignore else None
+    result = compare(base, new, ledger=ledger, max_regression=max_regression, ignore=ignore,
+                     ignore_file=registry_ignore)
     json_path, html_path = new.path / COMPARE_JSON, new.path / COMPARE_HTML
     atomic_write_text(json_path, json.dumps(result, indent=2))
     atomic_write_text(html_path, render_html(result))
@@ -504,7 +697,9 @@ def write(base_dir: Path, new_dir: Path, *, ledger: FlakyTests | None = None,
 
 
 # Options a comparison of two finished runs reads; any other --pb-* option asks for a run, which it does not do.
-FINISHED_OPTIONS = frozenset({"--pb-compare", "--pb-max-regression", "--pb-gold-ledger"})
+# --pb-tasks-dir: the tasks a foreign side names (beside programbench's own and those our side's run used).
+FINISHED_OPTIONS = frozenset({"--pb-compare", "--pb-max-regression", "--pb-gold-ledger", "--pb-registry-ignore",
+                              "--pb-tasks-dir"})
 
 
 def main_finished(config: pytest.Config) -> int:
@@ -535,7 +730,8 @@ def main_finished(config: pytest.Config) -> int:
                 ledger = Ledger.load(Path(values["gold_ledger"]))
             except LedgerError as exc:
                 raise CompareError(f"--pb-gold-ledger: {exc}") from None
-        written = write(base_dir, new_dir, ledger=ledger, max_regression=values.get("max_regression"))
+        written = write(base_dir, new_dir, ledger=ledger, max_regression=values.get("max_regression"),
+                        tasks_dirs=values.get("tasks_dirs") or (), registry_ignore=values.get("registry_ignore"))
     except CompareError as exc:
         raise pytest.UsageError(f"--pb-compare: {exc}") from None
     writer = create_terminal_writer(config)
