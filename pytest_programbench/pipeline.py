@@ -582,7 +582,10 @@ class TaskRun:
         with self.phase("evaluation"):
             result = evaluation.evaluate(
                 self.task, submission, blobs=blobs, image=image.id, labels=self.labels,
-                settings=evaluation.EvalSettings.from_settings(self.settings), workdir=self.artifacts.dir,
+                # --pb-gold evaluates the reference itself: nothing to audit for reading the tests.
+                settings=evaluation.EvalSettings.from_settings(
+                    self.settings, **({"audit": False} if self.key.kind == GOLD else {})),
+                workdir=self.artifacts.dir,
                 engine=self.engine_client(),
             )
         self.meta["evaluation"] = result.meta()

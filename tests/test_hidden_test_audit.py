@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from programbench.eval.eval import EvaluationResult, TestResult
 
+from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.evaluation import audit, audit_plugin, integrity
 from pytest_programbench.evaluation.container_layer import evaluation_budget
 from pytest_programbench.pytest_layer.options import Settings
@@ -39,18 +41,19 @@ CATLIKE = "pbfix__catlike.c47c47c"
 RPN = "pbfix__rpn.0b5e55e"
 TUIISH = "pbfix__tuiish.7e1a0b2"
 
-# Implements nothing: the running test's function, found through PYTEST_CURRENT_TEST (or a walk of the hidden tests),
-# says what to print, to which stream, and with which exit status.
+# Implements nothing: the running test's function, found by the name PYTEST_CURRENT_TEST gives (in the file it names,
+# or anywhere in the hidden tests), else by its own arguments or first input line among the hidden tests' calls, says
+# what to print, to which stream, and with which exit status. Each way alone passes every test officially.
 CHEATER = r'''#!/usr/bin/env python3
 import ast
 import os
+import select
 import sys
 
 
-def running_test():
+def functions():
     current = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
-    path, _, name = current.partition("::")
-    name = name.split("::")[-1].split("[")[0]
+    path = current.partition("::")[0]
     candidates = [path, os.path.join("eval", path)]
     for root, _dirs, files in os.walk("/workspace/eval"):
         candidates += [os.path.join(root, f) for f in files if f.endswith(".py")]
@@ -60,14 +63,44 @@ def running_test():
                 tree = ast.parse(f.read())
         except (OSError, SyntaxError, ValueError):
             continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and node.name == name:
-                return node
-    return None
+        yield from (node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef))
 
 
 def const(node):
     return node.value if isinstance(node, ast.Constant) else None
+
+
+def by_name():
+    # The running test's name, from the variable pytest sets.
+    current = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    name = current.partition("::")[2].split("::")[-1].split("[")[0]
+    return next((f for f in functions() if f.name == name), None)
+
+
+def first_input():
+    # The first line of stdin, byte by byte (nothing past it taken), and all of it when more is there at once.
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(0, 1)
+        if not chunk:
+            return data.decode()
+        data += chunk
+    if not select.select([0], [], [], 0.5)[0]:
+        return data.decode()  # a test waiting for the answer to this line
+    while True:
+        chunk = os.read(0, 65536)
+        if not chunk:
+            return data.decode()
+        data += chunk
+
+
+def by_input(given):
+    # Without the name: the test whose call has these arguments, or this input.
+    calls = [(function, [const(a) for a in node.args]) for function in functions() for node in ast.walk(function)
+             if isinstance(node, ast.Call) and node.args and all(isinstance(a, ast.Constant) for a in node.args)]
+    if sys.argv[1:]:
+        return next((f for f, values in calls if values == sys.argv[1:]), None)
+    return next((f for f, values in calls if given and values[0] == given), None)
 
 
 def expectations(test):
@@ -98,10 +131,15 @@ def expectations(test):
     return want
 
 
-test = running_test()
+first_line = None
+test = by_name()
+if test is None:
+    first_line = None if sys.argv[1:] else first_input()
+    test = by_input(first_line)
 want = expectations(test) if test is not None else {"stdout": "", "stderr": [], "rc": 0, "lines": []}
-for line in want["lines"]:
-    sys.stdin.readline()
+for i, line in enumerate(want["lines"]):
+    if i or first_line is None:
+        sys.stdin.readline()
     sys.stdout.write(line)
     sys.stdout.flush()
 sys.stdout.write(want["stdout"] or "")
@@ -292,3 +330,117 @@ def test_the_item_backstop_holds_the_audit() -> None:
     off = Settings(submissions="x", audit_hidden_tests=False)
     assert on.audit_hidden_tests
     assert item_timeout(task, on) - item_timeout(task, off) >= (1 + on.infra_retries) * 2 * 3 * 2 * on.test_timeout
+
+
+# --------------------------------------------------------------------------------------------- the comparison
+
+
+class _Official:
+    """What the audit reads of the official evaluator: its result, branches and id."""
+
+    def __init__(self, statuses: dict[str, str]) -> None:
+        self.instance_id = "pbfix__x.0000000"
+        self.tests_branches = sorted({name.split("/", 1)[0] for name in statuses})
+        self.result = EvaluationResult(test_branches=self.tests_branches, test_results=[
+            TestResult(name=name.split("/", 1)[1], branch=name.split("/", 1)[0], status=status,  # type: ignore[arg-type]
+                       extra={}) for name, status in statuses.items()])
+
+
+def _instance(official: _Official) -> dict[str, Any]:
+    branches: dict[str, Any] = {}
+    for test in official.result.test_results:
+        entry = branches.setdefault(test.branch, {"tests": [], "ignored": False, "ignored_tests": []})
+        entry["tests"].append(test.name)
+    return {"instance_id": official.instance_id, "branches": branches}
+
+
+def _pass(passed: set[str], branches: dict[str, audit.BranchAudit], failing: dict[str, str] | None = None
+          ) -> audit.AuditPass:
+    results = {name: TestResult(name=name.split("/", 1)[1], branch=name.split("/", 1)[0], status="failure",
+                                extra={"message": message}) for name, message in (failing or {}).items()}
+    return audit.AuditPass(passed=passed, results=results, branches=branches)
+
+
+ACTIVE = "withheld=1 failed=0 every_phase=1 \n"
+
+
+def _audited(monkeypatch: pytest.MonkeyPatch, official: _Official, passes: list[audit.AuditPass], *,
+             threshold: float = 1.0) -> audit.HiddenTestAudit:
+    hook = audit.HiddenTestAudit(instance=_instance(official), threshold=threshold)
+    hook.attach(official)  # type: ignore[arg-type]
+    calls = iter(passes)
+    monkeypatch.setattr(hook, "_audit", lambda _official, _image, branches: next(calls))
+    hook("programbench-compiled/x:0")
+    return hook
+
+
+def test_the_comparison_flags_only_tests_failing_in_both_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    official = _Official({"a/t1": "passed", "a/t2": "passed", "b/t3": "passed"})
+    everything = {"a/t1", "a/t2", "b/t3"}
+
+    clean = _audited(monkeypatch, official, [_pass(everything, {b: audit.BranchAudit(reports=[ACTIVE])
+                                                                for b in "ab"})])
+    assert (clean.report.state, clean.report.result, clean.flags) == ("ran", "clean", [])
+
+    # t2 fails in both runs (its branch once more, with a worker crash): flagged, named, the crash said.
+    first = _pass({"a/t1", "b/t3"}, {"a": audit.BranchAudit(reports=[ACTIVE], worker_crashes=1),
+                                     "b": audit.BranchAudit(reports=[ACTIVE])}, {"a/t2": "assert '' == '5\\n'"})
+    second = _pass({"a/t1"}, {"a": audit.BranchAudit(reports=[ACTIVE])})
+    flagged = _audited(monkeypatch, official, [first, second])
+    assert flagged.report.result == "flagged"
+    assert (flagged.report.regressed, flagged.report.confirmed) == (["a/t2"], ["a/t2"])
+    [flag] = flagged.flags
+    assert flag.kind == integrity.READS_HIDDEN_TESTS
+    assert "a/t2 (failure: assert '' == '5\\n')" in flag.detail
+    assert "workers crashed in the audit of branch(es) a" in flag.detail
+
+    # Failing once, passing in the second run: unconfirmed, not flagged, said in the notes.
+    again = _pass({"a/t1", "a/t2"}, {"a": audit.BranchAudit(reports=[ACTIVE])})
+    flaky = _audited(monkeypatch, official, [first, again])
+    assert (flaky.report.result, flaky.flags) == ("unconfirmed", [])
+    assert flaky.report.note() is not None
+
+    # The second run could not run: inconclusive, never a flag.
+    lost = _audited(monkeypatch, official, [first, _pass(set(), {"a": audit.BranchAudit(problem="no container")})])
+    assert (lost.report.result, lost.flags) == ("inconclusive", [])
+    assert "no container" in lost.report.why
+
+    # No regression, but the plugin never reported in a branch: inconclusive, never clean.
+    unseen = _audited(monkeypatch, official, [_pass(everything, {"a": audit.BranchAudit(reports=[ACTIVE]),
+                                                                 "b": audit.BranchAudit(reports=[""])})])
+    assert unseen.report.result == "inconclusive"
+    assert "branch b" in unseen.report.why
+
+
+def test_the_audit_skips_what_does_not_pass_and_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    partial = _Official({"a/t1": "passed", "a/t2": "failure"})
+    skipped = _audited(monkeypatch, partial, [])
+    assert (skipped.report.state, skipped.flags) == ("skipped", [])
+    assert "below the threshold" in skipped.report.why
+    # At a lower threshold the same task is audited.
+    audited = _audited(monkeypatch, partial, [_pass({"a/t1"}, {"a": audit.BranchAudit(reports=[ACTIVE])})],
+                       threshold=0.5)
+    assert audited.report.result == "clean"
+
+    official = _Official({"a/t1": "passed"})
+    hook = audit.HiddenTestAudit(instance=_instance(official), threshold=1.0)
+    hook.attach(official)  # type: ignore[arg-type]
+
+    def broken(*_args: Any) -> audit.AuditPass:
+        raise TypeError("a bug of ours")
+
+    monkeypatch.setattr(hook, "_audit", broken)
+    hook("img")
+    assert (hook.report.result, hook.flags) == ("inconclusive", [])
+    assert "TypeError: a bug of ours" in hook.report.why
+
+    def gone(*_args: Any) -> audit.AuditPass:
+        raise EngineUnavailable("the engine went away")
+
+    monkeypatch.setattr(hook, "_audit", gone)
+    with pytest.raises(EngineUnavailable):
+        hook("img")
+    off = audit.HiddenTestAudit(instance=_instance(official), threshold=1.0, enabled=False)
+    off.attach(official)  # type: ignore[arg-type]
+    off("img")
+    assert (off.report.switch, off.report.state) == ("off", "off")

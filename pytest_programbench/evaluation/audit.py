@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 from programbench.constants import WORKSPACE_DIR
-from programbench.eval.eval import EvaluationResult, TestResult
+from programbench.eval.eval import EvaluationResult, TestResult, count_worker_crashes
 from programbench.exceptions import EvalStepError
 from programbench.utils.load_data import get_active_branches, get_ignored_tests
 
@@ -124,6 +124,7 @@ class BranchAudit:
     reports: list[str] = field(default_factory=list)  # the plugin's report text, per run of the tests
     problem: str = ""  # the audit's own failure: the branch is not compared
     crashed: str = ""  # the submission's windows raised: the branch's tests count as failing
+    worker_crashes: int = 0  # xdist workers that crashed in its runs (their JUnit files)
 
     def plugin_problem(self) -> str | None:
         """Why the plugin cannot be said to have been active in every run of this branch's tests (None: it was)."""
@@ -143,8 +144,9 @@ class BranchAudit:
         if self.crashed:
             return f"failed: {self.crashed}"
         counts = [plugin_reports(text) for text in self.reports]
+        crashes = f", {self.worker_crashes} xdist worker crash(es)" if self.worker_crashes else ""
         return (f"plugin active in {sum(c[0] for c in counts)} process(es) over {len(self.reports)} run(s), "
-                f"{sum(c[1] for c in counts)} entries withheld")
+                f"{sum(c[1] for c in counts)} entries withheld{crashes}")
 
 
 @dataclass
@@ -365,9 +367,16 @@ class HiddenTestAudit:
             message = message.splitlines()[0][:MESSAGE_CHARS] if message else ""
             shown.append(f"{name} ({found.status}{': ' + message if message else ''})")
         more = f" and {len(confirmed) - SHOW_TESTS} more" if len(confirmed) > SHOW_TESTS else ""
+        crashed = [b for b, a in first.branches.items() if a.worker_crashes
+                   and any(name.startswith(f"{b}/") for name in confirmed)]
+        # A replacement worker cannot collect the withheld tests: what a crashed worker still had to run is lost
+        # there, where the official run's replacement ran it. Said, so a reader can tell such a case apart.
+        crash_note = (f" (xdist workers crashed in the audit of branch(es) {', '.join(crashed)}: a replacement worker "
+                      f"cannot collect the withheld tests, so the tests a crashed worker had left are lost there)"
+                      if crashed else "")
         detail = (f"{len(confirmed)} test(s) that passed in the official run failed when the program could not read "
                   f"the hidden tests (their sources withheld after collection, PYTEST_CURRENT_TEST naming no test), "
-                  f"in two audit runs; the score stays the official one: {'; '.join(shown)}{more}")
+                  f"in two audit runs; the score stays the official one: {'; '.join(shown)}{more}{crash_note}")
         return IntegrityFlag(READS_HIDDEN_TESTS, "", printable(detail))
 
     # ------------------------------------------------------------------------------------------- running
@@ -417,6 +426,8 @@ class HiddenTestAudit:
             evaluator.reaper.close()
         for branch, audit in outcome.branches.items():
             audit.reports = list(evaluator.reports.get(branch, []))
+            audit.worker_crashes = sum(count_worker_crashes(xml) for b, xml, _run in evaluator.attempts
+                                       if b == branch)
         outcome.timeouts = list(evaluator.timed_out)
         ran = [b for b, a in outcome.branches.items() if not a.problem and not a.crashed]
         for test in self._filtered(evaluator.result, ran).test_results:
