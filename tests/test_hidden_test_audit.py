@@ -29,7 +29,11 @@ from programbench.eval.eval import EvaluationResult, TestResult
 
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.evaluation import audit, audit_plugin, integrity
-from pytest_programbench.evaluation.container_layer import evaluation_budget
+from pytest_programbench.evaluation.container_layer import (
+    evaluation_budget,
+    register_committed_image,
+    remove_committed_image,
+)
 from pytest_programbench.pytest_layer.options import Settings
 from pytest_programbench.pytest_layer.session import item_timeout
 from pytest_programbench.tasks.catalogue import load_tasks_dir
@@ -444,3 +448,23 @@ def test_the_audit_skips_what_does_not_pass_and_never_raises(monkeypatch: pytest
     off.attach(official)  # type: ignore[arg-type]
     off("img")
     assert (off.report.switch, off.report.state) == ("off", "off")
+
+
+def test_the_committed_image_goes_even_when_the_audit_raised() -> None:
+    removed: list[str] = []
+
+    class Api:
+        def remove_image(self, ref: str, *, force: bool) -> None:
+            removed.append(ref)
+
+    class Engine:
+        api = Api()
+
+    def audit_meets_a_dead_engine() -> None:
+        raise EngineUnavailable("the engine went away during the audit")
+
+    ref = "programbench-compiled/pbfix__x:0123456789ab"
+    register_committed_image(ref, Engine(), audit_meets_a_dead_engine)  # type: ignore[arg-type]
+    with pytest.raises(EngineUnavailable):
+        remove_committed_image(ref)
+    assert removed == [ref]

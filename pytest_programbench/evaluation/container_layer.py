@@ -1039,16 +1039,18 @@ def remove_committed_image(image_ref: str) -> bool:
     if entry is None:
         return False
     engine, before_remove = entry
-    if before_remove is not None:
-        before_remove()  # containers made from the image go first, or the engine refuses
     try:
-        engine.api.remove_image(image_ref, force=True)
-    except NotFound:
-        pass
-    except APIError as exc:
-        log.warning("removing image %s failed (the sweep will retry): %s", image_ref, exc)
-    except Exception as exc:
-        log.warning("removing image %s failed (the sweep will retry): %s", image_ref, exc)
+        if before_remove is not None:
+            before_remove()  # containers made from the image go first (or the engine refuses), then the audit's
+    finally:  # the image goes even when that raised (the engine going away during the audit)
+        try:
+            engine.api.remove_image(image_ref, force=True)
+        except NotFound:
+            pass
+        except APIError as exc:
+            log.warning("removing image %s failed (the sweep will retry): %s", image_ref, exc)
+        except Exception as exc:
+            log.warning("removing image %s failed (the sweep will retry): %s", image_ref, exc)
     return True
 
 
