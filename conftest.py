@@ -3,8 +3,9 @@
 In an opted-in session (any ``--pb-*`` option, e.g. ``pytest --pb-agent reference`` here at the root) it fills in what
 the test bed provides, unless given: ``--pb-tasks-dir testbed/tasks``, ``--pb-blob-dir`` (``testbed/setup.sh``'s
 blobs, from ``testbed/.state/env.sh``), and a selection of the test bed's tasks (``--pb-filter pbfix__``) when no
-selection option is given (nothing when resuming: the run's record has them). The plugin never depends on this
-file; a session that did not opt in (the project's own suite, ``pytest tests``) is left exactly as it is.
+selection option is given and no task is named as a node id (nothing when resuming: the run's record has them). The
+plugin never depends on this file; a session that did not opt in (the project's own suite, ``pytest tests``) is left
+exactly as it is.
 
 Every step of an item is a fixture (``pytest --fixtures`` lists them: ``pb_task`` ... ``pb_outcome``) and a
 ``conftest.py`` overrides one by defining a fixture with the same name. The example below is off unless
@@ -24,6 +25,9 @@ from typing import Any
 
 import pytest
 
+from pytest_programbench.pytest_layer.invocation import named_tasks
+from pytest_programbench.pytest_layer.plugin import opted_in
+
 ROOT = Path(__file__).resolve().parent
 TESTBED_TASKS = ROOT / "testbed" / "tasks"
 TESTBED_SOLUTIONS = ROOT / "testbed" / "solutions"
@@ -41,8 +45,6 @@ def testbed_env() -> dict[str, str]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    from pytest_programbench.pytest_layer.plugin import opted_in
-
     option = config.option
     if not opted_in(config) or option.pb_resume:  # a resumed run's record has its tasks, blobs and selection
         return
@@ -52,7 +54,9 @@ def pytest_configure(config: pytest.Config) -> None:
         blobs = testbed_env().get("PB_TESTBED_BLOB_DIR") or str(ROOT / "testbed" / ".state" / "blobs")
         if Path(blobs).is_dir():
             option.pb_blob_dir = blobs
-    if all(getattr(option, dest) is None and not config.getini(dest) for dest in SELECTION_OPTIONS):
+    # Tasks named as node ids (``pytest programbench::<id>``) are a selection too: they are looked up within this one.
+    if named_tasks(config) is None and all(getattr(option, dest) is None and not config.getini(dest)
+                                           for dest in SELECTION_OPTIONS):
         option.pb_filter = "pbfix__"
 
 

@@ -34,6 +34,7 @@ class RunContext(Protocol):
     submissions: SubmissionsDir | None
     agent_spec: AgentSpec | None
     config: pytest.Config
+    agent_command_checked: bool  # this process's first agent run found its command (agents/command_check.py)
 
 
 class ProgressHost(Protocol):

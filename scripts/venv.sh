@@ -2,20 +2,47 @@
 # A stock Debian 12 / Ubuntu 24.04 python3 refuses `pip install` into itself (PEP 668), and whatever python3 comes
 # first on PATH is nobody's promise: both commands install into and run from this venv. PB_BASE_PYTHON picks the
 # interpreter it is created from (default: python3). Usage: . scripts/venv.sh EXTRAS  ->  $PY is the venv's python.
+
+# Lines as testbed/setup.sh's "[setup Ns]": the seconds since the script started.
+_pb_log() { printf '[venv %4ds] %s\n' "$SECONDS" "$*"; }
+
+# Runs "$@" with its output in the file $1, saying every 30 s that it still runs and what it printed last: pip is
+# silent for minutes otherwise, and a silent step looks hung.
+_pb_heartbeat() {
+    local log=$1 pid waited=0
+    shift
+    "$@" >"$log" 2>&1 &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 1
+        waited=$((waited + 1))
+        if [ $((waited % 30)) -eq 0 ]; then
+            _pb_log "  still running after ${waited} s; last: $(tail -n 1 "$log" 2>/dev/null | cut -c1-90)"
+        fi
+    done
+    wait "$pid"
+}
+
 pb_venv() {
-    local extras=$1 root
+    local extras=$1 root log
     root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
     local base=${PB_BASE_PYTHON:-python3}
     if ! [ -x "$root/.venv/bin/python" ]; then
         if ! "$base" -c 'import venv, ensurepip' 2>/dev/null; then
             # Debian ships venv and ensurepip apart from python3.
+            _pb_log "installing python3-venv via apt (under a minute)"
             apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
         fi
         "$base" -m venv "$root/.venv"
         echo "venv: created $root/.venv from $($base -c 'import sys; print(sys.executable)')"
     fi
     PY=$root/.venv/bin/python
-    "$PY" -m pip install -q --disable-pip-version-check -e "$root$extras"
+    log=$root/.venv/pb-pip-install.log
+    _pb_log "pip install -e .$extras into $root/.venv: a few minutes the first time (downloads from PyPI), about" \
+        "a minute after (log: $log)"
+    _pb_heartbeat "$log" "$PY" -m pip install --disable-pip-version-check --progress-bar off -e "$root$extras" \
+        || { tail -n 30 "$log" >&2; _pb_log "pip install failed (full log: $log)"; return 1; }
+    _pb_log "pip install done"
     echo "venv: $root/.venv ($("$PY" --version)); activate it with: . $root/.venv/bin/activate"
     # Commands started below (pytest, programbench, the test bed's python) resolve to the venv's.
     export PATH="$root/.venv/bin:$PATH" VIRTUAL_ENV="$root/.venv" PB_PYTHON="$PY"

@@ -19,6 +19,23 @@ log() { printf '[setup %4ds] %s\n' "$SECONDS" "$*"; }
 die() { printf '[setup %4ds] ERROR: %s\n' "$SECONDS" "$*" >&2; exit 1; }
 trap 'die "command failed (line $LINENO): $BASH_COMMAND"' ERR
 
+# Runs "$@" with its output in the file $1, saying every 30 s that it still runs and what it printed last: debootstrap
+# is silent for minutes otherwise. `set +e` as the caller's `||` had it (errexit is off in such a list).
+run_logged() {
+  local out=$1 pid waited=0
+  shift
+  (set +e; "$@") >"$out" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    waited=$((waited + 1))
+    if [ $((waited % 30)) -eq 0 ]; then
+      log "  still running after ${waited} s; last: $(tail -n 1 "$out" 2>/dev/null | cut -c1-90)"
+    fi
+  done
+  wait "$pid"
+}
+
 [ "$(id -u)" = 0 ] || die "run as root (dockerd, debootstrap and docker import need it)"
 mkdir -p "$STATE"
 
@@ -79,12 +96,12 @@ ensure_base() {
     root=$(mktemp -d /tmp/pb-testbed-rootfs.XXXXXX)
     # The rootfs is big and root-owned: never leave it behind, whatever happens.
     trap 'rm -rf --one-file-system "'"$root"'"' EXIT
-    log "base image: debootstrap $BASE_SUITE into $root (a few minutes)"
-    build_base_rootfs "$root" >"$STATE/debootstrap.log" 2>&1 \
+    log "base image: debootstrap $BASE_SUITE into $root (a few minutes; log: $STATE/debootstrap.log)"
+    run_logged "$STATE/debootstrap.log" build_base_rootfs "$root" \
       || { tail -n 20 "$STATE/debootstrap.log" >&2; die "debootstrap failed (full log: $STATE/debootstrap.log)"; }
     local changes=() c
     for c in "${BASE_CHANGES[@]}"; do changes+=(--change "$c"); done
-    log "base image: docker import -> $BASE_REF"
+    log "base image: debootstrap done; docker import -> $BASE_REF"
     tar --numeric-owner -C "$root" -c . | docker import "${changes[@]}" - "$BASE_REF" >/dev/null \
       || die "docker import failed"
     rm -rf --one-file-system "$root"

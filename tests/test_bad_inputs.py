@@ -83,6 +83,12 @@ def _no_compile_sh(tmp: Path, testbed: Testbed) -> None:
     _submission(tmp, buffer.getvalue())
 
 
+def _no_archives(tmp: Path, _testbed: Testbed) -> None:
+    """A folder that looks like submissions and holds none: a task's folder with an archive of another name."""
+    (tmp / "notsubs" / CATLIKE).mkdir(parents=True)
+    (tmp / "notsubs" / CATLIKE / "submission.tgz").write_bytes(b"\x1f\x8b")
+
+
 def _not_a_run(tmp: Path, _testbed: Testbed) -> None:
     (tmp / "notarun").mkdir()
 
@@ -162,6 +168,13 @@ CASES: list[Case] = [
          env={"PROGRAMBENCH_BLOB_DIR": "/nonexistent/env-blobs"}, collect_only=True),
     Case("submissions-missing", ("--pb-submissions", "/nonexistent/subs"), "usage",
          "*--pb-submissions: /nonexistent/subs is not a directory*", collect_only=True),
+    Case("submissions-without-archives", (*EVAL, "--pb-submissions", "{tmp}/notsubs"), "usage",
+         "*--pb-submissions: */notsubs holds no <id>/submission.tar.gz: expected one folder per task, named by its "
+         "instance id, holding the task's submission.tar.gz", setup=_no_archives),
+    Case("submission-archive-is-a-directory", (*EVAL, "--pb-submissions", "{tmp}/subs"), "usage",
+         f"*--pb-submissions: */subs/{CATLIKE}/submission.tar.gz is a directory; a task's submission is a gzip tar "
+         "archive of its source tree",
+         setup=lambda tmp, _tb: (tmp / "subs" / CATLIKE / "submission.tar.gz").mkdir(parents=True)),
     # -- sandbox and agent options (issues 4, 5) ----------------------------------------------------------------
     Case("sandbox-cpus", ("--pb-sandbox-cpus", "0"), "usage", "*--pb-sandbox-cpus: 0.0 is out of range*",
          collect_only=True),
@@ -181,6 +194,11 @@ CASES: list[Case] = [
          "*--pb-model-endpoint: model endpoint 'ftp://example.invalid/v1': the scheme must be http or https*"),
     Case("agent-mount-missing", (*AGENT, "--pb-agent-mount", "/nonexistent/mount"), "usage",
          "*--pb-agent-mount: /nonexistent/mount does not exist*"),
+    # The command is asked for in the first sandbox, before the agent: the user's input, an error (never a 0).
+    Case("agent-not-found", (*AGENT[:-2], "--pb-agent", "no-such-agent"), "error",
+         f"*--pb-agent 'no-such-agent': 'no-such-agent' is not found in the sandbox of {CATLIKE} (checked before*"),
+    Case("agent-not-executable", (*AGENT[:-2], "--pb-agent", "/etc/hostname --help"), "error",
+         f"*--pb-agent '/etc/hostname --help': '/etc/hostname' is not executable in the sandbox of {CATLIKE}*"),
     Case("replay-without-the-task", (*AGENT[:-2], "--pb-agent", "replay:{tmp}/replay"), "failure",
          "*compile_failed: chmod: cannot access './compile.sh': No such file or directory*", setup=_empty_dirs),
     # -- run options (issue 6) ----------------------------------------------------------------------------------

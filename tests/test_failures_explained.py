@@ -173,15 +173,16 @@ def test_missing_agent_stops_the_session_under_xdist(pytester: pytest.Pytester, 
         timeout=600)
     assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines([
-        "programbench: -n without --dist: using --dist worksteal*",
+        "programbench schedule: longest first to idle workers (-n without --dist*",
         "scheduling tests via LongestFirstScheduling",
-        "*programbench: stopping: the agent of each of the first 3 tasks exited 127 (127: command not found); "
-        "check --pb-agent 'no-such-agent'*--pb-keep-going runs every task anyway*",
+        "*programbench: stopping: --pb-agent 'no-such-agent': 'no-such-agent' is not found in the sandbox of *",
     ])
     ran = _cases(run_dir.parent / "junit.xml")
-    # Workers already running a task finish it: with tasks this fast, all of them may have run by the stop.
-    assert 3 <= len(ran) <= len(six_tasks.ids), sorted(ran)
-    assert all(_properties(case)["agent_exit"] == "127" for case in ran.values())
+    # Each worker's first sandbox asks before its agent runs: every task that started is an error, none is scored,
+    # nothing is evaluated (workers may finish the task they already hold).
+    assert 1 <= len(ran) < len(six_tasks.ids), sorted(ran)
+    assert all(case.find("error") is not None and "agent_exit" not in _properties(case) for case in ran.values())
+    assert not list(run_dir.rglob("*.eval.json")), "no evaluation ran"
 
 
 def test_keep_going_runs_every_task(pytester: pytest.Pytester, six_tasks: Copies) -> None:
@@ -194,15 +195,16 @@ def test_keep_going_runs_every_task(pytester: pytest.Pytester, six_tasks: Copies
     assert "using --dist worksteal" not in result.stdout.str(), "an explicit --dist is kept"
 
 
-def test_missing_agent_stops_a_serial_session(pytester: pytest.Pytester, six_tasks: Copies) -> None:
+def test_agents_not_running_stop_a_serial_session(pytester: pytest.Pytester, six_tasks: Copies) -> None:
+    """The command exists (the first sandbox's check passes) but every agent exits 127: the first three stop it."""
     run_dir = pytester.path / "run"
     result = pytester.runpytest_subprocess(
         *_args(six_tasks.tasks_dir, six_tasks.blob_dir, run_dir, *six_tasks.only_these, "--pb-agent",
-               "/etc/hostname"), timeout=600)
+               "sh -c no-such-tool"), timeout=600)
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.assert_outcomes(failed=3)
     result.stdout.fnmatch_lines(["*Interrupted: programbench: stopping: the agent of each of the first 3 tasks "
-                                 "exited 126 (126: command found but not executable)*"])
+                                 "exited 127 (127: command not found)*"])
 
 
 # ---------------------------------------------------------------------------------------------- usage, --help

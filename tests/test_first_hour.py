@@ -2,7 +2,7 @@
 
 A silent agent outlasting the engine client's read timeout, ``pytest --help``, an in-sandbox agent talking to a model
 through the relay, an infrastructure failure after the agent finished (the agent is not run twice), and an agent
-command that does not exist.
+command that does not exist (an error before anything is evaluated; run anyway under --pb-keep-going).
 """
 
 from __future__ import annotations
@@ -237,10 +237,26 @@ def test_failures_after_the_agent_retry_only_the_failed_step(pytester: pytest.Py
 # ---------------------------------------------------------------------------------------------- no such agent
 
 
-def test_missing_agent_command_says_127_not_found_first(pytester: pytest.Pytester, testbed: Testbed) -> None:
+def test_missing_agent_command_is_an_error_before_any_evaluation(pytester: pytest.Pytester,
+                                                                 testbed: Testbed) -> None:
     run_dir = pytester.path / "run"
     result = pytester.runpytest_subprocess(*_session_args(testbed, run_dir, "--pb-agent", "no-such-agent"),
                                            timeout=600)
+    result.assert_outcomes(errors=1)
+    error = _testcase(run_dir.parent / "junit.xml").find("error")
+    assert error is not None
+    text = (error.text or "").strip()
+    assert text.startswith("--pb-agent 'no-such-agent': 'no-such-agent' is not found in the sandbox of "
+                           f"{RPN}"), text[:500]
+    assert "is not found" in (run_dir / RPN / "agent.log").read_text()
+    assert not (run_dir / RPN / f"{RPN}.eval.json").exists(), "nothing was evaluated"
+
+
+def test_keep_going_runs_a_missing_agent_command_and_says_127_not_found_first(pytester: pytest.Pytester,
+                                                                             testbed: Testbed) -> None:
+    run_dir = pytester.path / "run"
+    result = pytester.runpytest_subprocess(*_session_args(testbed, run_dir, "--pb-agent", "no-such-agent",
+                                                          "--pb-keep-going"), timeout=600)
     result.assert_outcomes(failed=1)
     failure = _testcase(run_dir.parent / "junit.xml").find("failure")
     assert failure is not None

@@ -124,7 +124,8 @@ def test_every_outcome_class_in_its_column(pytester: pytest.Pytester, testbed: T
     assert head["mean_over_selection"] == pytest.approx((1.0 + catlike + 0.0) / 5, abs=1e-6)
     assert head["resolved"] == 1
     result.stdout.fnmatch_lines([
-        "*mean over scored tasks: * (3 scored)*mean over the selection*(5 selected)",
+        "mean over scored tasks:  * (3 scored)",
+        "mean over the selection: * (5 selected, unscored count 0)",
         "errors (2, infrastructure, not scored):",
     ])
     # The cause, not xdist's "[gw0] linux -- Python ..." header, in the reasons and the errors list.

@@ -93,8 +93,10 @@ def test_longest_first_from_a_run_dir_under_xdist_and_from_the_cache_without(
     second, second_dir = run(pytester, "second", "-p", "no:cacheprovider", "--pb-durations", str(first_dir),
                              "-n", "2")
     second.assert_outcomes(passed=6)
-    second.stdout.fnmatch_lines([f"programbench schedule: longest first, by durations of 6 of 6 tasks from "
-                                 f"{first_dir}"])
+    # One line says what -n alone does (it said "using --dist worksteal" beside "longest first" before).
+    second.stdout.fnmatch_lines([f"programbench schedule: longest first to idle workers (-n without --dist; pass "
+                                 f"--dist to use xdist's own), by durations of 6 of 6 tasks from {first_dir}"])
+    assert "worksteal" not in second.stdout.str()
     order = starts(second_dir)
     assert sorted(t for t, _ in order) == sorted(six)
     assert {t for t, _ in order[:2]} == set(longest[:2]), order

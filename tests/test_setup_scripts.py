@@ -46,6 +46,11 @@ def test_the_scripts_venv_works_where_debians_python3_refuses_pip(tmp_path: Path
     venv = root / ".venv"
     lines = done.stdout.splitlines()
     assert f"venv: created {venv} from " in done.stdout
+    # pip's step says what it does and roughly how long it takes, then that it is done (it was silent for minutes).
+    said = [line for line in lines if line.startswith("[venv ")]
+    assert said[0].endswith(f"] pip install -e . into {venv}: a few minutes the first time (downloads from PyPI), "
+                            f"about a minute after (log: {venv}/pb-pip-install.log)"), said
+    assert said[-1].endswith("] pip install done"), said
     assert str(venv / "bin" / "python3") in lines
     assert f"PB_PYTHON={venv}/bin/python" in lines
     assert lines[-1] == f"{venv} {root / 'pb_venv_probe.py'}", "the project is installed editable into the venv"

@@ -25,6 +25,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_programbench.agents.agent_log import CappedLog, pump
+from pytest_programbench.agents.command_check import (
+    COMMAND_CHECK_TIMEOUT,
+    NOT_EXECUTABLE,
+    NOT_FOUND,
+    AgentCommandMissing,
+    checkable_word,
+    command_probe,
+    missing_message,
+)
 from pytest_programbench.agents.prompt import PromptContext, render_prompt
 from pytest_programbench.engine import docker_engine
 from pytest_programbench.sandbox.layout import BINARY_PATH, DOCS_DIR, PROMPT_PATH, SRC_DIR
@@ -183,8 +192,11 @@ class AgentRunner:
 
     def __init__(self, spec: AgentSpec, task: Task, settings: Settings, *, log_path: Path,
                  extra_env: Mapping[str, str] | None = None, config: pytest.Config | None = None,
-                 attempt: int = 1, held: Callable[[], float] | None = None) -> None:
+                 attempt: int = 1, held: Callable[[], float] | None = None, check_command: bool = False) -> None:
         self.spec = spec
+        # The first task of a process asks whether the command exists before running it (command_check.py).
+        self.check_command = check_command
+        self.command_checked = False
         self.attempt = attempt  # --pb-attempts: which one (PB_ATTEMPT)
         self.task = task
         self.settings = settings
@@ -248,6 +260,8 @@ class AgentRunner:
             notes.append(f"agent set-up exited {setup.exit_code}")
         if prompt is None:
             prompt = self.write_prompt(sandbox)
+        if self.check_command and self.spec.kind == "command":
+            self._require_command(sandbox)
         # Whole seconds: the in-sandbox `timeout` takes an integer, and the clock's verdict compares against it.
         timeout = float(max(1, int(self.settings.agent_timeout - (time.monotonic() - started))))
         if self.spec.kind in ("reference", "replay"):
@@ -276,6 +290,33 @@ class AgentRunner:
             self.transcript = save_transcript(sandbox, self._invocation, self.log_path.parent)
         return AgentResult(exit_code, timed_out, time.monotonic() - started, self.log_path, notes,
                            transcript=self.transcript, clock_extended_s=self.given_back())
+
+    def _require_command(self, sandbox: Sandbox) -> None:
+        """The command's first word is found where it will run, as the agent; else ``AgentCommandMissing``."""
+        word = checkable_word(self.spec.command)
+        if word is None:  # only the shell knows it: the agent runs, its exit status says
+            return
+        probe = command_probe(word)
+        code: int | None
+        if self.spec.on_host:
+            where = "on the host"
+            try:
+                done = subprocess.run(["sh", "-c", probe], env={**os.environ, **self.environment(sandbox)},
+                                      stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                      timeout=COMMAND_CHECK_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                return  # no answer is no proof: the agent runs
+            code, detail = done.returncode, done.stdout + done.stderr
+        else:
+            where = f"in the sandbox of {self.task.instance_id}"
+            result = sandbox.exec(probe, user="agent", timeout=COMMAND_CHECK_TIMEOUT, env=self.environment(sandbox))
+            code, detail = result.exit_code, result.text
+        if code is not None and code in (NOT_FOUND, NOT_EXECUTABLE):
+            message = missing_message(self.spec.command, word, code, where, detail,
+                                      setup=bool(self.settings.agent_setup))
+            self._log(message)
+            raise AgentCommandMissing(message)
+        self.command_checked = True  # found: this process's later tasks need not ask again
 
     # -- presets ----------------------------------------------------------------------------------------------
 

@@ -70,10 +70,16 @@ class ConfiguredAgent:
         from pytest_programbench.agents.agent import AgentRunner
 
         run = self.task_run
+        session = run.session
         runner = AgentRunner(self.spec, run.task, run.settings, log_path=run.artifacts.agent_log,
-                             extra_env=run.relay_env(on_host=self.on_host), config=run.session.config,
-                             attempt=run.key.n, held=run.model_held_seconds if run.relay is not None else None)
-        return runner.run(sandbox, prompt)
+                             extra_env=run.relay_env(on_host=self.on_host), config=session.config,
+                             attempt=run.key.n, held=run.model_held_seconds if run.relay is not None else None,
+                             # This process's first agent run checks the command; --pb-keep-going runs it regardless.
+                             check_command=not (session.agent_command_checked or run.settings.keep_going))
+        try:
+            return runner.run(sandbox, prompt)
+        finally:
+            session.agent_command_checked = session.agent_command_checked or runner.command_checked
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_programbench.agents.command_check import AGENT_COMMAND_MISSING, AgentCommandMissing
 from pytest_programbench.pytest_layer.invocation import ATTEMPT, GOLD, TaskKey
 from pytest_programbench.pytest_layer.markers import SUITE, difficulty_marker, language_marker
 from pytest_programbench.pytest_layer.stash import SESSION
@@ -104,6 +105,9 @@ class ProgramBenchItem(pytest.Function):
         for attempt in range(session.settings.infra_retries + 1):
             try:
                 self.outcome = run.attempt(self._fill)
+            except AgentCommandMissing as exc:  # the user's input: said as it is, and the session stops (stopping.py)
+                self.user_properties.append((AGENT_COMMAND_MISSING, str(exc)))
+                raise
             except InfrastructureError as exc:
                 reasons.append(f"attempt {attempt + 1}: {exc}")
                 run.retried_after.append(reasons[-1])

@@ -10,8 +10,6 @@ anything is.
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import shutil
 import socket
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,6 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_programbench.agents.command_check import (
+    COMMAND_CHECK_TIMEOUT,
+    checkable_word,
+    command_probe,
+    command_word,
+)
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.text.sizes import human
 
@@ -30,8 +34,6 @@ if TYPE_CHECKING:
     from pytest_programbench.tasks.catalogue import Task
 
 MODEL_CONNECT_TIMEOUT = 10.0
-COMMAND_CHECK_TIMEOUT = 120.0
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -69,15 +71,6 @@ class PreflightReport:
         lines.append(f"{len(missing)} missing: fix them, then run again (the run itself would error or fail "
                      "on each)")
         return lines
-
-
-def command_word(command: str) -> str | None:
-    """The program a shell command runs first (leading ``NAME=value`` assignments skipped); None if unparsable."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return None
-    return next((w for w in words if not _ASSIGNMENT.fullmatch(w)), None)
 
 
 def run_preflight(settings: Settings, tasks: Sequence[Task], agent_spec: AgentSpec | None, identity: RunIdentity,
@@ -299,9 +292,12 @@ def check_agent(report: PreflightReport, spec: AgentSpec, settings: Settings, *,
     if spec.kind != "command":
         report.add("agent", spec.label, True, "a preset")
         return
-    word = command_word(spec.command)
-    if word is None:
+    if command_word(spec.command) is None:
         report.add("agent", spec.command, False, "the command cannot be parsed (unbalanced quotes?)")
+        return
+    word = checkable_word(spec.command)
+    if word is None:  # e.g. `n=$(cat f); ...`: a first word read statically would be wrong
+        report.add("agent", spec.command, True, "not checked: only the shell knows its first program")
         return
     if spec.on_host:
         found = (word if os.access(word, os.X_OK) else None) if "/" in word else shutil.which(word, path=env.get(
@@ -337,7 +333,7 @@ def _command_in_sandbox(word: str, settings: Settings, task: Task, *, image_id: 
             if setup.exit_code != 0:
                 return "agent", subject, False, (f"--pb-agent-setup exited {setup.exit_code}: "
                                                  f"{setup.text.strip()[-300:]}")
-        probe = f"command -v {shlex.quote(word)} || {{ echo \"PATH=$PATH\"; exit 127; }}"
+        probe = command_probe(word)
         result = sandbox.exec(probe, user="agent", timeout=COMMAND_CHECK_TIMEOUT, env=extra)
     except (SandboxError, EngineUnavailable, RuntimeError) as exc:
         return "agent", subject, False, f"the sample sandbox failed: {exc}"

@@ -14,8 +14,8 @@ import pytest
 from _pytest.junitxml import bin_xml_escape
 
 from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.pytest_layer import keyword_hint
 from pytest_programbench.pytest_layer.invocation import TaskKey, is_worker
-from pytest_programbench.pytest_layer.stash import WORKSTEAL_DEFAULTED
 from pytest_programbench.tasks.catalogue import CatalogueError
 from pytest_programbench.text.printable import PrintableRecords, printable
 
@@ -102,14 +102,15 @@ class SessionReporting:
         languages = ", ".join(f"{lang} {n}" for lang, n in sorted(per_language.items(), key=lambda kv: -kv[1]))
         lines = [
             f"programbench {version('programbench')}: {len(self.pb.selection.tasks)} tasks selected ({languages})",
-            f"programbench run {self.pb.identity.run_id}: {self.pb.identity.run_dir}",
+            f"programbench run {self.pb.identity.run_id}: " + (
+                self.pb.identity.run_dir if not self.pb.collect_only
+                # Nothing runs: naming the folder a run would have made sent users looking for it.
+                else f"no run directory ({'--pb-preflight checks' if self.pb.settings.preflight else 'a listing of'}"
+                     " the selection: nothing runs)"),
         ]
 
         if self.pb.identity.resumed:
             lines.append("programbench: resuming with the run's recorded settings (options given now replace them)")
-        if config.stash.get(WORKSTEAL_DEFAULTED, False):
-            lines.append("programbench: -n without --dist: using --dist worksteal (tasks take hours; pass --dist to "
-                         "choose another mode)")
         overridden = [t.instance_id for t in self.pb.selection.tasks if t.overridden]
         if overridden:
             lines.append(f"programbench overridden by --pb-tasks-dir: {', '.join(overridden)}")
@@ -191,6 +192,10 @@ class SessionReporting:
             for line in self.pb.preflight.lines():
                 terminalreporter.write_line(line, red=bool(self.pb.preflight.missing) and not line.startswith(
                     "checked:"))
+        if not is_worker(config):
+            for line in keyword_hint.hint_lines(config, list(self.pb.catalogue), self.pb.selection.tasks,
+                                                attempts=self.pb.settings.attempts, gold=self.pb.settings.gold):
+                terminalreporter.write_line(line, yellow=True)
         if self.pb.summary is None:
             return
         terminalreporter.write_sep("=", "programbench summary")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from pytest_programbench.pytest_layer.markers import register_languages
 from pytest_programbench.pytest_layer.reporting import SessionReporting, agent_label
 from pytest_programbench.pytest_layer.run_record import RunIdentity, check_resumable, fingerprint, public_settings
 from pytest_programbench.pytest_layer.stopping import EarlyStops
+from pytest_programbench.pytest_layer.warned_at import option_place, warn_at
 from pytest_programbench.pytest_layer.xdist_hooks import WORKERINPUT_KEY
 from pytest_programbench.tasks.catalogue import Catalogue, CatalogueError, Task
 from pytest_programbench.tasks.selection import Selection, select
@@ -149,6 +149,7 @@ class ProgramBenchSession:
         self.pytest_session: pytest.Session | None = None
         self.preflight: PreflightReport | None = None
         self.agent_spec: AgentSpec | None = None
+        self.agent_command_checked = False  # by this process's first agent run (agents/command_check.py)
         if settings.agent and not settings.submissions:
             from pytest_programbench.agents.agent import AgentSpec
 
@@ -242,10 +243,10 @@ class ProgramBenchSession:
         register_languages(config, {t.language for t in catalogue})
         method = config.getoption("timeout_method", None) or config.getini("timeout_method")
         if method == "thread":
-            config.issue_config_time_warning(ProgramBenchWarning(
+            warn_at(config, ProgramBenchWarning(
                 "pytest-timeout's thread method os._exit()s the whole worker when it fires; ProgramBench items use "
                 "the signal method regardless (their markers say so), other tests of this session do not"),
-                stacklevel=2)
+                *option_place(config, "timeout_method", "timeout_method"))
         if is_worker(config):
             identity = RunIdentity.from_dict(config.workerinput[WORKERINPUT_KEY])  # type: ignore[attr-defined]
         else:
@@ -278,9 +279,9 @@ class ProgramBenchSession:
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         if self.submissions is None:
             return
-        for unknown in self.submissions.unknown_ids:
-            warnings.warn(ProgramBenchWarning(
-                f"{self.submissions.root / unknown}: {unknown!r} is not a known task; ignored"), stacklevel=1)
+        for unknown in self.submissions.unknown_ids:  # said at the folder itself
+            warn_at(config, ProgramBenchWarning(f"{unknown!r} is not a known task; ignored"),
+                    self.submissions.root / unknown)
         missing = [i for i in items if isinstance(i, ProgramBenchItem)
                    and i.task.instance_id in self.without_submission]
         if missing:

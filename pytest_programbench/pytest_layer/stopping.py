@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_programbench.agents.command_check import AGENT_COMMAND_MISSING
 from pytest_programbench.pytest_layer.invocation import TaskKey
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ class EarlyStops:
             self.scored_any = True
             self._watch_agent_exit(instance_id, dict(report.user_properties).get("agent_exit"))
         elif report.when == "setup" and report.failed:
+            self._watch_agent_command(report.user_properties)
             self._watch_model_rejected(instance_id, report.user_properties)
         if report.when == "teardown":
             self._watch_budget()
@@ -66,6 +68,12 @@ class EarlyStops:
         self._stop(f"programbench: stopping: budget: ${state.spent:.4f} spent + ${state.projected - state.spent:.4f} "
                    f"projected for {state.running} running task(s) passes --pb-budget ${state.limit:g}; the tasks "
                    "not started are not run (--pb-resume with a larger --pb-budget runs them)")
+
+    def _watch_agent_command(self, properties: list[tuple[str, object]]) -> None:
+        """The first sandbox did not find the agent command: every task would do the same, so nothing more runs."""
+        missing = next((str(value) for name, value in properties if name == AGENT_COMMAND_MISSING), None)
+        if missing is not None and not self.stop_reason:
+            self._stop(f"programbench: stopping: {missing.splitlines()[0]}")
 
     def _watch_model_rejected(self, instance_id: str, properties: list[tuple[str, object]]) -> None:
         """Stop the session when the model API rejected the key on the first tasks: every task would do the same."""

@@ -535,7 +535,9 @@ def terminal_lines(result: Mapping[str, Any]) -> list[str]:
     tokens, cost = shown(totals["total_tokens"], "{}"), totals["cost_usd"]
     times = "; ".join(f"{phase} {shown(totals[phase + '_seconds'], '{:.1f} s')['base']} -> "
                       f"{shown(totals[phase + '_seconds'], '{:.1f} s')['new']}" for phase in PHASES)
-    lines.append(f"tokens {tokens['base']} -> {tokens['new']}; cost {cost['base']} -> {cost['new']}; {times}")
+    cost_text = ("unknown (no --pb-token-price)" if cost["base"] is None and cost["new"] is None  # not "None -> None"
+                 else " -> ".join("unknown" if v is None else f"${v:,.4f}" for v in (cost["base"], cost["new"])))
+    lines.append(f"tokens {tokens['base']} -> {tokens['new']}; cost {cost_text}; {times}")
     explored = coverage.compare_line(result["coverage"]) if result.get("coverage") else None
     if explored is not None:
         lines.append(explored)

@@ -137,6 +137,17 @@ def interval_text(ci: Mapping[str, Any]) -> str:
             f"{ci['method']}, {ci['resamples']} resamples, seed {ci['seed']}, over {ci['n']} {ci['over']})")
 
 
+def bounds_text(ci: Mapping[str, Any]) -> str:
+    """An interval's bounds alone (``method_text`` says how it was computed, once for several)."""
+    return f"{ci['confidence']:.0%} CI [{ci['low']:.3f}, {ci['high']:.3f}]"
+
+
+def method_text(ci: Mapping[str, Any]) -> str:
+    """How an interval was computed, as ``interval_text`` says it after the numbers."""
+    return (f"{ci['confidence']:.0%} CI: bootstrap {ci['method']}, {ci['resamples']} resamples, seed "
+            f"{ci['seed']}, over {ci['n']} {ci['over']}")
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased estimator of pass@k (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), for n samples of which c correct.
     resolved@k is the same with c the attempts that resolved the task (score 1.0)."""

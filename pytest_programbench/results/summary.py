@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -25,6 +26,7 @@ from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.attempts import mean_meta, mean_numbers
 from pytest_programbench.results.coverage import run_figure
 from pytest_programbench.results.pacing import Pacer
+from pytest_programbench.results.statistics import bounds_text, method_text
 from pytest_programbench.results.tally import Tally
 from pytest_programbench.text.printable import sanitise
 
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 
 PASSED, FAILED, ERROR = "passed", "failed", "error"
 RESOLVED, NEAR_RESOLVED = 1.0, 0.95  # programbench.submission.RESOLVED_THRESHOLD / NEAR_RESOLVED_THRESHOLD
+TERMINAL_WIDTH = 99  # the summary's lines about the means fit a 100-column terminal
 BASES = ("official", "corrected")  # --pb-score: the item's "score" property is the chosen one's
 UPSTREAM_DEFECT = ("the official scorer counts tests twice where names differ by 'eval.': upstream ProgramBench issue "
                    "#56, PR #61")
@@ -463,16 +466,9 @@ class RunSummary:
                 lines.append(f"{name:<{width}}  " + "  ".join(f"{c!s:>8}" for c in cells))
             lines.append("")
         head = self.headline()
-        lines.append(f"mean over scored tasks: {fmt(head['mean_over_scored'])} ({head['scored']} scored)   "
-                     f"mean over the selection (errors and unattempted count 0): {fmt(head['mean_over_selection'])} "
-                     f"({head['selected']} selected)")
-        lines.extend(basis_lines(head["scores"]))
-        from pytest_programbench.results.statistics import interval_text
-
         intervals = self.intervals()
-        for name, interval in intervals.items():
-            if name.endswith("_ci") and interval is not None:
-                lines.append(f"{name.removesuffix('_ci').replace('_', ' ')}: {interval_text(interval)}")
+        lines.extend(mean_lines(head, intervals))
+        lines.extend(basis_lines(head["scores"]))
         if self.attempts > 1:
             lines.extend(attempts_lines(intervals))
         lines.extend(gold_lines(self.task_rows()))
@@ -494,6 +490,22 @@ class RunSummary:
             lines.extend(f"  {r.instance_id}: {_first_line(r.reasons[-1]) if r.reasons else 'unknown'}"
                          for r in errors)
         return lines
+
+
+def mean_lines(head: Mapping[str, Any], intervals: Mapping[str, Any]) -> list[str]:
+    """Each mean once, with its interval, then how the intervals were computed: every line under 100 columns."""
+    lines = []
+    for label, key, count in (("mean over scored tasks: ", "mean_over_scored", f"{head['scored']} scored"),
+                              ("mean over the selection:", "mean_over_selection",
+                               f"{head['selected']} selected, unscored count 0")):
+        ci = intervals.get(f"{key}_ci")
+        value = "-" if head[key] is None else f"{head[key]:.3f}"
+        lines.append(f"{label} {value}{', ' + bounds_text(ci) if ci else ''} ({count})")
+    methods = dict.fromkeys(method_text(ci) for key in ("mean_over_scored_ci", "mean_over_selection_ci")
+                            if (ci := intervals.get(key)))
+    for method in methods:
+        lines.extend(textwrap.wrap(method, width=TERMINAL_WIDTH, initial_indent="  ", subsequent_indent="    "))
+    return lines
 
 
 def basis_properties(scored: list[TaskRecord]) -> dict[str, Any]:

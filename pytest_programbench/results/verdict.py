@@ -284,12 +284,12 @@ def failure_message(outcome: TaskOutcome, min_score: float, *, flagged: bool, ta
         lines.append(f"clock fired: {outcome.clock_fired}")
     for branch, errors in sorted(outcome.branch_errors.items()):
         lines.append(f"branch {branch}: {', '.join(errors)}")
-    eval_json = task_dir / f"{outcome.instance_id}.eval.json" if task_dir is not None else None
-    lines.extend(_failing_lines(outcome.for_basis(basis), eval_json))
     if flagged:
         lines.append(f"integrity flags: {', '.join(outcome.flags)} (the score is official; pass --pb-allow-flags "
                      "to accept it, or --pb-strict to evaluate with the flagged files neutralised)")
-    lines.extend(outcome.notes)
+    lines.extend(outcome.notes)  # causes (the compiler's error, a failed set-up, no submission): before per-test lines
+    eval_json = task_dir / f"{outcome.instance_id}.eval.json" if task_dir is not None else None
+    lines.extend(_failing_lines(outcome.for_basis(basis), eval_json))
     if task_dir is not None:
         lines.append(f"run directory: {task_dir}")
         tail = tail_lines(task_dir / "agent.log")

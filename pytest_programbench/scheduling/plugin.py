@@ -75,7 +75,10 @@ class SchedulingPlugin:
             return []
         if not self._ours_to_order():
             return [f"programbench schedule: as --dist {self.config.option.dist} orders it (collection order)"]
-        return [f"programbench schedule: longest first, by {self.estimates.describe()}"]
+        # One line for what -n alone does: the plugin's scheduler replaces xdist's (its worksteal is only the base).
+        workers = (" to idle workers (-n without --dist; pass --dist to use xdist's own)" if self._under_xdist()
+                   else "")
+        return [f"programbench schedule: longest first{workers}, by {self.estimates.describe()}"]
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self) -> None:

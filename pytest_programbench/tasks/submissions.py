@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pytest_programbench.tasks.catalogue import Catalogue
 
 ARCHIVE = "submission.tar.gz"
@@ -12,7 +14,20 @@ ARCHIVE = "submission.tar.gz"
 class SubmissionsDir:
     def __init__(self, root: Path, catalogue: Catalogue) -> None:
         self.root = root
-        present = sorted(d.name for d in root.iterdir() if d.is_dir() and (d / ARCHIVE).is_file())
+        present = []
+        for d in sorted(root.iterdir()):
+            archive = d / ARCHIVE
+            if not d.is_dir() or not (archive.exists() or archive.is_symlink()):
+                continue
+            if not archive.is_file():  # the user's mistake, not a task to score as "no submission"
+                what = ("a directory" if archive.is_dir() else "a broken symbolic link" if not archive.exists()
+                        else "not a regular file")
+                raise pytest.UsageError(f"--pb-submissions: {archive} is {what}; a task's submission is a gzip tar "
+                                        "archive of its source tree")
+            present.append(d.name)
+        if not present:  # a wrong folder: a run of nothing would follow (a run directory, an empty report, exit 5)
+            raise pytest.UsageError(f"--pb-submissions: {root} holds no <id>/{ARCHIVE}: expected one folder per "
+                                    f"task, named by its instance id, holding the task's {ARCHIVE}")
         from programbench.constants import TASKS_DIR
 
         # Packaged fixtures left out of this selection are still tasks: only warn about ids nobody knows.
