@@ -154,10 +154,11 @@ _SAMPLES: dict[str, tuple[str, str]] = {
     "progress": ("lines:5", "live:2"), "token-price": ("1.5,2", "3,4"), "sandbox-memory": ("3g", "5g"),
     "memory": ("2g", "4g"), "slice": ("1:3", "0:2"), "filter": ("a.*", "b.*"),
     "docker-host": ("unix:///run/pb-a.sock", "unix:///run/pb-b.sock=2"),
+    "score": ("official", "corrected"), "audit-hidden-tests": ("on", "off"),
 }
 _KIND_SAMPLES = {"int": ("7", "9"), "float": ("0.5", "0.75"), "str": ("one", "two"), "list": ("one", "two")}
-_DIR_OPTIONS = ("tasks-dir", "submissions", "resume", "blob-dir", "compare", "agent-replay", "durations")
-_FILE_OPTIONS = ("gold-ledger",)
+_DIR_OPTIONS = ("tasks-dir", "submissions", "resume", "blob-dir", "compare", "agent-replay", "durations", "report")
+_FILE_OPTIONS = ("gold-ledger", "registry-ignore")
 
 
 def _samples(tmp: Path) -> dict[str, tuple[str, str]]:
