@@ -10,9 +10,11 @@ audit off and on, alternately, ``--repeat`` times each (the best kept). The audi
 
 Prints the wall seconds of each, the ratio on ÷ off, and per task the evaluation phase (``pb-meta.json``'s
 ``timings.evaluation``) with and without the audit, the audit's own seconds (``evaluation.audit.seconds``) and the
-official hidden tests' (``run_tests`` in eval.json), and what the audit found; writes JSON to
-``bench/results/bench_audit-<UTC>.json``. The scores must be equal in both (the audit never changes one). Needs the
-test bed: ``bash testbed/setup.sh``.
+official hidden tests' (``run_tests`` in eval.json), and what the audit found; then the audit's seconds over the
+official hidden tests' seconds of the same evaluations (each pair measured back to back in one evaluation, so the
+ratio holds on a loaded machine, where the wall times of two sessions minutes apart do not), over every "on" run;
+writes JSON to ``bench/results/bench_audit-<UTC>.json`` with the load average before and after. The scores must be
+equal in both (the audit never changes one). Needs the test bed: ``bash testbed/setup.sh``.
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ def main() -> None:
     if args.branches > 0:
         env, source = widened(work_root, env, source, args.branches)
     rows: dict[str, dict[str, Any]] = {}
+    audited: list[dict[str, Any]] = []  # every "on" run's tasks
+    load_before = os.getloadavg()
     try:
         tasks_dir = merged_tasks_dir(work_root, env)
         for attempt in range(args.repeat):
@@ -93,6 +97,8 @@ def main() -> None:
                 work = work_root / f"{attempt}-{name.replace(' ', '-')}"
                 work.mkdir()
                 row = run(name, source, work, tasks_dir, env, args.workers, audit)
+                if audit:
+                    audited.append(row["tasks"])
                 print(f"[{attempt + 1}/{args.repeat}] {name}: {row['seconds']:.1f} s (exit {row['returncode']})",
                       file=sys.stderr)
                 best = rows.get(name)
@@ -119,6 +125,16 @@ def main() -> None:
         plain = off["tasks"].get(task, {})
         print(f"{task:34s} {plain.get('evaluation') or 0:9.1f} {seen.get('evaluation') or 0:9.1f} "
               f"{seen.get('audit_seconds') or 0:7.1f} {seen['official_tests']:7.1f}  {seen['audit']}")
+    audit_s = sum(float(t.get("audit_seconds") or 0.0) for tasks in audited for t in tasks.values())
+    tests_s = sum(float(t.get("official_tests") or 0.0) for tasks in audited for t in tasks.values())
+    per_run = [round(sum(float(t.get("audit_seconds") or 0.0) for t in tasks.values())
+                     / max(1e-9, sum(float(t.get("official_tests") or 0.0) for t in tasks.values())), 2)
+               for tasks in audited]
+    audit_ratio = audit_s / tests_s if tests_s else float("nan")
+    print(f"audit ÷ official hidden tests, same evaluations, {len(audited)} run(s): {audit_s:.1f} s ÷ {tests_s:.1f} s "
+          f"= {audit_ratio:.2f}x (per run {per_run})")
+    load_after = os.getloadavg()
+    print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f} on {os.cpu_count()} cores")
     if on["scores"] != off["scores"]:
         print(f"SCORES DIFFER: off {off['scores']} on {on['scores']}")
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -126,7 +142,10 @@ def main() -> None:
     out = RESULTS / f"bench_audit-{stamp}.json"
     out.write_text(json.dumps({"when": stamp, "variant": args.variant, "branches": args.branches,
                                "workers": args.workers, "repeat": args.repeat, "cores": os.cpu_count(),
-                               "ratio_on_off": round(ratio, 3), "rows": rows}, indent=2, default=str))
+                               "ratio_on_off": round(ratio, 3), "audit_over_tests": round(audit_ratio, 3),
+                               "audit_over_tests_per_run": per_run, "audited_runs": audited,
+                               "load_before": load_before, "load_after": load_after, "rows": rows},
+                              indent=2, default=str))
     print(f"wrote {out}")
 
 

@@ -404,6 +404,12 @@ def test_the_comparison_flags_only_tests_failing_in_both_runs(monkeypatch: pytes
     assert (flaky.report.result, flaky.flags) == ("unconfirmed", [])
     assert flaky.report.note() is not None
 
+    # Passing again in a second run the plugin did not report from proves nothing: inconclusive.
+    unseen_again = _audited(monkeypatch, official, [first, _pass({"a/t1", "a/t2"},
+                                                                 {"a": audit.BranchAudit(reports=[""])})])
+    assert (unseen_again.report.result, unseen_again.flags) == ("inconclusive", [])
+    assert "its second run" in unseen_again.report.why
+
     # The second run could not run: inconclusive, never a flag.
     lost = _audited(monkeypatch, official, [first, _pass(set(), {"a": audit.BranchAudit(problem="no container")})])
     assert (lost.report.result, lost.flags) == ("inconclusive", [])

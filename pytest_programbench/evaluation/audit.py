@@ -304,6 +304,11 @@ class HiddenTestAudit:
         self.report.regressed = regressed
         self.report.branches = {b: a.summary() for b, a in first.branches.items()}
         self.report.timeouts = list(first.timeouts)
+        # The audit's own failures: a branch not audited, or one whose runs the plugin did not report from.
+        problems = [f"branch {b}: {a.problem}" for b, a in first.branches.items() if a.problem]
+        problems += [f"branch {b}: {why}" for b, a in first.branches.items()
+                     if not a.problem and not a.crashed and (why := a.plugin_problem()) is not None]
+        flaky = ""
         if regressed:
             again = [b for b in branches if any(name.startswith(f"{b}/") for name in regressed)]
             progress.info("[%s] audit: %d test(s) failed without their sources; their %d branch(es) once more",
@@ -319,19 +324,20 @@ class HiddenTestAudit:
                 self.report.result = FLAGGED
                 self.flags = [self._flag(confirmed, first)]
                 return
-            lost = [b for b in again if b not in retried]
-            self.report.result = INCONCLUSIVE if lost else UNCONFIRMED
-            self.report.why = (f"{len(regressed)} test(s) failed in the audit's first run and "
-                               + (f"their branch(es) {', '.join(lost)} could not run again: "
-                                  + "; ".join(second.branches[b].problem for b in lost) if lost
-                                  else "passed in its second (flaky, not flagged)")
-                               + f": {', '.join(regressed[:SHOW_TESTS])}")
-            return
-        problems = [f"branch {b}: {a.problem}" for b, a in first.branches.items() if a.problem]
-        problems += [f"branch {b}: {why}" for b, a in first.branches.items()
-                     if not a.problem and not a.crashed and (why := a.plugin_problem()) is not None]
+            problems += [f"branch {b}: its second run: {second.branches[b].problem}" for b in again
+                         if b not in retried]
+            # A second run that passed is only a flaky first run if the plugin was active in it.
+            problems += [f"branch {b}: its second run: {why}" for b in again if b in retried
+                         and not second.branches[b].crashed and (why := second.branches[b].plugin_problem())]
+            passed_again = [n for n in regressed if n.split("/", 1)[0] in retried]
+            if passed_again:
+                flaky = (f"{len(passed_again)} test(s) failed in the audit's first run and passed in its second "
+                         f"(flaky, not flagged): {', '.join(passed_again[:SHOW_TESTS])}")
         if problems:
-            self.report.result, self.report.why = INCONCLUSIVE, "; ".join(problems)
+            self.report.result = INCONCLUSIVE
+            self.report.why = "; ".join([*problems, *([flaky] if flaky else [])])
+        elif flaky:
+            self.report.result, self.report.why = UNCONFIRMED, flaky
         else:
             self.report.result = CLEAN
 
