@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tarfile
 import xml.etree.ElementTree as ET
@@ -289,11 +290,25 @@ def test_pb_score_corrected_passes_the_calculator_and_keeps_a_real_failure(pytes
     failing tests are in both scores; the headline and --pb-min-mean follow the corrected score."""
     tasks = stripped_tasks(pytester.path, testbed)
     subs = calculator_submission(pytester.path, CLONE)
+    base = pytester.path / "base"  # the calculator alone, by the official score: what the run is compared with
+    session(pytester, testbed, subs, base, "--pb-filter", "testorg__").assert_outcomes(failed=1)
     shutil.copytree(testbed.submissions.parent / "wrong" / CATLIKE, subs / CATLIKE)
     run_dir = pytester.path / "corrected"
     result = session(pytester, testbed, subs, run_dir, "--pb-tasks-dir", str(tasks), "--pb-filter",
-                     f"testorg__|{CATLIKE}", "--pb-score", "corrected", "--pb-min-mean", "0.7")
+                     f"testorg__|{CATLIKE}", "--pb-score", "corrected", "--pb-min-mean", "0.7", "--pb-compare",
+                     str(base))
     result.assert_outcomes(passed=1, failed=1)
+    # --pb-compare carries both scores, and says which decided each run.
+    compared = json.loads((run_dir / "compare.json").read_text())
+    row = compared["tasks"][CALCULATOR]
+    assert (row["base"]["score"], row["base"]["score_official"], row["base"]["score_corrected"]) == (0.5, 0.5, 1.0)
+    assert (row["new"]["score"], row["new"]["score_official"], row["new"]["score_corrected"]) == (1.0, 0.5, 1.0)
+    assert compared["scores"]["basis"] == {"base": "official", "new": "corrected"}
+    assert (compared["scores"]["official"]["mean_new"], compared["scores"]["corrected"]["mean_new"]) == (0.5, 1.0)
+    result.stdout.fnmatch_lines(["by the official score 0.500 -> 0.500, by the corrected score 1.000 -> 1.000 "
+                                 "(upstream ProgramBench issue #56); the official score decided the base run, the "
+                                 "corrected score the new one"])
+    assert re.search(r"official 0\.50* · corrected 1\.00*<", (run_dir / "compare.html").read_text())
     rows = summary(run_dir)["tasks"]
     calc, cat = rows[CALCULATOR], rows[CATLIKE]
     assert (calc["outcome"], calc["score"], calc["score_official"], calc["score_basis"]) == (

@@ -99,6 +99,7 @@ def recompute(score_json: Path, ignore: dict[str, list[str]], total: int = 200) 
     ({"model": "gpt-x", "model_endpoint": "https://api.openai.com/v1"}, "openai"),
     ({"model": "claude-x", "model_endpoint": "https://api.anthropic.com"}, "anthropic"),
     ({"model": "some-model", "model_endpoint": "https://openrouter.ai/api/v1"}, "openrouter"),
+    ({"model": "m", "model_endpoint": "https://generativelanguage.googleapis.com/v1beta/openai"}, "google"),
     ({"model": "m", "model_endpoint": "https://llm.example.com/v1"}, "example"),
     ({"model": "m", "model_endpoint": "http://127.0.0.1:8080/v1", "agent": "codex@0.169.0"}, "openai"),
     ({"model": "m", "agent": "claude-code"}, "anthropic"),
