@@ -99,10 +99,12 @@ def _pytest(root: Path, env: dict[str, str], words: list[str]) -> Done:
 
 
 def _compare_json(flow: Flow, words: list[str]) -> dict[str, Any] | None:
+    """The compare.json a command wrote: in NEW's directory, or with one side in the run's own (--pb-output)."""
     sides = next((w for i, w in enumerate(words) if i and words[i - 1] == "--pb-compare"), None)
     if sides is None:
         return None
-    path = flow.path(sides.split(",")[-1]) / "compare.json"
+    new = sides.split(",")[1] if "," in sides else words[words.index("--pb-output") + 1]
+    path = flow.path(new) / "compare.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -125,7 +127,6 @@ def flow(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Flow:
     (root / "registry" / "ignored_tests.json").write_text(json.dumps(ignore))
     flow = Flow(root, tasks, root / "official-theirs", ignore)
     env = _env(tasks)
-    flow.done["same"] = _pytest(root, env, ["--pb-submissions", "runs/same", "--pb-output", "pb-runs/same", "-n", "2"])
     for command in readme_commands():
         words = shlex.split(command)
         if "registry/submissions/theirs" in command and not (root / "registry" / "submissions").exists():
@@ -142,7 +143,12 @@ def flow(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Flow:
             flow.done[command].compared = _compare_json(flow, words[1:])
         if words[:2] == ["programbench", "eval"]:
             shutil.copytree(root / "runs" / "theirs", flow.official)
-            # The official output against our run of the same submissions (before it is packaged).
+            # Our run of the same submissions, compared at its end with the official output (a foreign BASE), then
+            # again as two finished runs.
+            words = ["--pb-submissions", "runs/same", "--pb-output", "pb-runs/same", "-n", "2", "--pb-compare",
+                     flow.official.name]
+            flow.done["same"] = _pytest(root, env, words)
+            flow.done["same"].compared = _compare_json(flow, words)
             words = ["--pb-compare", f"{flow.official.name},pb-runs/same"]
             flow.done["official,same"] = _pytest(root, env, words)
             flow.done["official,same"].compared = _compare_json(flow, words)
@@ -168,6 +174,19 @@ def test_readme_commands_ran(flow: Flow) -> None:
     # catlike's official score is 0.5 (its names' defect), below the default --pb-min-score: its item fails
     assert flow.done["same"].returncode == 1, flow.done["same"].out[-3000:]
     assert "1 failed, 1 passed" in flow.done["same"].out
+
+
+def test_a_run_compared_at_its_end_with_an_official_output(flow: Flow) -> None:
+    """``--pb-compare BASE`` of a run, BASE the official CLI's output: the same comparison as the finished runs'."""
+    done = flow.done["same"]
+    assert "= programbench compare =" in done.out
+    assert f"base is {OFFICIAL_KIND}; new is {OURS_KIND}" in done.out
+    at_end, finished = done.compared, flow.done["official,same"].compared
+    assert at_end is not None
+    assert finished is not None
+    assert at_end["flips"] == {"pass_to_fail": 0, "fail_to_pass": 0}
+    assert at_end["paired"] == finished["paired"]
+    assert at_end["tasks"] == finished["tasks"]
 
 
 def test_the_official_cli_output_equals_our_run_of_the_same_submissions(flow: Flow) -> None:
