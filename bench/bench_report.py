@@ -3,8 +3,9 @@
 Writes a synthetic run directory: per task a pb-meta.json with its phases (sandbox, a six-hour agent, pack, an
 evaluation with compile and branches), a model-requests.jsonl of ``--requests`` relay records (some retried and held
 back) and a binary-calls.jsonl of ``--calls`` proxy records (some killed by a signal), spread over the agent's six
-hours; then renders report.html from that directory (results/report.py, as the session's end does) and prints the
-page's bytes, the rows embedded and left out, and the time the render took.
+hours; then builds each task's timeline.json as the item does when it ends (timeline.save) and renders report.html from
+that directory (results/report.py, as the session's end does); prints the page's bytes, the rows embedded and left
+out, and the CPU time of both (process time: the machine's other load does not count).
 
     python bench/bench_report.py                            # 1, 10 and 200 tasks, 5,000 requests, 20,000 calls each
     python bench/bench_report.py --tasks 200 --json /tmp/report-bench.json
@@ -24,6 +25,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pytest_programbench.results import timeline  # noqa: E402
 from pytest_programbench.results.report import render  # noqa: E402
 from pytest_programbench.results.summary import RunSummary, TaskRecord  # noqa: E402
 
@@ -83,14 +85,18 @@ def measure(tasks: int, requests: int, calls: int) -> dict[str, Any]:
                    for i in range(tasks)]
         header = {"run_id": "bench", "run_dir": str(run), "plugin_version": "0", "programbench_version": "0"}
         data = RunSummary(run / "summary.json", header, records).as_dict()
-        started = time.monotonic()
+        started = time.process_time()
+        for record in records:  # what each attempt's item does when it ends (pipeline: timeline.save)
+            timeline.save(run / record.instance_id)
+        saved = (time.process_time() - started) / tasks
+        started = time.process_time()
         page = render(run, data, lambda _iid: None)
-        seconds = time.monotonic() - started
+        seconds = time.process_time() - started
     rows = page.count("<li class=\"request") + page.count("<li class=\"call")
     left_out = sum(int(n) for n in re.findall(r'<span class="left-out">(\d+)</span>', page))
     return {"tasks": tasks, "requests_per_task": requests, "calls_per_task": calls, "page_bytes": len(page.encode()),
             "bytes_per_task": len(page.encode()) // tasks, "rows_embedded": rows, "rows_left_out": left_out,
-            "render_seconds": round(seconds, 2)}
+            "save_cpu_seconds_per_task": round(saved, 3), "render_cpu_seconds": round(seconds, 2)}
 
 
 def main() -> int:
@@ -104,7 +110,9 @@ def main() -> int:
     for r in results:
         print(f"{r['tasks']:>4} task(s) x ({r['requests_per_task']:,} requests + {r['calls_per_task']:,} calls): "
               f"report.html {r['page_bytes']:,} bytes ({r['bytes_per_task']:,} per task), {r['rows_embedded']:,} "
-              f"rows embedded, {r['rows_left_out']:,} left out, rendered in {r['render_seconds']} s")
+              f"rows embedded, {r['rows_left_out']:,} left out; each task's timeline.json built in "
+              f"{r['save_cpu_seconds_per_task']} s CPU when it ended, the page rendered in {r['render_cpu_seconds']} s "
+              "CPU")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

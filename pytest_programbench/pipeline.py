@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.pytest_layer.invocation import ATTEMPT, GOLD, TaskKey
-from pytest_programbench.results import coverage, task_meta
+from pytest_programbench.results import coverage, task_meta, timeline
 from pytest_programbench.results.artifacts import TaskArtifacts
 from pytest_programbench.results.atomic import atomic_copy
 from pytest_programbench.results.gold import GoldError, reference_bytes, require_reference_built, write_submission
@@ -136,6 +136,8 @@ class TaskRun:
             return outcome
         finally:
             self.write_meta()
+            if self.record and self.artifacts.dir.exists() and not self.reused:
+                timeline.save(self.artifacts.dir)  # once, here: the report's end reads it, not every call
 
     def write_meta(self) -> None:
         self.meta["timings"] = self.timings

@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from pytest_programbench.results import report, timeline
+from pytest_programbench.results import timeline
 from pytest_programbench.results.report import render
 from pytest_programbench.results.summary import RunSummary, TaskRecord
 from tests.conftest import REPO
@@ -54,9 +54,30 @@ def test_the_page_budget_is_shared_by_every_timeline(tmp_path: Path) -> None:
     records = [bench_report.write_task(tmp_path / f"t__{i}.0", f"t__{i}.0", 400, 1_600) for i in range(40)]
     page = _page(tmp_path, records)
     rows = page.count('<li class="request') + page.count('<li class="call')
-    assert rows == report.PAGE_EVENTS == 40 * (report.PAGE_EVENTS // 40)
+    assert rows == timeline.PAGE_EVENTS == 40 * (timeline.PAGE_EVENTS // 40)
     left_out = sum(int(n) for n in re.findall(r'<span class="left-out">(\d+)</span>', page))
     assert rows + left_out == 40 * 2_000
+
+
+def test_saved_when_the_attempt_ended_and_trimmed_to_the_page(tmp_path: Path) -> None:
+    """The pipeline saves each attempt's timeline (timeline.json) when it ends; the report trims it to its share,
+    the same as building it with that share, and no longer reads the logs."""
+    task = tmp_path / "t__s.0"
+    record = bench_report.write_task(task, "t__s.0", 700, 2_800)
+    timeline.save(task)
+    for budget in (40, 333, 1_500):
+        built = timeline.build(task, events_max=budget)
+        assert built is not None
+        assert timeline.trim(json.loads((task / timeline.SAVED).read_text()), budget) == {"version": 1, **built}
+    (task / timeline.MODEL_REQUESTS).unlink()
+    (task / timeline.BINARY_CALLS).unlink()
+    loaded = timeline.load(task, events_max=100)
+    assert loaded is not None
+    assert (loaded["requests"], loaded["calls"], loaded["shown"]) == (700, 2_800, 100)
+    page = _page(tmp_path, [record])
+    assert page.count('<li class="request') + page.count('<li class="call') == timeline.ATTEMPT_EVENTS_MAX
+    (task / timeline.SAVED).write_text("{not json")
+    assert timeline.load(task, events_max=100) is not None, "phases only, from pb-meta.json: built again"
 
 
 def test_text_from_the_sandbox_is_escaped(tmp_path: Path) -> None:

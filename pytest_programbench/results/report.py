@@ -126,8 +126,8 @@ def task_rows(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskSc
             "failing": {} if attempts else _bounded(failing_by_branch(task_dir / f"{iid}.eval.json", scope(iid))),
             "spread": attempt_spread(row), **gold_columns(row), **score_columns(row, task_dir),
             "reason": _reason(row), "attempt_rows": attempts,
-            "timeline": None if attempts else timeline.build(task_dir, events_max=events_max,
-                                                             progress=progress.get(iid, ())),
+            "timeline": None if attempts else timeline.load(task_dir, events_max=events_max,
+                                                            progress=progress.get(iid, ())),
         })
     return rows
 
@@ -147,7 +147,7 @@ def attempt_rows(run_dir: Path, iid: str, row: Mapping[str, Any], scope: TaskSco
         out.append({**attempt, "n": int(number), **numbers(attempt),
                     "dir": str(task_dir.relative_to(run_dir)),
                     "failing": _bounded(failing, PANEL_DETAIL_MAX // len(listed)),
-                    "timeline": timeline.build(task_dir, events_max=events_max, progress=progress.get(key.name, ()))})
+                    "timeline": timeline.load(task_dir, events_max=events_max, progress=progress.get(key.name, ()))})
     return out
 
 
@@ -247,15 +247,11 @@ def _when(started: Any, updated: Any) -> dict[str, str]:
     return {"started": stamp, "duration": _seconds(max(0.0, ended - started))}
 
 
-# The timelines' part of the page: at most PAGE_EVENTS rows in all, shared by every attempt's timeline, each between
-# ATTEMPT_EVENTS_MIN and ATTEMPT_EVENTS_MAX (bench/bench_report.py measures the page this gives).
-PAGE_EVENTS, ATTEMPT_EVENTS_MIN, ATTEMPT_EVENTS_MAX = 12_000, 40, 1_500
-
-
 def events_budget(tasks: Mapping[str, Any]) -> int:
     """Rows one attempt's timeline may embed: the page's budget over every attempt of every task."""
     timelines = sum(len(row.get("attempts") or {}) or 1 for row in tasks.values() if isinstance(row, Mapping))
-    return max(ATTEMPT_EVENTS_MIN, min(ATTEMPT_EVENTS_MAX, PAGE_EVENTS // max(1, timelines)))
+    return max(timeline.ATTEMPT_EVENTS_MIN,
+               min(timeline.ATTEMPT_EVENTS_MAX, timeline.PAGE_EVENTS // max(1, timelines)))
 
 
 def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope | None]) -> str:

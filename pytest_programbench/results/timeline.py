@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import json
+import logging
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,9 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from pytest_programbench.results import task_meta
+from pytest_programbench.results.atomic import atomic_write_text
+
+log = logging.getLogger(__name__)
 
 MODEL_REQUESTS = "model-requests.jsonl"
 BINARY_CALLS = "binary-calls.jsonl"
+SAVED = "timeline.json"  # an attempt's timeline, built once when it ended (the report trims it to its share)
+VERSION = 1
+# The report's budget: at most PAGE_EVENTS rows in all, shared by every attempt's timeline, each between
+# ATTEMPT_EVENTS_MIN and ATTEMPT_EVENTS_MAX (bench/bench_report.py measures the page this gives).
+PAGE_EVENTS, ATTEMPT_EVENTS_MIN, ATTEMPT_EVENTS_MAX = 12_000, 40, 1_500
 LINES_MAX = 500_000  # lines read from one file (the relay's and the proxy's logs are capped well below)
 GROUPS_MAX = 24  # windows per attempt
 WIDTHS = (10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200)  # a window's seconds: the smallest giving <= GROUPS_MAX
@@ -256,7 +265,7 @@ def build(task_dir: Path, *, events_max: int, progress: Sequence[Mapping[str, An
         "tokens": int(sum(e.tokens for e in requests)), "retries": sum(e.retries for e in requests),
         "held": round(sum(e.held for e in requests), 1),
         "failed_requests": sum(e.failed for e in requests), "failed_calls": sum(e.failed for e in calls),
-        "shown": sum(shown), "left_out": len(events) - sum(shown),
+        "shown": sum(shown), "left_out": len(events) - sum(shown), "events_max": events_max,
     }
 
 
@@ -273,3 +282,40 @@ def _group(key: int, width: int, events: list[Event], shown: int, start: float) 
         "more_requests": sum(e.kind == "request" for e in events[shown:]),
         "more_calls": sum(e.kind == "call" for e in events[shown:]),
     }
+
+
+def save(task_dir: Path) -> None:
+    """Build the attempt's timeline once, when it ended, into ``timeline.json``: the session's end then reads a small
+    file per attempt instead of every request and call. A view: a failure here changes nothing for the task, and the
+    report builds the timeline itself."""
+    try:
+        built = build(task_dir, events_max=ATTEMPT_EVENTS_MAX)
+        if built is not None:
+            atomic_write_text(task_dir / SAVED, json.dumps({"version": VERSION, **built}, separators=(",", ":")))
+    except Exception as exc:  # never the task's concern
+        log.debug("timeline of %s not saved: %s", task_dir, exc)
+
+
+def load(task_dir: Path, *, events_max: int, progress: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any] | None:
+    """The attempt's timeline for a page, ``events_max`` rows at most: ``timeline.json`` trimmed, else built."""
+    try:
+        saved = json.loads((task_dir / SAVED).read_text())
+    except (OSError, ValueError):
+        saved = None
+    if isinstance(saved, dict) and saved.get("version") == VERSION and events_max <= saved.get("events_max", 0):
+        return trim(saved, events_max)
+    return build(task_dir, events_max=events_max, progress=progress)
+
+
+def trim(built: Mapping[str, Any], events_max: int) -> dict[str, Any]:
+    """A timeline with at most ``events_max`` rows: each window keeps the first rows of its new share (shares only
+    shrink with the budget, so this equals building it with ``events_max``)."""
+    groups = [dict(g) for g in built["groups"]]
+    totals = [g["requests"] + g["calls"] for g in groups]
+    for group, share in zip(groups, shares(totals, max(0, events_max)), strict=True):
+        dropped = group["rows"][share:]
+        group["rows"] = group["rows"][:share]
+        group["more_requests"] += sum(r["kind"] == "request" for r in dropped)
+        group["more_calls"] += sum(r["kind"] == "call" for r in dropped)
+    shown = sum(len(g["rows"]) for g in groups)
+    return {**built, "groups": groups, "shown": shown, "left_out": sum(totals) - shown, "events_max": events_max}
