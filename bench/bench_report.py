@@ -8,7 +8,9 @@ that directory (results/report.py, as the session's end does); prints the page's
 out, and the CPU time of both (process time: the machine's other load does not count).
 
     python bench/bench_report.py                            # 1, 10 and 200 tasks, 5,000 requests, 20,000 calls each
-    python bench/bench_report.py --tasks 200 --json /tmp/report-bench.json
+    python bench/bench_report.py --tasks 200
+
+Writes the results as JSON to ``bench/results/bench_report-<UTC>.json``.
 """
 
 from __future__ import annotations
@@ -104,7 +106,6 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, action="append", help="tasks in the run (repeatable; 1, 10, 200)")
     parser.add_argument("--requests", type=int, default=5_000, help="model requests per task")
     parser.add_argument("--calls", type=int, default=20_000, help="calls of the reference per task")
-    parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     results = [measure(n, args.requests, args.calls) for n in args.tasks or (1, 10, 200)]
     for r in results:
@@ -113,8 +114,10 @@ def main() -> int:
               f"rows embedded, {r['rows_left_out']:,} left out; each task's timeline.json built in "
               f"{r['save_cpu_seconds_per_task']} s CPU when it ended, the page rendered in {r['render_cpu_seconds']} s "
               "CPU")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    out = REPO / "bench" / "results" / f"bench_report-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"results: {out}")
     return 0
 
 
