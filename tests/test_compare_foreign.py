@@ -260,6 +260,7 @@ def test_the_packaged_official_output_and_its_registry_entry_against_our_run(flo
         assert row["base"]["score_corrected"] is None, "not in this run: no eval.json to replay"
         assert row["new"]["score_official"] == row["base"]["score_official"]
     assert "corrected score (no eval.json with its JUnit log)" in result["base"]["lacks"]
+    assert "by the corrected score not in both runs" in entry.out
     assert result["scores"]["corrected"]["tasks"] == 0, "the corrected score is compared where both have it"
 
 
@@ -410,8 +411,11 @@ def test_instances_one_side_lacks_are_listed(pytester: pytest.Pytester) -> None:
     new = _entry(pytester.path / "new", {"a__x.1": {"b/t1": False, "b/t2": True}, "a__z.1": {"b/t": True}})
     result = _compare(pytester, "--pb-compare", f"{base},{new}")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
-    result.stdout.fnmatch_lines([f"base is {ENTRY_KIND}; new is {ENTRY_KIND}", "only in base: a__y.1",
-                                 "only in new: a__z.1"])
+    result.stdout.fnmatch_lines([f"base is {ENTRY_KIND}; new is {ENTRY_KIND}",
+                                 "by the official score 0.500 -> 0.500, by the corrected score not in both runs *",
+                                 "only in base: a__y.1", "only in new: a__z.1",
+                                 "tokens not in this run -> not in this run; cost not in this run -> not in this run; "
+                                 "agent not in this run -> not in this run; *"])
     compared = json.loads((new / "compare.json").read_text())
     assert (compared["only_in_base"], compared["only_in_new"]) == (["a__y.1"], ["a__z.1"])
     assert [f["test"] for f in compared["tasks"]["a__x.1"]["pass_to_fail"]] == ["b/t1"]

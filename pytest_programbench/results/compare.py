@@ -535,8 +535,10 @@ def terminal_lines(result: Mapping[str, Any]) -> list[str]:
     tokens, cost = shown(totals["total_tokens"], "{}"), totals["cost_usd"]
     times = "; ".join(f"{phase} {shown(totals[phase + '_seconds'], '{:.1f} s')['base']} -> "
                       f"{shown(totals[phase + '_seconds'], '{:.1f} s')['new']}" for phase in PHASES)
-    cost_text = ("unknown (no --pb-token-price)" if cost["base"] is None and cost["new"] is None  # not "None -> None"
-                 else " -> ".join("unknown" if v is None else f"${v:,.4f}" for v in (cost["base"], cost["new"])))
+    missing = cost.get("missing") or ()  # a side whose kind records no cost (an entry without _stats/cost.json)
+    cost_text = ("unknown (no --pb-token-price)" if cost["base"] is None and cost["new"] is None and not missing
+                 else " -> ".join(foreign_runs.NOT_IN_RUN if side in missing else "unknown" if cost[side] is None
+                                  else f"${cost[side]:,.4f}" for side in ("base", "new")))
     lines.append(f"tokens {tokens['base']} -> {tokens['new']}; cost {cost_text}; {times}")
     explored = coverage.compare_line(result["coverage"]) if result.get("coverage") else None
     if explored is not None:
@@ -589,8 +591,13 @@ def basis_lines(scores: Mapping[str, Any] | None) -> list[str]:
     def fmt(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}"
 
+    # A side that has no corrected score (an entry without eval.json files) is said, and a mean over fewer tasks too.
+    by_corrected = (f"{fmt(corrected['mean_base'])} -> {fmt(corrected['mean_new'])}"
+                    + (f" (over the {corrected['tasks']} task(s) both have it)"
+                       if corrected["tasks"] != official["tasks"] else "") if corrected["tasks"]
+                    else "not in both runs")
     return [f"by the official score {fmt(official['mean_base'])} -> {fmt(official['mean_new'])}, by the corrected "
-            f"score {fmt(corrected['mean_base'])} -> {fmt(corrected['mean_new'])} (upstream ProgramBench issue #56); "
+            f"score {by_corrected} (upstream ProgramBench issue #56); "
             f"the {basis['base']} score decided the base run, the {basis['new']} score the new one"]
 
 
