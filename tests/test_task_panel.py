@@ -216,6 +216,10 @@ def test_the_report_of_an_attempts_run_fills_every_column(runs: Runs) -> None:
 
 
 def test_the_task_panel_shows_a_timeline_of_phases_model_requests_and_calls(runs: Runs) -> None:
+    # Built when the item ended (the session's end reads it), for every attempt.
+    for task_dir in (runs.base / CATLIKE, runs.new / CATLIKE, runs.new / "attempts" / "2" / CATLIKE):
+        saved = json.loads((task_dir / "timeline.json").read_text())
+        assert (saved["requests"], saved["calls"]) == (1, 3 if "attempts" in task_dir.parts else 2), task_dir
     report = runs.base / "report.html"
     dom = runs.dom(report)
     # the timeline closes after its last window's details, the panel's last block
