@@ -267,6 +267,9 @@ def test_the_scan_walks_grader_paths_below_pruned_scratch(tmp_path: Path) -> Non
     flags = integrity.grader_path_flags([], walked.changes)
     assert [(f.kind, f.path) for f in flags] == [(integrity.HARNESS_PATH, PLUGIN_DIR)]
     assert integrity.neutralise_command(flags) == ([f"rm -rf -- {PLUGIN_DIR}"], [PLUGIN_DIR])
+    # A grader directory at the root (the audit's) is named as the directory, not the file in it.
+    audit = [{"Path": "/pytest-programbench-audit-ab12/sitecustomize.py", "Kind": 1, "Stamp": (1, 2, 3)}]
+    assert [f.path for f in integrity.grader_path_flags([], audit)] == ["/pytest-programbench-audit-ab12"]
 
 
 def test_seed_git_flags_only_what_is_not_its_own_repository() -> None:

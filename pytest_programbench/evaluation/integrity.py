@@ -385,12 +385,17 @@ def grader_path_flags(before: Iterable[Mapping[str, Any]], after: Iterable[Mappi
     for path, entry in sorted(_leaves(after).items()):
         if not is_grader_path(path) or old.get(path) == entry:
             continue
-        top = "/".join(path.split("/")[:3])  # /tmp/<name>: the directory the grader makes
-        tops.setdefault(top, []).append(path)
+        tops.setdefault(_grader_top(path), []).append(path)
     return [_flag(HARNESS_PATH, top, f"{printable(top)} was prepared by the submission before the grader made it "
-                                     f"(its own plugin directory, first on the hidden tests' PYTHONPATH, or its "
-                                     f"wheels): {_listed(paths)}")
+                                     f"(the official's plugin directory, first on the hidden tests' PYTHONPATH, our "
+                                     f"wheels or the audit's plugin): {_listed(paths)}")
             for top, paths in tops.items()]
+
+
+def _grader_top(path: str) -> str:
+    """The directory the grader makes that ``path`` lies in (its shortest leading part that is a grader path)."""
+    parts = path.split("/")
+    return next((top for i in range(2, len(parts) + 1) if is_grader_path(top := "/".join(parts[:i]))), path)
 
 
 def git_metadata_flag(kind: str) -> IntegrityFlag:
