@@ -342,9 +342,8 @@ class _Probe:
         elif step == COMPILE_STEP:
             self.before = self._guarded("before compile.sh", lambda: self._diff(env).changes)
             if self.baseline is not None and self.before is not None:
-                baseline, before = self.baseline, self.before
                 self.compile_flags = integrity.merge(self.compile_flags, integrity.seed_git_flags(
-                    baseline, before, seeded=self.git_seeded))
+                    self.baseline, self.before, seeded=self.git_seeded))
         elif step == INSTALL_RERUNS_STEP:
             self.install = "pip"
             # Without wheels pip fails offline, the same way every time for an image: replayed as well.

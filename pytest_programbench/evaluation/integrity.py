@@ -411,7 +411,7 @@ def seed_git_flags(before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[
     ``./executable`` and, when seed_git made a repository (``seeded``), the new ``/workspace/.git``."""
     old = _leaves(before)
     allowed = [f"{WORKSPACE}/.git"] if seeded else []
-    changed = [f"{path}" for path, entry in sorted(_leaves(after).items())
+    changed = [path for path, entry in sorted(_leaves(after).items())
                if old.get(path) != entry and path != f"{WORKSPACE}/executable" and not _under(path, allowed)
                and path not in HARNESS_OUTSIDE]
     changed += [f"{path} (undone)" for path in sorted(set(old) - set(_leaves(after)))
