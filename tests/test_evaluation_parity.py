@@ -12,6 +12,7 @@ Helpers here are shared by the other ``test_evaluation_*`` files.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -195,6 +196,14 @@ def official_blob_dir(testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.fixture
 def official_with_wheels(official_blob_dir: None) -> Iterator[None]:
     """Give the official evaluator the rerunfailures wheels it would get from PyPI with internet."""
+    with official_wheels_mounted():
+        yield
+
+
+@contextlib.contextmanager
+def official_wheels_mounted() -> Iterator[None]:
+    """Every container the official evaluator starts meanwhile gets the rerunfailures wheels, read-only, and pip is
+    pointed at them: what it would fetch from PyPI with internet."""
     from programbench import constants
 
     wheels = ensure_wheels()

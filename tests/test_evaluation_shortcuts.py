@@ -19,7 +19,6 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
-from programbench import constants
 from programbench.eval.eval import EvaluationResult
 from programbench.utils import blob_store
 from programbench.utils.load_data import get_active_branches
@@ -28,7 +27,7 @@ from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.images import ensure_image
 from pytest_programbench.evaluation.container_layer import ENV_PREFETCH
 from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome, _reruns_reason, evaluate
-from pytest_programbench.evaluation.rerunfailures import CONTAINER_WHEEL_DIR, RerunWheels, ensure_wheels
+from pytest_programbench.evaluation.rerunfailures import RerunWheels
 from pytest_programbench.evaluation.step_batch import ENV_STEP_BATCH
 from pytest_programbench.tasks.blobs import resolve_blobs
 from pytest_programbench.tasks.catalogue import Task
@@ -44,7 +43,7 @@ from tests.test_evaluation_divergences import (
     run_ours,
     with_profile_script,
 )
-from tests.test_evaluation_parity import RUN_LABEL, statuses
+from tests.test_evaluation_parity import RUN_LABEL, official_wheels_mounted, statuses
 
 BRANCH = "4d3c2b1a0f9e"  # one active branch: the cases are about the steps around it, not about the tests
 # The steps the batch runs (container_layer.SdkEvaluator._batch_from): their outputs are compared too.
@@ -205,16 +204,8 @@ def run_ours_with_reruns(task: Task, archive: Path, blob_dir: Path, work: Path) 
 @pytest.fixture
 def official_wheels() -> Iterator[None]:
     """The rerunfailures wheels for the official evaluator, as it would get them from PyPI with internet."""
-    wheels = ensure_wheels()
-    if not wheels.available:
-        pytest.fail(f"the rerunfailures wheels are needed for this test: {wheels.reason}", pytrace=False)
-    extra = ["-v", f"{wheels.directory}:{CONTAINER_WHEEL_DIR}:ro", "-e", "PIP_NO_INDEX=1",
-             "-e", f"PIP_FIND_LINKS={CONTAINER_WHEEL_DIR}"]
-    constants.DOCKER_RUN_ARGS.extend(extra)
-    try:
+    with official_wheels_mounted():
         yield
-    finally:
-        del constants.DOCKER_RUN_ARGS[-len(extra):]
 
 
 @pytest.mark.docker
