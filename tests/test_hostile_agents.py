@@ -559,7 +559,7 @@ def test_the_harness_reads_what_the_daemon_may_write() -> None:
     assert sandbox_module.CALL_RECORD_MAX == daemon.RECORD_MAX
     serve = daemon._parser().parse_args(["serve", "--agent-uid", "1", "--agent-gid", "1"])
     assert serve.max_workers == sandbox_module.PROXY_MAX_WORKERS
-    assert sandbox_module.CALL_LOG_READ_LIMIT >= daemon.LOG_MAX_BYTES + 512 * daemon.RECORD_MAX
+    assert sandbox_module.CALL_LOG_READ_LIMIT >= daemon.LOG_MAX_BYTES + 2 * 512 * daemon.RECORD_MAX
     assert sandbox_module.DROPPED_LOG == daemon.DROPPED_LOG
 
 

@@ -96,8 +96,10 @@ def test_log_tap_reads_phases_and_leaves_what_pytest_sees_unchanged(tmp_path: Pa
         # The evaluation's own progress records, exactly as container_layer logs them.
         logger.info("[%s] compile (compile.sh, no network, %d s clock)", RPN, 900)
         assert read_json(publisher.path)["phase"] == "compile"  # type: ignore[index]
-        logger.info("[%s] branch %d/%d: %s%s", RPN, 2, 3, "tests/b", "")
+        logger.info("[%s] %s %d/%d: %s%s", RPN, "branch", 2, 3, "tests/b", "")
         assert read_json(publisher.path)["phase"] == "branch 2/3"  # type: ignore[index]
+        logger.info("[%s] %s %d/%d: %s%s", RPN, "audit", 1, 3, "tests/a", " (serial retry)")
+        assert read_json(publisher.path)["phase"] == "audit 1/3 (serial retry)"  # type: ignore[index]
         logging.getLogger("pytest_programbench.engine.images").info("building an image")
         logging.getLogger("pytest_programbench.engine.docker_engine").warning("engine trouble")
     finally:
@@ -107,7 +109,7 @@ def test_log_tap_reads_phases_and_leaves_what_pytest_sees_unchanged(tmp_path: Pa
         ("pytest_programbench.engine.docker_engine", "WARNING", "engine trouble")]
     assert (logger.level, logger.propagate) == before
     history = [json.loads(line)["phase"] for line in (tmp_path / HISTORY).read_text().splitlines()]
-    assert history == ["starting", "compile", "branch 2/3"]
+    assert history == ["starting", "compile", "branch 2/3", "audit 1/3 (serial retry)"]
 
 
 def test_slow_engine_call_is_said_once_naming_the_call(caplog: pytest.LogCaptureFixture) -> None:
@@ -206,6 +208,9 @@ def test_lines_under_xdist_show_in_flight_phases_summary_and_slow_calls(tmp_path
     expected = ["starting", "task", "blobs", "image", "sandbox", "agent", "pack", "evaluation", "compile",
                 "branch 1/3", "branch 2/3", "branch 3/3", "verdict", "finished"]
     assert [p for p in rpn if p in expected] == expected, rpn
+    # rpn passes, so its hidden-test audit runs each branch again, after the official's and before the verdict.
+    audits = rpn[rpn.index("branch 3/3") + 1:rpn.index("verdict")]
+    assert sorted(audits) == ["audit 1/3", "audit 2/3", "audit 3/3"], rpn
     final = read_json(run_dir / "summary.json")
     assert final is not None
     assert final["in_flight"] == {}

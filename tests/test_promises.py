@@ -291,6 +291,26 @@ sys.exit(daemon.serve(daemon.Config(args), ready_fd=1))
 
 
 
+def test_a_call_begun_below_the_log_cap_ends_in_the_log_and_is_counted_once(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_programbench.sandbox.sandbox import CallLog, merge_call_records
+
+    daemon = load_daemon("pb_proxy_daemon_cap_edge")
+    calls, dropped = tmp_path / "calls.jsonl", tmp_path / "calls.dropped"
+    log = daemon.CallLog(str(calls), str(dropped))
+    record = {"call": "1.1", "argv": ["binary"], "at": 1.0}
+    monkeypatch.setattr(daemon, "LOG_MAX_BYTES", 1)  # the call's "started" line alone reaches the cap
+    started_logged = log.append({**record, "phase": "started"})
+    assert started_logged
+    assert log.append({**record, "phase": "ended", "exit": 0}, started_logged=started_logged)
+    # A later call finds the log full: counted, not recorded.
+    assert not log.append({"call": "1.2", "phase": "started"})
+    assert not log.append({"call": "1.2", "phase": "ended", "exit": 0}, started_logged=False)
+    records = merge_call_records(calls.read_bytes())
+    assert [(r["call"], r.get("interrupted"), r.get("exit")) for r in records] == [("1.1", None, 0)]
+    assert CallLog(records, dropped.stat().st_size, None).count == 2
+
+
 def test_the_daemon_keeps_its_worker_cap_request_deadline_and_log_cap(tmp_path: Path) -> None:
     import socket
     import subprocess
@@ -325,7 +345,9 @@ def test_the_daemon_keeps_its_worker_cap_request_deadline_and_log_cap(tmp_path: 
         data = calls.read_bytes()
         records = merge_call_records(data)
         assert 1 <= len(records) < 12
-        assert len(data) <= log_cap + max_workers * daemon.RECORD_MAX
+        assert len(data) <= log_cap + 2 * max_workers * daemon.RECORD_MAX
+        # A call whose start is in the log ends there too, though past the cap: never counted twice.
+        assert not [r for r in records if r.get("interrupted")], records
         log = CallLog(records, dropped.stat().st_size, None)
         assert log.count == 12
         assert any("reached its cap" in note for note in log.notes()), log.notes()

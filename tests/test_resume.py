@@ -112,6 +112,7 @@ CHANGES: dict[str, tuple[str, ...]] = {
     "prompt_template": ("--pb-prompt-template", "{template}"),
     "model": ("--pb-model", "another-model"),
     "model_endpoint": ("--pb-model-endpoint", "http://127.0.0.1:9/v1"),
+    "model_allow_server_tools": ("--pb-model-allow-server-tools",),
     "submissions": ("--pb-submissions", "{subs}", "--pb-agent", ""),
     "image_tag": ("--pb-image-tag", "another-tag"),
     "cpus": ("--pb-cpus", "1"),

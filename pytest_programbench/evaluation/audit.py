@@ -195,6 +195,8 @@ class AuditReport:
 class AuditEvaluator(SdkEvaluator):
     """The official branch pipeline on the committed image, each run of the tests with the audit's plugin."""
 
+    branch_phase_word = "audit"  # its branches show as the phase "audit 1/3", never as the official's again
+
     def __init__(self, official: SdkEvaluator, branches: list[str]) -> None:
         super().__init__(
             layer=dataclasses.replace(official.layer, hooks=StepHooks()),

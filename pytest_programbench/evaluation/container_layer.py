@@ -1181,6 +1181,9 @@ class _Warming:
 class SdkEvaluator(Evaluator):
     """The official ``Evaluator`` with its container layer replaced; every scoring decision stays upstream."""
 
+    # The word of a branch run's progress line, which results.progress reads as the task's phase ("branch 2/3").
+    branch_phase_word = "branch"
+
     def __init__(self, *, layer: LayerConfig, **official_kwargs: Any) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -1433,8 +1436,8 @@ class SdkEvaluator(Evaluator):
         self._current.branch = branch
         # Live progress (--log-cli-level=INFO), named by task like the pipeline's phases.
         position = self.tests_branches.index(branch) + 1 if branch in self.tests_branches else 0
-        progress.info("[%s] branch %d/%d: %s%s", self.instance_id, position, len(self.tests_branches), branch,
-                      " (serial retry)" if serial_pytest else "")
+        progress.info("[%s] %s %d/%d: %s%s", self.instance_id, self.branch_phase_word, position,
+                      len(self.tests_branches), branch, " (serial retry)" if serial_pytest else "")
         n_before = len(log_buf)
         try:
             with self._clocked({"phase": "branch", "branch": branch, "serial": serial_pytest}):

@@ -173,12 +173,13 @@ class LogTap(logging.Handler):
         args = record.args if isinstance(record.args, tuple) else ()
         if not isinstance(record.msg, str) or not args:
             return
-        # container_layer's progress lines: "[%s] compile (...)" and "[%s] branch %d/%d: %s%s".
+        # container_layer's progress lines: "[%s] compile (...)" and "[%s] %s %d/%d: %s%s", the %s a branch run's
+        # word ("branch"; the audit's "audit").
         if record.msg.startswith("[%s] compile"):
             self.publisher.phase(str(args[0]), "compile")
-        elif record.msg.startswith("[%s] branch %d/%d") and len(args) >= 3:
-            serial = " (serial retry)" if len(args) >= 5 and args[4] else ""
-            self.publisher.phase(str(args[0]), f"branch {args[1]}/{args[2]}{serial}")
+        elif record.msg.startswith("[%s] %s %d/%d") and len(args) >= 4:
+            serial = " (serial retry)" if len(args) >= 6 and args[5] else ""
+            self.publisher.phase(str(args[0]), f"{args[1]} {args[2]}/{args[3]}{serial}")
 
 
 # -- the reading side (the controller) ----------------------------------------------------------------------------

@@ -197,7 +197,7 @@ def _from_progress(lines: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for (at, name), (after, _) in itertools.pairwise(stamped):
         if name in ("starting", "finished", "verdict"):
             continue
-        level = 1 if name == "compile" or name.startswith("branch ") else 0
+        level = 1 if name == "compile" or name.startswith(("branch ", "audit ")) else 0
         out.append({"name": name, "at": at, "seconds": round(after - at, 3), "level": level})
     return out
 

@@ -56,11 +56,11 @@ CALL_LOG = PROXY_DIR + "/calls.jsonl"
 DROPPED_LOG = PROXY_DIR + "/calls.dropped"
 COUNT_LOG = PROXY_DIR + "/calls.count"  # the daemon's count of calls, and of those it could not record
 # The daemon's bounds (proxy/daemon.py: LOG_MAX_BYTES, RECORD_MAX, --max-workers; a test pins them equal): the log
-# stops at its cap, but each worker may still append one record after the check.
+# stops at its cap, but each worker may still append one record after the check, and the end of a call it began.
 CALL_LOG_MAX = 64 << 20
 CALL_RECORD_MAX = 16 << 10
 PROXY_MAX_WORKERS = 512
-CALL_LOG_READ_LIMIT = CALL_LOG_MAX + PROXY_MAX_WORKERS * CALL_RECORD_MAX
+CALL_LOG_READ_LIMIT = CALL_LOG_MAX + 2 * PROXY_MAX_WORKERS * CALL_RECORD_MAX
 TAR_OVERHEAD = 1 << 20  # headers around one file in docker's archive
 LIFETIME_MARGIN = 1800  # seconds the container outlives the agent clock (packing, slow engines)
 DEFAULT_PIDS_LIMIT = 8192

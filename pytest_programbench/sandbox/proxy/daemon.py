@@ -766,32 +766,36 @@ class CallLog:
         self.notify = notify
         self.torn = False  # a short write left a line without its end: the next one starts on a line of its own
 
-    def append(self, record: dict[str, Any]) -> None:
-        """One bounded JSON line, written with a single ``write`` on an ``O_APPEND`` descriptor.
+    def append(self, record: dict[str, Any], *, started_logged: bool = False) -> bool:
+        """One bounded JSON line, written with a single ``write`` on an ``O_APPEND`` descriptor; whether it was.
 
-        Past ``LOG_MAX_BYTES`` the call is counted instead. Concurrent workers may each still append one line after
-        the check: the log never exceeds ``LOG_MAX_BYTES + max_workers * RECORD_MAX`` (the host reads that much).
+        Past ``LOG_MAX_BYTES`` the call is counted instead, unless its ``started`` line is in the log
+        (``started_logged``): its end is then written anyway, as counting it too would count the call twice. Each
+        worker may so add one line after the check and one call's end: the log never exceeds
+        ``LOG_MAX_BYTES + 2 * max_workers * RECORD_MAX`` (the host reads that much).
         """
         final = record.get("phase") != "started"  # a call is recorded by its last line
         try:
             if self.fd < 0:
                 raise OSError(errno.EBADF, "the call log could not be opened")
-            if os.fstat(self.fd).st_size >= LOG_MAX_BYTES:
+            if os.fstat(self.fd).st_size >= LOG_MAX_BYTES and not started_logged:
                 if final:
                     if self.dropped_fd < 0:
                         raise OSError(errno.EBADF, "the count of dropped calls could not be opened")
                     if os.write(self.dropped_fd, b".") != 1:
                         raise OSError(errno.ENOSPC, "short write")
-                return
+                return False
             line = (b"\n" if self.torn else b"") + bounded_line(record)
             written = os.write(self.fd, line)
             self.torn = 0 < written < len(line)
             if written < len(line):
                 raise OSError(errno.ENOSPC, f"short write ({written} of {len(line)} bytes)")
+            return True
         except OSError as exc:
             _log_error(f"cannot write the call log: {exc}")
             if final and self.notify is not None:
                 self.notify()
+            return False
 
 
 def _clip_text(text: str) -> str:
@@ -918,7 +922,7 @@ def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log
     err_r = err_w = -1
     popen: subprocess.Popen[bytes] | None = None
     # Before the reference runs: a worker killed mid-call (the agent shares its uid) still leaves this line.
-    log.append({**record, "phase": "started"})
+    started_logged = log.append({**record, "phase": "started"})
     try:
         if fast:
             popen = _spawn_fast(ref_fd, request, argv, env, limits)
@@ -938,7 +942,7 @@ def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log
             detail = f"fork failed: {exc}"
         record.update(error=detail, exit=code, signal=None, core=False)
         send_reply(conn, REPLY_ERROR, code, message)
-        log.append(record)
+        log.append(record, started_logged=started_logged)
         if relay is not None:
             relay.close()
         if err_r >= 0:
@@ -1010,7 +1014,7 @@ def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log
     if not client_gone:
         conn.setblocking(True)
         send_reply(conn, kind_, value)
-    log.append(record)
+    log.append(record, started_logged=started_logged)
     return retire
 
 
