@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test suite on a fresh machine: install, start Docker + build the test bed, run pytest.
 # Two streams at once: the tests with engines of their own (chaos, load, several engines, a registry: private dockerd
-# instances, one module at a time under their own lock) in the background, and the rest -n 2 on the shared engine.
+# instances, one module at a time under their own lock) in the background, and the rest -n 3 on the shared engine,
+# a module per worker (--dist loadfile: a module's costly shared runs are made once, not once per worker).
 # They do not interfere: what the first stream restarts, kills or counts is its own engines' (on the shared engine it
 # only checks its own runs, by run id), and most of either stream's time is spent waiting on containers.
 set -euo pipefail
@@ -45,7 +46,7 @@ started=$SECONDS
     > .ci/out/own-engines.log 2>&1 &
 own_engines=$!
 trap 'kill "$own_engines" 2>/dev/null || true' EXIT  # by its pid, should this script end first
-"$PY" -m pytest tests -n 2 -p no:cacheprovider --durations=30 "${serial[@]/#/--ignore=}" \
+"$PY" -m pytest tests -n 3 --dist loadfile -p no:cacheprovider --durations=30 "${serial[@]/#/--ignore=}" \
     --junitxml=.ci/out/junit.xml "$@" || status=$?
 echo "test suite: shared-engine tests done at $((SECONDS - started)) s"
 own_status=0

@@ -18,6 +18,7 @@ import scipy.stats  # noqa: F401 - see below
 
 from tests.network_guard import install as install_network_guard
 from tests.proxy_support import engine, probe_image, run_labels  # noqa: F401 - fixtures of the proxy/sandbox tests
+from tests.session_defaults import KEEP_AUDIT
 
 REPO = Path(__file__).resolve().parent.parent
 TESTBED = REPO / "testbed"
@@ -31,6 +32,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 GUARD_PLUGIN = "tests.network_guard"
+SESSION_DEFAULTS_PLUGIN = "tests.session_defaults"  # the audit off in the sessions a test starts
 
 # The machine's cache, as this process found it: pytester points HOME at each test's directory, which would make every
 # session it starts download the rerunfailures wheels again (five `pip download`s), rebuild the proxy client and
@@ -38,16 +40,27 @@ GUARD_PLUGIN = "tests.network_guard"
 MACHINE_CACHE = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "users_defaults: the sessions this test starts keep the hidden-test audit on, "
+                                       "as users get it (tests/session_defaults.py)")
+
+
 @pytest.fixture(autouse=True)
-def _guard_the_sessions_a_test_starts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every pytest session a test starts loads the guard too: the plugin under test runs in those.
+def _guard_the_sessions_a_test_starts(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """Every pytest session a test starts loads the guard too: the plugin under test runs in those. And the suite's
+    session defaults (the audit off) unless the test is marked ``users_defaults``.
 
     Set per test (not at import) so the suite's own xdist workers start as usual; PYTEST_PLUGINS, not
     PYTEST_ADDOPTS, because pytester clears the latter.
     """
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
-    plugins = [p for p in os.environ.get("PYTEST_PLUGINS", "").split(",") if p and p != GUARD_PLUGIN]
-    monkeypatch.setenv("PYTEST_PLUGINS", ",".join([*plugins, GUARD_PLUGIN]))
+    ours = (GUARD_PLUGIN, SESSION_DEFAULTS_PLUGIN)
+    plugins = [p for p in os.environ.get("PYTEST_PLUGINS", "").split(",") if p and p not in ours]
+    monkeypatch.setenv("PYTEST_PLUGINS", ",".join([*plugins, *ours]))
+    if request.node.get_closest_marker("users_defaults"):
+        monkeypatch.setenv(KEEP_AUDIT, "1")
+    else:
+        monkeypatch.delenv(KEEP_AUDIT, raising=False)
     # Sessions share the machine's plugin cache as a user's do (a test wanting a fresh one sets PB_AGENT_CACHE,
     # PB_PROXY_CACHE or PYTEST_PROGRAMBENCH_CACHE, which win).
     monkeypatch.setenv("XDG_CACHE_HOME", MACHINE_CACHE)

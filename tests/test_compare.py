@@ -28,7 +28,8 @@ from tests.conftest import Testbed
 from tests.test_readme import fenced, section
 from tests.test_report import attr_of, chromium
 
-pytestmark = pytest.mark.usefixtures("clean_env")
+# users_defaults: README's commands run as written
+pytestmark = [pytest.mark.usefixtures("clean_env"), pytest.mark.users_defaults]
 
 CATLIKE = "pbfix__catlike.c47c47c"
 RPN = "pbfix__rpn.0b5e55e"

@@ -23,7 +23,8 @@ import yaml
 from tests.conftest import TESTBED, Testbed
 from tests.test_readme import fenced, section
 
-pytestmark = pytest.mark.usefixtures("clean_env")
+# users_defaults: README's commands run as written
+pytestmark = [pytest.mark.usefixtures("clean_env"), pytest.mark.users_defaults]
 
 COIN = "pbfix__coin.c0112ab"
 BRANCH = "7a11ed5eed00"

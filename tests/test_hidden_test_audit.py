@@ -41,6 +41,8 @@ from tests.conftest import Testbed
 from tests.test_evaluate_only import leaked
 from tests.test_integrity_sessions import flags_of, junit, meta, session
 
+pytestmark = pytest.mark.users_defaults  # the audit is what these tests are about
+
 CATLIKE = "pbfix__catlike.c47c47c"
 RPN = "pbfix__rpn.0b5e55e"
 TUIISH = "pbfix__tuiish.7e1a0b2"

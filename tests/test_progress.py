@@ -162,6 +162,7 @@ def test_snapshot_eta_and_tokens(tmp_path: Path) -> None:
 # -- real sessions on the test bed ----------------------------------------------------------------------------
 
 
+@pytest.mark.users_defaults  # rpn passes: its audit shows as phases of its own
 def test_lines_under_xdist_show_in_flight_phases_summary_and_slow_calls(tmp_path: Path, testbed: Testbed,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     gate = tmp_path / "gate"

@@ -18,6 +18,8 @@ from pytest_programbench.relay.relay import relay_env
 from pytest_programbench.tasks.catalogue import load_packaged
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.users_defaults  # README's commands, as written
+
 README = (REPO / "README.md").read_text()
 # Set only by the host-loop runner (AgentRunner._on_host), which needs a live sandbox.
 HOST_ONLY = ("PB_CONTAINER_ID", "PB_SANDBOX_EXEC", "PB_AGENT_UID", "PB_AGENT_WINDOW")

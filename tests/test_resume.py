@@ -20,7 +20,8 @@ import pytest
 
 from tests.conftest import GUARD_PLUGIN, MACHINE_CACHE, REPO, TESTBED, Testbed
 
-pytestmark = pytest.mark.usefixtures("clean_env")
+# users_defaults: a run made outside the suite's session defaults (finished_run) is resumed with the same settings
+pytestmark = [pytest.mark.usefixtures("clean_env"), pytest.mark.users_defaults]
 
 RPN = "pbfix__rpn.0b5e55e"
 # rpn without Dockerfile or image: errors until the image is tagged. An id of this process's own, so that the tag is

@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import GUARD_PLUGIN, MACHINE_CACHE, REPO, TESTBED, Testbed
+from tests.conftest import GUARD_PLUGIN, MACHINE_CACHE, REPO, SESSION_DEFAULTS_PLUGIN, TESTBED, Testbed
 from tests.scripted_llm import ScriptedLLM, Turn
+from tests.session_defaults import KEEP_AUDIT
 from tests.test_first_hour import RELAY_AGENT
 from tests.test_report import chromium, text_of
 
@@ -59,7 +60,8 @@ def _env() -> dict[str, str]:
     """The sessions' environment as conftest.py's autouse fixtures make it for a test (they are per test)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROGRAMBENCH_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    env["PYTEST_PLUGINS"] = GUARD_PLUGIN
+    env["PYTEST_PLUGINS"] = f"{GUARD_PLUGIN},{SESSION_DEFAULTS_PLUGIN}"
+    env.pop(KEEP_AUDIT, None)
     env["XDG_CACHE_HOME"] = MACHINE_CACHE
     return env
 
