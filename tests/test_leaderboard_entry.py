@@ -95,21 +95,24 @@ def recompute(score_json: Path, ignore: dict[str, list[str]], total: int = 200) 
 
 
 @pytest.mark.parametrize(("settings", "expected"), [
-    ({"model": "anthropic/claude-x", "model_endpoint": "https://api.openai.com/v1"}, "anthropic"),
-    ({"model": "gpt-x", "model_endpoint": "https://api.openai.com/v1"}, "openai"),
-    ({"model": "claude-x", "model_endpoint": "https://api.anthropic.com"}, "anthropic"),
+    # The registry's spelling where its leaderboard has a logo for the provider (compile_leaderboard.py's
+    # PROVIDER_LOGOS: "Anthropic", "Google", "OpenAI"), else the name as inferred.
+    ({"model": "anthropic/claude-x", "model_endpoint": "https://api.openai.com/v1"}, "Anthropic"),
+    ({"model": "gemini/gemini-x"}, "Google"),
+    ({"model": "gpt-x", "model_endpoint": "https://api.openai.com/v1"}, "OpenAI"),
+    ({"model": "claude-x", "model_endpoint": "https://api.anthropic.com"}, "Anthropic"),
     ({"model": "some-model", "model_endpoint": "https://openrouter.ai/api/v1"}, "openrouter"),
-    ({"model": "m", "model_endpoint": "https://generativelanguage.googleapis.com/v1beta/openai"}, "google"),
+    ({"model": "m", "model_endpoint": "https://generativelanguage.googleapis.com/v1beta/openai"}, "Google"),
     ({"model": "m", "model_endpoint": "https://llm.example.com/v1"}, "example"),
-    ({"model": "m", "model_endpoint": "http://127.0.0.1:8080/v1", "agent": "codex@0.169.0"}, "openai"),
-    ({"model": "m", "agent": "claude-code"}, "anthropic"),
+    ({"model": "m", "model_endpoint": "http://127.0.0.1:8080/v1", "agent": "codex@0.169.0"}, "OpenAI"),
+    ({"model": "m", "agent": "claude-code"}, "Anthropic"),
     ({"model": "m", "model_endpoint": "http://localhost:9/v1", "agent": "python3 agent.py"}, None),
 ])
 def test_the_provider_is_inferred_and_says_from_what(settings: dict[str, Any], expected: str | None) -> None:
     provider = infer_provider(settings)
     assert provider.name == expected
     assert bool(provider.source) == (expected is not None)
-    if settings.get("model_endpoint") and expected not in (None, "anthropic") and "/" not in settings["model"] \
+    if settings.get("model_endpoint") and expected not in (None, "Anthropic") and "/" not in settings["model"] \
             and "agent" not in settings:
         assert "host" in provider.source
 
@@ -165,14 +168,14 @@ def test_a_packaged_run_is_an_entry_the_registry_accepts_with_the_leaderboards_n
     result.stdout.fnmatch_lines(["*= programbench leaderboard =*", "leaderboard number (the registry's "
                                  "recomputation: 2 packaged task(s) over 200, 3 test(s) struck by "
                                  "ignored_tests.json): mean *", "*= programbench package =*",
-                                 "*system.provider=?openai (inferred from the model endpoint's host api.openai.com)?*"])
+                                 "*system.provider=?OpenAI (inferred from the model endpoint's host api.openai.com)?*"])
 
     # The registry's rules, on the entry as `programbench submit register` builds it.
     entry = register_entry(run_dir, pytester.path / "registry")
     assert entry.name == SUBMISSION_ID
     assert registry_problems(entry) == []
     manifest = yaml.safe_load((run_dir / "submission.yaml").read_text())
-    assert (manifest["system"]["model"], manifest["system"]["provider"]) == ("gpt-test", "openai")
+    assert (manifest["system"]["model"], manifest["system"]["provider"]) == ("gpt-test", "OpenAI")
     assert "api.openai.com" in manifest["harness"]["provider_source"]
     assert manifest["headline"]["n_instances_total"] == len(list(tasks.iterdir()))
     assert manifest["headline"]["n_instances_attempted"] == 2

@@ -44,6 +44,10 @@ PROVIDER_HOSTS = {
 }
 # Agent presets that speak to one provider's API by default.
 PRESET_PROVIDERS = {"codex": "openai", "claude-code": "anthropic"}
+# The names compile_leaderboard.py shows a provider's logo for (its PROVIDER_LOGOS keys, case and all), by what we infer
+# (a lower-case host name or litellm-style model prefix): written as the registry spells them.
+REGISTRY_PROVIDER_NAMES = {"openai": "OpenAI", "anthropic": "Anthropic", "google": "Google", "gemini": "Google",
+                           "vertex_ai": "Google"}
 
 
 @dataclass(frozen=True)
@@ -86,17 +90,22 @@ def infer_provider(settings: Mapping[str, Any]) -> Provider:
     """From the model's ``provider/model`` prefix, else the model endpoint's host, else the agent preset."""
     model = str(settings.get("model") or "")
     if "/" in model and model.partition("/")[0]:
-        return Provider(model.partition("/")[0], f"the model's prefix {model.partition('/')[0]!r}")
+        return _named(model.partition("/")[0], f"the model's prefix {model.partition('/')[0]!r}")
     endpoint = str(settings.get("model_endpoint") or "")
     if endpoint:
         name, host = _host_provider(endpoint)
         if name:
-            return Provider(name, f"the model endpoint's host {host}")
+            return _named(name, f"the model endpoint's host {host}")
     agent = str(settings.get("agent") or "")
     preset = agent.partition("@")[0].strip()
     if preset in PRESET_PROVIDERS:
-        return Provider(PRESET_PROVIDERS[preset], f"the agent preset {preset}")
+        return _named(PRESET_PROVIDERS[preset], f"the agent preset {preset}")
     return Provider(None)
+
+
+def _named(inferred: str, source: str) -> Provider:
+    """The provider as the registry spells it where it has a logo for it ("OpenAI"), else as inferred."""
+    return Provider(REGISTRY_PROVIDER_NAMES.get(inferred.lower(), inferred), source)
 
 
 # ---------------------------------------------------------------------------------------------- the leaderboard
