@@ -14,14 +14,18 @@ import pytest
 
 KEEP_AUDIT = "PB_SUITE_KEEP_AUDIT"
 AUDIT_OPTION = "--pb-audit-hidden-tests"
+# The modes that run nothing and refuse any option of a run (results/compare.py, results/foreign_runs.py).
+RUNS_NOTHING = ("--pb-compare", "--pb-report")
 
 
 def with_suite_defaults(args: list[str]) -> list[str]:
     """``args`` with the audit off, for a session that is a ProgramBench run and does not choose the audit itself.
 
-    A session with no ``--pb-*`` option is left alone: adding one would opt it in to ProgramBench items.
+    A session with no ``--pb-*`` option is left alone: adding one would opt it in to ProgramBench items. So is one
+    that compares or reports finished runs.
     """
-    if not any(arg.startswith("--pb-") for arg in args) or any(arg.startswith(AUDIT_OPTION) for arg in args):
+    if not any(arg.startswith("--pb-") for arg in args) or any(arg.startswith((AUDIT_OPTION, *RUNS_NOTHING))
+                                                               for arg in args):
         return args
     return [*args, f"{AUDIT_OPTION}=off"]
 

@@ -18,6 +18,8 @@ def test_only_a_programbench_run_that_does_not_choose_gets_the_audit_off() -> No
         "--pb-agent", "true", "-n", "2", "--pb-audit-hidden-tests=off"]
     assert with_suite_defaults(["-q", "tests"]) == ["-q", "tests"], "no --pb-* option: not opted in, left alone"
     assert with_suite_defaults(["--pb-agent", "true", "--pb-audit-hidden-tests", "on"])[-1] == "on"
+    for finished in (["--pb-compare", "a,b"], ["--pb-report=a"]):
+        assert with_suite_defaults(finished) == finished, "runs nothing: refuses any option of a run"
 
 
 def test_a_session_a_test_starts_has_the_audit_off(pytester: pytest.Pytester) -> None:

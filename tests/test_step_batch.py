@@ -235,7 +235,8 @@ def test_a_step_whose_output_a_child_holds_ends_as_its_exec_does(env: SdkContain
     assert [s.step.name for s in env.batched] == ["quick", "holder"]
     _quick, held = answers(env, steps[:2])
     assert (held["output"], held["returncode"], held["exception_info"]) == ("started\nlate\n", 0, "")
-    assert LINGER <= held["wall_time"] < LINGER + 3
+    # Timed on the host from the previous step's marker, which may arrive late: a little under LINGER is possible.
+    assert LINGER - 0.25 <= held["wall_time"] < LINGER + 3
     assert env.execute("echo after")["output"] == "after\n"  # by itself; the container runs on
     # A child that closes its output before LINGER ends its step then, and the batch goes on.
     steps = [Step("brief", "(sleep 0.5; echo late) & echo started", 10), Step("after", "echo after", 20)]
