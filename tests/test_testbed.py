@@ -137,7 +137,7 @@ def test_setup_tags_only_what_the_test_bed_owns(docker_client: Any, testbed: Tes
         docker_client.images.remove(calculator)  # the tag only
 
         other = docker_client.images.build(
-            fileobj=io.BytesIO(f"FROM {testbed.base_image}\n".encode()), tag=calculator, network_mode="none",
+            fileobj=io.BytesIO(f"FROM {testbed.base_image}\n".encode()), tag=calculator, network_mode="none", rm=True,
             labels={"pytest-programbench.testbed": "0123456789abcdef",
                     "pytest-programbench.testbed.checkout": "/elsewhere/testbed"})[0].id
         refused = _setup(copy, tag)
