@@ -88,9 +88,9 @@ def _host_provider(endpoint: str) -> tuple[str | None, str]:
 
 def infer_provider(settings: Mapping[str, Any]) -> Provider:
     """From the model's ``provider/model`` prefix, else the model endpoint's host, else the agent preset."""
-    model = str(settings.get("model") or "")
-    if "/" in model and model.partition("/")[0]:
-        return _named(model.partition("/")[0], f"the model's prefix {model.partition('/')[0]!r}")
+    prefix, slash, _name = str(settings.get("model") or "").partition("/")
+    if slash and prefix:
+        return _named(prefix, f"the model's prefix {prefix!r}")
     endpoint = str(settings.get("model_endpoint") or "")
     if endpoint:
         name, host = _host_provider(endpoint)
