@@ -10,6 +10,10 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/venv.sh
 . scripts/venv.sh
 pb_venv '[dev,mini,ssh]'
+# The house's rules first, in seconds: lint, types, and the import contract (layers, no circles; pyproject.toml).
+"$PY" -m ruff check .
+"$PY" -m mypy
+.venv/bin/lint-imports
 bash testbed/setup.sh
 # Debian's Chromium renders report.html for tests/test_report.py (headless, offline); installed only when missing.
 if ! command -v chromium >/dev/null; then
