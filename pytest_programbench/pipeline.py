@@ -21,15 +21,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_programbench.core import environment
+from pytest_programbench.core.cache import cache_root
+from pytest_programbench.core.task_key import ATTEMPT, GOLD, TaskKey
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
-from pytest_programbench.pytest_layer.invocation import ATTEMPT, GOLD, TaskKey
+from pytest_programbench.relay.records import records_limit
+from pytest_programbench.relay.replay import replay_limit
 from pytest_programbench.results import coverage, task_meta, timeline
 from pytest_programbench.results.artifacts import TaskArtifacts
 from pytest_programbench.results.atomic import atomic_copy
 from pytest_programbench.results.gold import GoldError, reference_bytes, require_reference_built, write_submission
 from pytest_programbench.results.task_meta import TaskMeta
 from pytest_programbench.results.verdict import InfrastructureError, TaskOutcome
+from pytest_programbench.sandbox.agent_log import agent_log_limit
+from pytest_programbench.sandbox.sandbox import CALL_LOG_READ_LIMIT, DEFAULT_SUBMISSION_LIMIT
 from pytest_programbench.tasks.catalogue import CatalogueError, Task
 
 if TYPE_CHECKING:
@@ -44,6 +50,15 @@ if TYPE_CHECKING:
     from pytest_programbench.tasks.blobs import BlobSet
 
 log = logging.getLogger("pytest_programbench")
+
+
+
+def run_dir_need() -> int:
+    """``PB_DISK_RUN_DIR_NEED``, else the most one task can write into the run directory: every artifact an agent
+    controls is capped, so the sum of the caps is a bound (plus 64 MiB for results and metadata)."""
+    most = (DEFAULT_SUBMISSION_LIMIT + agent_log_limit() + CALL_LOG_READ_LIMIT + records_limit() + replay_limit()
+            + (64 << 20))
+    return environment.DISK_RUN_DIR_NEED.size(otherwise=most)
 
 
 class TaskLog(logging.LoggerAdapter[logging.Logger]):
@@ -151,7 +166,7 @@ class TaskRun:
         """This attempt's engine client: --pb-docker-host's least busy one that is up (one the task failed on
         before only when no other is), else the environment's; the run directory's and engine's room checked."""
         from pytest_programbench.engine import disk
-        from pytest_programbench.sandbox.sandbox import run_dir_need, sandbox_storage_need
+        from pytest_programbench.sandbox.sandbox import sandbox_storage_need
 
         pool = self.session.engines
         self.lease, self.engine = None, None
@@ -236,7 +251,6 @@ class TaskRun:
         """One build or pull of an image per engine: the lock is the engine's (default: the shared one)."""
         if self.engine is None or self.session.engines is None:
             return None
-        from pytest_programbench.evaluation.rerunfailures import cache_root
 
         return cache_root() / "image-locks" / hashlib.sha256(str(self.meta.get("engine")).encode()).hexdigest()[:16]
 

@@ -11,10 +11,10 @@ if TYPE_CHECKING:
     import pytest
 
     from pytest_programbench.agents.agent import AgentSpec
+    from pytest_programbench.core.run_identity import RunIdentity
+    from pytest_programbench.core.settings import Settings
     from pytest_programbench.engine.docker_engine import Engines
     from pytest_programbench.engine.engines import EnginePool
-    from pytest_programbench.pytest_layer import options
-    from pytest_programbench.pytest_layer.run_record import RunIdentity
     from pytest_programbench.results.progress import Publisher
     from pytest_programbench.results.summary import RunSummary
     from pytest_programbench.tasks.submissions import SubmissionsDir
@@ -25,7 +25,7 @@ class RunContext(Protocol):
     Docker engines (this process's clients, with the run's labels and cap), the engine pool (``--pb-docker-host``),
     the given submissions (evaluate-only) and the configured agent."""
 
-    settings: options.Settings
+    settings: Settings
     identity: RunIdentity
     worker_id: str
     progress: Publisher | None
@@ -40,7 +40,7 @@ class RunContext(Protocol):
 class ProgressHost(Protocol):
     """What the progress view reads and sets: the publisher it installs, the summary it counts from."""
 
-    settings: options.Settings
+    settings: Settings
     identity: RunIdentity
     worker_id: str
     progress: Publisher | None

@@ -171,7 +171,7 @@ def test_host_loop_agent_that_ignores_its_clock(pytester: pytest.Pytester, testb
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Its clock fires (the outcome says so), what it left is scored (a failure, not an error), none of its processes
     outlives the window, and agent.log holds the documented default cap (PB_AGENT_LOG_MAX unset: 64 MiB)."""
-    from pytest_programbench.agents.agent_log import MARKER
+    from pytest_programbench.sandbox.agent_log import MARKER
 
     pids = pytester.mkdir("pids")
     monkeypatch.setenv("PIDS", str(pids))

@@ -197,7 +197,8 @@ def _settings(pytester: pytest.Pytester, ini: dict[str, str], cli: dict[str, str
 
 def _fields_of(name: str) -> list[str]:
     """The Settings fields one option sets (progress sets two)."""
-    from pytest_programbench.pytest_layer.options import BY_DEST, Settings
+    from pytest_programbench.core.settings import Settings
+    from pytest_programbench.pytest_layer.options import BY_DEST
 
     fields = list(BY_DEST["pb_" + name.replace("-", "_")].settings_fields)
     assert set(fields) <= set(Settings.__dataclass_fields__), fields
@@ -206,7 +207,8 @@ def _fields_of(name: str) -> list[str]:
 
 def test_every_option_has_an_ini_twin(pytester: pytest.Pytester) -> None:
     """Every option set only in the ini gives the same Settings as all set on the command line, none the default."""
-    from pytest_programbench.pytest_layer.options import OPTIONS, Settings
+    from pytest_programbench.core.settings import Settings
+    from pytest_programbench.pytest_layer.options import OPTIONS
 
     samples = {name: pair[1] for name, pair in _samples(pytester.path).items()}
     from_ini = _settings(pytester, samples, {})
@@ -221,7 +223,8 @@ def test_every_option_has_an_ini_twin(pytester: pytest.Pytester) -> None:
 
 
 def test_every_settings_field_is_set_by_exactly_one_option() -> None:
-    from pytest_programbench.pytest_layer.options import OPTIONS, Settings
+    from pytest_programbench.core.settings import Settings
+    from pytest_programbench.pytest_layer.options import OPTIONS
 
     fields = [name for opt in OPTIONS for name in opt.settings_fields]
     assert sorted(fields) == sorted(Settings.__dataclass_fields__)
@@ -399,7 +402,7 @@ def test_item_timeout_is_above_every_clock() -> None:
     """The outer backstop never fires while a legitimate clock runs: in every infrastructure attempt (the setup
     re-runs the pipeline up to 1 + --pb-infra-retries times) the agent's clock, compile.sh's, and every branch's
     in every retry round may all run out in full. Stated as lower bounds, not as the formula."""
-    from pytest_programbench.pytest_layer.options import Settings
+    from pytest_programbench.core.settings import Settings
     from pytest_programbench.pytest_layer.session import item_timeout
     from pytest_programbench.tasks.catalogue import Catalogue
 

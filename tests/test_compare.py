@@ -278,8 +278,8 @@ def test_the_paired_interval_resamples_tasks_not_runs() -> None:
 def _attempts_run(run_dir: Path, tasks: dict[str, list[dict[str, str]]]) -> None:
     """A finished --pb-attempts run directory as a session leaves it: each attempt's eval.json where it is written
     (``<id>/``, ``attempts/<n>/<id>/``), summary.json by RunSummary from the attempts' records, pb-run.json."""
-    from pytest_programbench.pytest_layer.invocation import TaskKey
-    from pytest_programbench.pytest_layer.run_record import RUN_MARKER
+    from pytest_programbench.core.run_identity import RUN_MARKER
+    from pytest_programbench.core.task_key import TaskKey
     from pytest_programbench.results.summary import RunSummary, TaskRecord
 
     records = []

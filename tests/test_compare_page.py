@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pytest_programbench.pytest_layer.run_record import RUN_MARKER
+from pytest_programbench.core.run_identity import RUN_MARKER
 from pytest_programbench.results import compare
 from pytest_programbench.results.summary import RunSummary, TaskRecord
 from tests.test_report import attr_of, chromium

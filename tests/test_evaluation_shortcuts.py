@@ -23,12 +23,11 @@ from programbench.eval.eval import EvaluationResult
 from programbench.utils import blob_store
 from programbench.utils.load_data import get_active_branches
 
+from pytest_programbench.core.environment import PREFETCH, STEP_BATCH
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.images import ensure_image
-from pytest_programbench.evaluation.container_layer import ENV_PREFETCH
 from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome, _reruns_reason, evaluate
 from pytest_programbench.evaluation.rerunfailures import RerunWheels
-from pytest_programbench.evaluation.step_batch import ENV_STEP_BATCH
 from pytest_programbench.tasks.blobs import resolve_blobs
 from pytest_programbench.tasks.catalogue import Task
 from tests.conftest import Testbed
@@ -83,7 +82,7 @@ def test_batched_steps_score_as_the_official(testbed: Testbed, official_blobs: A
     assert summary.score == score, summary
     outcomes: dict[str, EvaluationOutcome] = {}
     for batch in ("1", "0"):
-        monkeypatch.setenv(ENV_STEP_BATCH, batch)
+        monkeypatch.setenv(STEP_BATCH.name, batch)
         (work := tmp_path / f"ours-{batch}").mkdir()
         outcomes[batch] = run_ours(task, archive, root / "blobs", work)
     for batch, outcome in outcomes.items():
@@ -162,7 +161,7 @@ def test_the_made_ahead_container_is_older_as_documented(testbed: Testbed, offic
     assert summary.score == 1.0, statuses(official)
     outcomes: dict[str, EvaluationOutcome] = {}
     for prefetch in ("1", "0"):
-        monkeypatch.setenv(ENV_PREFETCH, prefetch)
+        monkeypatch.setenv(PREFETCH.name, prefetch)
         (work := tmp_path / f"ours-{prefetch}").mkdir()
         outcomes[prefetch] = run_ours(task, archive, root / "blobs", work)
     made_ahead = get_active_branches(instance)[1]  # the first branch's container is made at its turn

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from programbench.eval.eval import EvaluationResult, TestResult
 
+from pytest_programbench.core.settings import Settings
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.evaluation import audit, audit_plugin, integrity
 from pytest_programbench.evaluation.container_layer import (
@@ -34,7 +35,6 @@ from pytest_programbench.evaluation.container_layer import (
     register_committed_image,
     remove_committed_image,
 )
-from pytest_programbench.pytest_layer.options import Settings
 from pytest_programbench.pytest_layer.session import item_timeout
 from pytest_programbench.tasks.catalogue import load_tasks_dir
 from tests.conftest import Testbed

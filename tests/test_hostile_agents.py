@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from docker.errors import ImageNotFound
 
-from pytest_programbench.agents.agent_log import CappedLog
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.sandbox import sandbox as sandbox_module
+from pytest_programbench.sandbox.agent_log import CappedLog
 from pytest_programbench.sandbox.sandbox import Sandbox, merge_call_records
 from tests.conftest import Testbed
 from tests.proxy_support import (  # noqa: F401 - fixtures

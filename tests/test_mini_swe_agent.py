@@ -265,7 +265,7 @@ def test_templates_keep_the_official_rules_and_our_layout(monkeypatch: pytest.Mo
 
 def test_a_model_is_required() -> None:
     from pytest_programbench.agents.mini_swe_agent import MiniSweAgentError, check, preflight
-    from pytest_programbench.pytest_layer.options import Settings
+    from pytest_programbench.core.settings import Settings
 
     with pytest.raises(MiniSweAgentError, match="--pb-model"):
         check(Settings(agent="mini-swe-agent"))
@@ -350,7 +350,7 @@ def test_hard_stop_abandons_a_hung_agent(tmp_path: Path, monkeypatch: pytest.Mon
     import threading
 
     from pytest_programbench.agents import mini_swe_agent
-    from pytest_programbench.pytest_layer.options import Settings
+    from pytest_programbench.core.settings import Settings
     from pytest_programbench.tasks.catalogue import Task
 
     monkeypatch.setattr(mini_swe_agent, "HARD_STOP_GRACE", 1.0)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from pytest_programbench.agents.agent import AgentRunner, AgentSpec
-from pytest_programbench.pytest_layer.options import OPTIONS, Settings
+from pytest_programbench.core.settings import Settings
+from pytest_programbench.pytest_layer.options import OPTIONS
 from pytest_programbench.relay.relay import relay_env
 from pytest_programbench.tasks.catalogue import load_packaged
 from tests.conftest import REPO
@@ -97,3 +98,29 @@ def test_the_environment_table_names_every_variable_the_agent_gets(tmp_path: Pat
 def test_the_host_only_names_are_the_runners(name: str) -> None:
     source = (REPO / "pytest_programbench" / "agents" / "agent.py").read_text()
     assert f'"{name}":' in source.split("def _on_host", 1)[1]
+
+
+def test_the_environment_table_is_the_declared_one() -> None:
+    """README's table of environment variables lists exactly the harness's own declared ones, each with its default
+    (``core/environment.py`` is the one table the code reads)."""
+    from pytest_programbench.core.environment import OURS
+
+    section = README.split("## Settings by environment variable", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = cells[1].strip("`")
+    assert rows == {v.name: v.default for v in OURS}
+
+
+def test_no_module_reads_an_undeclared_environment_variable() -> None:
+    """Every variable the package reads goes through the declared table: no ``os.environ.get("NAME")`` and no
+    ``environ["NAME"]`` with a literal name outside ``core/environment.py`` (the proxy daemon and client, shipped
+    into containers alone, read their own)."""
+    package = Path(__file__).parent.parent / "pytest_programbench"
+    pattern = re.compile(r"""(?:environ|getenv)(?:\.get)?[\[(]\s*["'][A-Z_]+["']""")
+    readers = [f"{path.relative_to(package)}:{n}" for path in package.rglob("*.py")
+               if path.parent.name != "proxy" and path.name != "environment.py"
+               for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert readers == []

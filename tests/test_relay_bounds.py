@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_programbench.pipeline import run_dir_need
 from pytest_programbench.relay import records as records_module
 from pytest_programbench.relay.budget import ByteBudget
 from pytest_programbench.relay.records import (
@@ -27,7 +28,6 @@ from pytest_programbench.relay.records import (
     request_fields,
 )
 from pytest_programbench.relay.relay import HEADER_MAX, ModelRelay
-from pytest_programbench.sandbox.sandbox import run_dir_need
 from tests.test_relay import CHAT_BODY, Reply, ScriptedUpstream, settled
 
 

@@ -23,11 +23,11 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_programbench.pipeline import run_dir_need
 from pytest_programbench.relay.rate import RunRateLimit
 from pytest_programbench.relay.relay import ModelRelay, RetryPolicy
 from pytest_programbench.relay.slots import SLOTS_DIR, ModelSlots
 from pytest_programbench.relay.upstream import retry_hint
-from pytest_programbench.sandbox.sandbox import run_dir_need
 from tests.scripted_models import Faults, ScriptedModels, Step
 
 STEPS = [Step("done", None, 10, 2)]

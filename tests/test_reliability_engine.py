@@ -28,6 +28,7 @@ import pytest
 import requests
 
 from pytest_programbench import RUN_LABEL
+from pytest_programbench.core.environment import DOCKER_CONCURRENCY, DOCKER_SLOTS_DIR
 from pytest_programbench.engine import backpressure, docker_engine
 from pytest_programbench.engine.backpressure import Backpressure
 from pytest_programbench.engine.docker_engine import HOW_TO_START, EngineRun, Engines, RetryPolicy
@@ -439,14 +440,14 @@ def test_configured_runs_label_owner_and_deadline(testbed: Testbed, docker_clien
                                                   monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(backpressure, "slots_root", lambda: tmp_path / "slots")
     monkeypatch.delenv("DOCKER_HOST", raising=False)
-    for name in (backpressure.ENV_DIR, backpressure.ENV_LIMIT):
+    for name in (DOCKER_SLOTS_DIR.name, DOCKER_CONCURRENCY.name):
         monkeypatch.delenv(name, raising=False)
     run = _Run("r" + uuid.uuid4().hex[:7], os.getpid(), socket.gethostname(), time.time())
     engines = Engines(EngineRun.for_run(run, concurrency=3))
     try:
         assert (engines.run.slots.limit, engines.run.slots.directory) == (3, tmp_path / "slots" / run.run_id)
         # Exported: workers started from here share the run's slots; a process outside the session reads them.
-        assert os.environ[backpressure.ENV_DIR] == str(tmp_path / "slots" / run.run_id)
+        assert os.environ[DOCKER_SLOTS_DIR.name] == str(tmp_path / "slots" / run.run_id)
         assert Backpressure.from_environment().directory == tmp_path / "slots" / run.run_id
         api = engines.client().api
         before = time.time()
@@ -520,7 +521,7 @@ def max_overlap(intervals: list[tuple[str, float, float]]) -> int:
 def test_heavy_operations_are_capped_across_processes(tmp_path: Path, testbed: Testbed,
                                                       docker_client: Any) -> None:
     run = "r" + uuid.uuid4().hex[:7]
-    env = {**os.environ, backpressure.ENV_DIR: str(tmp_path / "slots"), backpressure.ENV_LIMIT: "2"}
+    env = {**os.environ, DOCKER_SLOTS_DIR.name: str(tmp_path / "slots"), DOCKER_CONCURRENCY.name: "2"}
     env.pop("DOCKER_HOST", None)
     try:
         procs = [subprocess.Popen([sys.executable, "-c", _WORKER, testbed.base_image, run, "4"], env=env,

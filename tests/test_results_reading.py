@@ -263,12 +263,12 @@ def test_the_backstop_counts_every_official_clock() -> None:
 
 
 def test_item_timeout_covers_the_evaluation_budget() -> None:
-    from pytest_programbench.pytest_layer import options
+    from pytest_programbench.core.settings import Settings
     from pytest_programbench.pytest_layer.session import item_timeout
     from pytest_programbench.tasks.catalogue import load_tasks_dir
 
     task = {t.instance_id: t for t in load_tasks_dir(Path(__file__).parent.parent / "testbed" / "tasks")}[RPN]
-    settings = options.Settings(submissions="x")  # evaluate-only: no agent clock
+    settings = Settings(submissions="x")  # evaluate-only: no agent clock
     budget = container_layer.evaluation_budget(
         compile_timeout=settings.compile_timeout, test_timeout=settings.test_timeout, branches=3,
         branch_workers=settings.branch_workers, branch_retries=settings.branch_retries)

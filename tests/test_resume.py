@@ -132,7 +132,7 @@ CHANGES: dict[str, tuple[str, ...]] = {
 
 
 def test_every_result_setting_has_a_refusal_case() -> None:
-    from pytest_programbench.pytest_layer.run_record import RESULT_SETTINGS
+    from pytest_programbench.core.run_identity import RESULT_SETTINGS
 
     assert set(CHANGES) == {*RESULT_SETTINGS, "agent_env"}
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from pytest_programbench import RUN_LABEL, TASK_LABEL, WORKER_LABEL
+from pytest_programbench.core.settings import Settings
 from pytest_programbench.engine.docker_engine import Labels
-from pytest_programbench.pytest_layer.options import Settings
 from pytest_programbench.sandbox import layout
 from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE
 from pytest_programbench.sandbox.sandbox import (

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_programbench.agents.agent_log import CappedLog, pump
 from pytest_programbench.agents.command_check import (
     COMMAND_CHECK_TIMEOUT,
     NOT_EXECUTABLE,
@@ -36,11 +35,12 @@ from pytest_programbench.agents.command_check import (
 )
 from pytest_programbench.agents.prompt import PromptContext, render_prompt
 from pytest_programbench.engine import docker_engine
+from pytest_programbench.sandbox.agent_log import CappedLog, pump
 from pytest_programbench.sandbox.layout import BINARY_PATH, DOCS_DIR, PROMPT_PATH, SRC_DIR
 
 if TYPE_CHECKING:
     from pytest_programbench.agents.agent_presets import Installed, Invocation
-    from pytest_programbench.pytest_layer.options import Settings
+    from pytest_programbench.core.settings import Settings
     from pytest_programbench.sandbox.sandbox import Sandbox
     from pytest_programbench.tasks.catalogue import Task
 

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_programbench.core.cache import cache_dir as plugin_cache_dir
+from pytest_programbench.core.environment import AGENT_CACHE, NPM
 from pytest_programbench.engine.tar_in import TarIn
 
 if TYPE_CHECKING:
     from pytest_programbench.sandbox.sandbox import Sandbox
 
-ENV_CACHE = "PB_AGENT_CACHE"
-ENV_NPM = "PB_NPM"  # the npm command (default: ``npm`` on PATH)
 INSTALL_TIMEOUT = 1800.0
 SANDBOX_ROOT = "/opt/pb-agent"  # root-owned, read-only for the agent
 RECIPE = "1"  # bump when the cached layout changes
@@ -211,11 +211,7 @@ def parse(value: str) -> tuple[CliPreset, str] | None:
 
 
 def cache_dir() -> Path:
-    configured = os.environ.get(ENV_CACHE)
-    if configured:
-        return Path(configured).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pytest-programbench" / "agents"
+    return plugin_cache_dir("agents", AGENT_CACHE)
 
 
 def host_arch() -> str:
@@ -261,10 +257,10 @@ def ensure_installed(preset: CliPreset, version: str, *, cache: Path | None = No
         loaded = _load(preset, version, directory, manifest)
         if loaded is not None:
             return loaded
-        npm = os.environ.get(ENV_NPM) or shutil.which("npm")
+        npm = NPM.raw() or shutil.which("npm")
         if not npm:
             raise PresetError(f"--pb-agent {preset.name}: npm is not on PATH (needed once per machine to install "
-                              f"{preset.npm_package}@{version} from the npm registry; or set ${ENV_NPM})")
+                              f"{preset.npm_package}@{version} from the npm registry; or set ${NPM.name})")
         variants: dict[str, str] = {}
         problems: list[str] = []
         for build in preset.builds(version, host_arch()):

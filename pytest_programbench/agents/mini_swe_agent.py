@@ -42,11 +42,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from pytest_programbench.agents.agent_log import CappedLog
+from pytest_programbench.core.environment import MINI_SWE_AGENT_CONFIG
+from pytest_programbench.sandbox.agent_log import CappedLog
 from pytest_programbench.sandbox.layout import BINARY_PATH, DOCS_DIR, SRC_DIR
 
 if TYPE_CHECKING:
-    from pytest_programbench.pytest_layer.options import Settings
+    from pytest_programbench.core.settings import Settings
     from pytest_programbench.sandbox.sandbox import Sandbox
     from pytest_programbench.tasks.catalogue import Task
 
@@ -56,7 +57,6 @@ MIN_SLICE = 1.0  # seconds: with less left on the clock, no command or model cal
 HARD_STOP_GRACE = 45.0  # seconds past the deadline before the agent thread is abandoned
 STOP_WAIT = 5.0  # seconds the abandoned thread gets to notice (its processes killed) before the run goes on
 MAX_OUTPUT = 8 << 20  # bytes of one command's output kept (the observation template shows 10,000 characters)
-CONFIG_ENV = "PB_MINI_SWE_AGENT_CONFIG"
 INSTALL_HINT = "pip install mini-swe-agent  (or: pip install 'pytest-programbench[mini]')"
 # Set before litellm is imported: it would otherwise fetch its cost map and header tables at import.
 LITELLM_OFFLINE = {
@@ -153,16 +153,16 @@ def build_config(settings: Settings, env: Mapping[str, str], timeout: float) -> 
         "model": {"cost_tracking": "ignore_errors"},
     }
     layers: list[dict[str, Any]] = [official, adapted]
-    user_file = env.get(CONFIG_ENV) or os.environ.get(CONFIG_ENV)
+    user_file = MINI_SWE_AGENT_CONFIG.raw(env) or MINI_SWE_AGENT_CONFIG.raw()
     if user_file:
         import yaml
 
         try:
             user = yaml.safe_load(Path(user_file).expanduser().read_text())
         except (OSError, yaml.YAMLError) as exc:
-            raise MiniSweAgentError(f"{CONFIG_ENV}={user_file}: {exc}") from exc
+            raise MiniSweAgentError(f"{MINI_SWE_AGENT_CONFIG.name}={user_file}: {exc}") from exc
         if not isinstance(user, dict):
-            raise MiniSweAgentError(f"{CONFIG_ENV}={user_file}: not a mapping")
+            raise MiniSweAgentError(f"{MINI_SWE_AGENT_CONFIG.name}={user_file}: not a mapping")
         layers.append(user)
     config: dict[str, Any] = recursive_merge(*layers)
     wall = int(config["agent"].get("wall_time_limit_seconds") or 0)

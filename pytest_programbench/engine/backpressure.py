@@ -35,13 +35,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from pytest_programbench.core import environment
 from pytest_programbench.engine.ownership import Owner, boot_id, process_alive, process_start_time
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LIMIT = 4
-ENV_LIMIT = "PB_DOCKER_CONCURRENCY"
-ENV_DIR = "PB_DOCKER_SLOTS_DIR"
 OWNER_FILE = "owner.json"
 # Waiting for a slot is logged once it takes this long (then every period again).
 WAIT_LOG_SECONDS = 60.0
@@ -89,18 +88,18 @@ class Backpressure:
             if owner is not None and not (path / OWNER_FILE).exists():
                 _write_owner(path, {"run_id": run_id, **owner})
         if export:
-            os.environ[ENV_LIMIT] = str(limit)
+            os.environ[environment.DOCKER_CONCURRENCY.name] = str(limit)
             if path is not None:
-                os.environ[ENV_DIR] = str(path)
+                os.environ[environment.DOCKER_SLOTS_DIR.name] = str(path)
             else:
-                os.environ.pop(ENV_DIR, None)
+                os.environ.pop(environment.DOCKER_SLOTS_DIR.name, None)
         log.debug("docker backpressure: %s slots in %s", limit or "unlimited", path or "this process")
         return cls(limit, path)
 
     @classmethod
     def from_environment(cls) -> Backpressure:
         """The cap a process outside a configured session works under (see the module docstring)."""
-        env_dir = os.environ.get(ENV_DIR, "").strip()
+        env_dir = environment.DOCKER_SLOTS_DIR.raw()
         directory = Path(env_dir) if env_dir else _xdist_default()
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
@@ -149,20 +148,13 @@ class Backpressure:
 
 
 def _env_limit() -> int:
-    raw = os.environ.get(ENV_LIMIT, "").strip()
-    if not raw:
-        return DEFAULT_LIMIT
-    try:
-        return max(0, int(raw))
-    except ValueError:
-        log.warning("%s=%r is not an integer; using %d", ENV_LIMIT, raw, DEFAULT_LIMIT)
-        return DEFAULT_LIMIT
+    return max(0, environment.DOCKER_CONCURRENCY.integer())
 
 
 def _xdist_default() -> Path | None:
     """Unconfigured xdist workers of one session still share slots: keyed by xdist's test run uid."""
-    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID", "").strip()
-    return slots_root() / f"xdist-{uid}" if uid and os.environ.get("PYTEST_XDIST_WORKER") else None
+    uid = environment.XDIST_TESTRUNUID.raw()
+    return slots_root() / f"xdist-{uid}" if uid and environment.XDIST_WORKER.is_set() else None
 
 
 def _parent_owner() -> dict[str, object]:

@@ -22,16 +22,16 @@ on this machine's filesystem (a remote engine) only the run directory is checked
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from pytest_programbench.core import environment
 from pytest_programbench.engine.errors import DiskSpaceError
 from pytest_programbench.engine.facts import NOT_ASKED, facts
-from pytest_programbench.text.sizes import human, size_from_env
+from pytest_programbench.text.sizes import human
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +45,12 @@ class Space:
     total: int
 
 
-def need_from_env(env: str, default: str) -> int:
-    """A size from the environment variable ``env`` (``default`` when unset or not a size; 0 disables a check)."""
-    return size_from_env(env, default)
-
-
 def image_need() -> int:
-    return need_from_env("PB_DISK_IMAGE_NEED", "10g")
+    return environment.DISK_IMAGE_NEED.size()
 
 
 def run_need() -> int:
-    return need_from_env("PB_DISK_RUN_NEED", "4g")
+    return environment.DISK_RUN_NEED.size()
 
 
 def free_space(path: Path) -> Space:
@@ -74,7 +69,7 @@ def docker_root(engine_api: Any) -> Path | None:
     if known.docker_root is not NOT_ASKED:
         return cast(Path | None, known.docker_root)
     root: Path | None = None
-    if os.environ.get("DOCKER_HOST", "unix://").startswith("unix://"):
+    if (environment.DOCKER_HOST.raw() or "unix://").startswith("unix://"):
         try:
             reported = Path(str(engine_api.info().get("DockerRootDir") or DEFAULT_DOCKER_ROOT))
         except Exception as exc:  # an engine that cannot say: assume the default, the check stays useful

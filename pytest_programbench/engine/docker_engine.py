@@ -51,6 +51,14 @@ import requests.exceptions
 import tenacity
 
 from pytest_programbench import RUN_LABEL, TASK_LABEL, WORKER_LABEL
+from pytest_programbench.core.environment import (
+    DOCKER_API_TIMEOUT,
+    DOCKER_HOST,
+    DOCKER_PING_TIMEOUT,
+    DOCKER_RETRY_SECONDS,
+    RUN_LIFETIME,
+    SLOW_ENGINE_CALL,
+)
 from pytest_programbench.engine import disk
 from pytest_programbench.engine.backpressure import Backpressure
 from pytest_programbench.engine.errors import EngineConnectionError, EngineRestarted, EngineUnavailable
@@ -67,20 +75,20 @@ T = TypeVar("T")
 # The socket timeout of every API call. Generous: creates and commits wait behind other workers' on a loaded 2-core
 # machine. It bounds request/response calls only: no command's window depends on it (exec streams are read with no
 # socket timeout and end when the command exits or its own clock fires). ``PB_DOCKER_API_TIMEOUT`` sets it.
-API_TIMEOUT = float(os.environ.get("PB_DOCKER_API_TIMEOUT", "300"))
+API_TIMEOUT = DOCKER_API_TIMEOUT.number()
 # The first contact: a hung engine must not hang every item.
-PING_TIMEOUT = float(os.environ.get("PB_DOCKER_PING_TIMEOUT", "10"))
+PING_TIMEOUT = DOCKER_PING_TIMEOUT.number()
 # After a failed first contact, further uses of the engine fail at once for this long (same message).
 UNREACHABLE_MEMORY = 15.0
 # How long one outage (the engine refusing connections, e.g. while it restarts) is waited out by retries.
-OUTAGE_BUDGET = float(os.environ.get("PB_DOCKER_RETRY_SECONDS", "60"))
+OUTAGE_BUDGET = DOCKER_RETRY_SECONDS.number()
 # An answer slower than this is said once per call (``PB_SLOW_ENGINE_CALL``); calls that wait on purpose are exempt.
-SLOW_CALL = float(os.environ.get("PB_SLOW_ENGINE_CALL", "30"))
+SLOW_CALL = SLOW_ENGINE_CALL.number()
 _WAITS_ON_PURPOSE = re.compile(r"/(exec/[^/]+/start|containers/[^/]+/(wait|attach|logs))$")
 _OBJECT_ID = re.compile(r"/[0-9a-f]{12,64}(?=/|$)")
 
 # A container whose lifetime cannot be read from its command, and every image, expire this long after creation.
-DEFAULT_LIFETIME = float(os.environ.get("PB_RUN_LIFETIME", str(7 * 24 * 3600)))
+DEFAULT_LIFETIME = RUN_LIFETIME.number()
 EXPIRY_MARGIN = 600
 
 
@@ -563,7 +571,7 @@ class Engines:
 
     def get(self, url: str | None = None) -> Engine:
         """The engine at ``url`` (None: the environment's); made on first use, its client on its first call."""
-        if url is not None and url == os.environ.get("DOCKER_HOST"):
+        if url is not None and url == DOCKER_HOST.raw():
             url = None  # the environment's engine under its explicit name: one client, one health
         with self._lock:
             engine = self._engines.get(url)
@@ -603,7 +611,7 @@ def _short(exc: BaseException | str) -> str:
 
 
 def _docker_host() -> str:
-    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    return DOCKER_HOST.raw() or "unix:///var/run/docker.sock"
 
 
 def _socket_path(url: str | None = None) -> str | None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_programbench.core import environment
 from pytest_programbench.engine.errors import EngineUnavailable
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCHEMES = ("unix://", "tcp://", "ssh://", "http://", "https://")
-PROBE_AFTER = float(os.environ.get("PB_ENGINE_PROBE_AFTER", "120"))
+PROBE_AFTER = environment.ENGINE_PROBE_AFTER.number()
 WAIT_LOG_SECONDS = 60.0
 _POLL = 0.2
 
@@ -51,7 +52,7 @@ class EngineSpec:
 
     @property
     def name(self) -> str:
-        return self.url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        return self.url or environment.DOCKER_HOST.raw() or "unix:///var/run/docker.sock"
 
     @property
     def remote(self) -> bool:

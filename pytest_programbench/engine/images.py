@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
+from pytest_programbench.core.cache import cache_root
 from pytest_programbench.engine.errors import EngineUnavailable
-from pytest_programbench.evaluation.rerunfailures import cache_root
 from pytest_programbench.tasks.catalogue import Task
 
 if TYPE_CHECKING:

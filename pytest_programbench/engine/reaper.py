@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import time
 from collections.abc import Iterable, Mapping
@@ -32,14 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from pytest_programbench import RUN_LABEL
+from pytest_programbench.core import environment
+from pytest_programbench.core.run_identity import RUN_MARKER
 from pytest_programbench.engine.backpressure import stale_slot_dirs
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.ownership import EXPIRES_LABEL, OWNER_LABEL, Owner, boot_id, process_alive
 
 log = logging.getLogger(__name__)
 
-RUN_MARKER = "pb-run.json"
-UNLABELLED_MAX_AGE = float(os.environ.get("PB_REAP_UNLABELLED_AFTER", str(24 * 3600)))
+UNLABELLED_MAX_AGE = environment.REAP_UNLABELLED_AFTER.number()
 # A process that started this much after the run's recorded start is not its controller (clock granularity).
 
 __all__ = ["ReapReport", "reap_dead_runs", "run_verdict"]

@@ -60,6 +60,7 @@ from programbench.eval.pytest_timeout_retry import (
 )
 from programbench.exceptions import EvalStepError
 
+from pytest_programbench.core.environment import PREFETCH
 from pytest_programbench.engine.archive_out import (
     HARDLINK,
     REGULAR,
@@ -90,7 +91,6 @@ RESULTS_MAX_BYTES = 32 << 20
 # stops by itself, so a container leaked by a crash expires even if no sweep ever runs.
 LIFETIME_MARGIN = 3600
 # "0": each branch's container made when the official asks for it, not ahead (SdkEvaluator._warm).
-ENV_PREFETCH = "PYTEST_PROGRAMBENCH_PREFETCH"
 # The official teardown after a timed-out command (ContainerEnvironment.execute): SIGKILL everything but pid 1.
 KILL_ALL_BUT_INIT = "kill -KILL -1 2>/dev/null; sleep 0.2; kill -KILL -1 2>/dev/null; true"
 KILL_TIMEOUT = 30
@@ -1166,7 +1166,7 @@ class LayerConfig:
 
 
 def prefetch_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    return (os.environ if environ is None else environ).get(ENV_PREFETCH, "").strip() != "0"
+    return PREFETCH.enabled(environ)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ from programbench.eval.eval import EvaluationResult, Evaluator
 from programbench.exceptions import EvalStepError
 from programbench.utils.load_data import get_active_branches, get_ignored_branches, get_ignored_tests
 
+from pytest_programbench.core import environment
+from pytest_programbench.core.settings import cores
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.evaluation import harness_material, integrity, results_check, step_batch
@@ -81,14 +83,13 @@ from pytest_programbench.evaluation.rerunfailures import (
     install_cache_dir,
     pip_environment,
 )
-from pytest_programbench.pytest_layer.options import cores
 from pytest_programbench.tasks.blobs import BlobSet
 from pytest_programbench.tasks.catalogue import CatalogueError, Task
 
 if TYPE_CHECKING:
     import docker
 
-    from pytest_programbench.pytest_layer.options import Settings
+    from pytest_programbench.core.settings import Settings
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -107,9 +108,7 @@ STRICT_NETWORK_NOTE = ("--pb-strict: compile.sh and the hidden tests ran with no
 def eval_storage_limit() -> int:
     """``PB_EVAL_STORAGE``: what each evaluation container's writable layer may hold (default 30g; 0: no limit),
     applied where the engine's storage driver enforces it (docs/security.md)."""
-    from pytest_programbench.engine.disk import need_from_env
-
-    return need_from_env("PB_EVAL_STORAGE", "30g")
+    return environment.EVAL_STORAGE.size()
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 import subprocess
@@ -32,6 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from filelock import FileLock
+
+from pytest_programbench.core import environment
+from pytest_programbench.core.cache import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -50,21 +52,8 @@ CONTAINER_WHEEL_DIR = "/tmp/pytest-programbench-wheels"
 # A failed download is not retried by other workers for this long (an offline host would stall every item).
 FAILURE_TTL = 3600
 DOWNLOAD_TIMEOUT = 600
-ENV_WHEEL_DIR = "PYTEST_PROGRAMBENCH_WHEELS"
-ENV_CACHE_DIR = "PYTEST_PROGRAMBENCH_CACHE"
-# "0" turns off the replay of recorded install steps (evaluation/install_cache.py): pip runs in every evaluation.
-ENV_PIP_REPLAY = "PYTEST_PROGRAMBENCH_PIP_REPLAY"
 
 _WHEEL_RE = re.compile(r"^pytest_rerunfailures-(?P<version>[^-]+)-.*\.whl$")
-
-
-def cache_root(environ: Mapping[str, str] | None = None) -> Path:
-    """``$PYTEST_PROGRAMBENCH_CACHE``, else ``$XDG_CACHE_HOME/pytest-programbench``, else ``~/.cache/...``."""
-    env = os.environ if environ is None else environ
-    if env.get(ENV_CACHE_DIR):
-        return Path(env[ENV_CACHE_DIR]).expanduser()
-    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pytest-programbench"
 
 
 @dataclass(frozen=True)
@@ -135,14 +124,13 @@ def ensure_wheels(cache_dir: Path | None = None, *, environ: Mapping[str, str] |
     ``$PYTEST_PROGRAMBENCH_WHEELS`` names a prepared directory (for offline hosts:
     ``pip download --only-binary=:all: pytest-rerunfailures==16.4 -d DIR``) and wins over the cache.
     """
-    env = os.environ if environ is None else environ
-    if env.get(ENV_WHEEL_DIR):
-        prepared = Path(env[ENV_WHEEL_DIR]).expanduser()
+    if environment.WHEELS.is_set(environ):
+        prepared = Path(environment.WHEELS.raw(environ)).expanduser()
         try:
             return RerunWheels(prepared, wheels=validate_wheel_dir(prepared))
         except (OSError, ValueError) as exc:
-            return RerunWheels(None, reason=f"${ENV_WHEEL_DIR}: {exc}")
-    root = (cache_dir or cache_root(env)) / f"rerunfailures-{PINNED_VERSION}"
+            return RerunWheels(None, reason=f"${environment.WHEELS.name}: {exc}")
+    root = (cache_dir or cache_root(environ)) / f"rerunfailures-{PINNED_VERSION}"
     with _memo_lock:
         if root in _memo:
             return _memo[root]
@@ -198,10 +186,9 @@ def pip_environment(wheels: RerunWheels, directory: str | None = None) -> dict[s
 
 def install_cache_dir(environ: Mapping[str, str] | None = None) -> Path | None:
     """Where recorded install steps live (None: ``$PYTEST_PROGRAMBENCH_PIP_REPLAY=0``, pip runs every time)."""
-    env = os.environ if environ is None else environ
-    if env.get(ENV_PIP_REPLAY, "").strip() == "0":
+    if not environment.PIP_REPLAY.enabled(environ):
         return None
-    return cache_root(env) / f"rerunfailures-{PINNED_VERSION}" / "installed"
+    return cache_root(environ) / f"rerunfailures-{PINNED_VERSION}" / "installed"
 
 
 def reset_memo() -> None:

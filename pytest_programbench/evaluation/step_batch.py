@@ -41,12 +41,12 @@ official teardown, so the driver runs nothing more): that step's result is a fai
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pytest_programbench.core import environment
 from pytest_programbench.engine.container import ExecReader, OutputCap
 
 # Seconds a step's output is waited for after its process exited: moby waits 2 s for an exec's streams
@@ -91,7 +91,6 @@ for arg in "$@"; do
 done
 """
 # "0" runs every step by itself (one exec each), as the official does.
-ENV_STEP_BATCH = "PYTEST_PROGRAMBENCH_STEP_BATCH"
 # How a step's stdout marker says the batch goes on.
 NEXT, LAST, SKIP = "next", "last", "skip"
 # A marker's fields after the nonce are at most this long; a longer unfinished one is not ours.
@@ -180,7 +179,7 @@ class _Splitter:
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
-    return (os.environ if environ is None else environ).get(ENV_STEP_BATCH, "").strip() != "0"
+    return environment.STEP_BATCH.enabled(environ)
 
 
 def driver_argv(steps: Sequence[Step], nonce: str) -> list[str]:

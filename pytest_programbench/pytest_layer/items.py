@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_programbench.agents.command_check import AGENT_COMMAND_MISSING, AgentCommandMissing
-from pytest_programbench.pytest_layer.invocation import ATTEMPT, GOLD, TaskKey
+from pytest_programbench.core.task_key import ATTEMPT, GOLD, TaskKey
 from pytest_programbench.pytest_layer.markers import SUITE, difficulty_marker, language_marker
 from pytest_programbench.pytest_layer.stash import SESSION
 from pytest_programbench.results.verdict import TaskOutcome

@@ -9,7 +9,6 @@ marker name), from the names an item would have, without collecting anything.
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -17,8 +16,10 @@ from dataclasses import dataclass
 import pytest
 from _pytest.mark.expression import Expression
 
+from pytest_programbench.core import environment
+from pytest_programbench.core.task_key import SUITE_NAME
 from pytest_programbench.pytest_layer import options
-from pytest_programbench.pytest_layer.invocation import SUITE_NAME, named_tasks
+from pytest_programbench.pytest_layer.invocation import named_tasks
 from pytest_programbench.pytest_layer.items import task_keys
 from pytest_programbench.pytest_layer.markers import SUITE, difficulty_marker, language_marker
 from pytest_programbench.tasks.catalogue import Task
@@ -82,7 +83,7 @@ def _given_as(config: pytest.Config, opt: options.Option) -> str:
     """Where a selection option's value came from: the command line, the ini file, or neither (a conftest.py)."""
     if config.getoption(opt.dest, None) is None:
         return "in the ini file"
-    words = [*config.invocation_params.args, *shlex.split(os.environ.get("PYTEST_ADDOPTS", "")),
+    words = [*config.invocation_params.args, *shlex.split(environment.PYTEST_ADDOPTS.raw()),
              *config.getini("addopts")]
     if any(word == opt.flag or word.startswith(opt.flag + "=") for word in words):
         return ""

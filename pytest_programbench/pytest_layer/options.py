@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_programbench.core import environment
+from pytest_programbench.core.settings import PROGRESS_MODES, SCORE_BASES, Settings
+from pytest_programbench.text.sizes import parse_size
+
 GROUP = "programbench"
-
-
-def cores() -> int:
-    return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -100,16 +99,12 @@ def to_bool(value: Any) -> bool:
     return str(value).strip().lower() in {"1", "true", "yes", "on"}
 
 
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kmgt]?)b?$", re.IGNORECASE)
-
-
 def to_bytes(flag: str, value: Any) -> int:
-    """Docker-style sizes: ``512m``, ``60g``, ``1073741824``."""
-    match = _SIZE.match(str(value).strip())
-    if not match:
-        raise pytest.UsageError(f"{flag}: {value!r} is not a size (examples: 512m, 8g, 1073741824)")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[match.group(2).lower()]
-    return int(float(match.group(1)) * scale)
+    """Sizes as ``text.sizes`` reads them (``512m``, ``60g``, ``1073741824``): one grammar for options and variables."""
+    try:
+        return parse_size(str(value))
+    except ValueError:
+        raise pytest.UsageError(f"{flag}: {value!r} is not a size (examples: 512m, 8g, 1073741824)") from None
 
 
 def existing_dir(flag: str, value: Any) -> Path:
@@ -117,9 +112,6 @@ def existing_dir(flag: str, value: Any) -> Path:
     if not path.is_dir():
         raise pytest.UsageError(f"{flag}: {value} is not a directory")
     return path.resolve()
-
-
-PROGRESS_MODES = ("auto", "live", "lines", "off")
 
 
 def progress_mode(flag: str, value: Any) -> tuple[str, float | None]:
@@ -172,9 +164,6 @@ def _file(flag: str, value: Any) -> str:
     if not path.is_file():
         raise pytest.UsageError(f"{flag}: {value} is not a file")
     return str(path.resolve())
-
-
-SCORE_BASES = ("official", "corrected")
 
 
 def _score_basis(flag: str, value: Any) -> str:
@@ -429,94 +418,6 @@ def raw_value(config: pytest.Config, opt: Option) -> Any:
     return value
 
 
-def _total_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 8 << 30
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Parsed, validated values of every option, and their defaults. Plain data: safe to ship to xdist workers."""
-
-    languages: tuple[str, ...] = ()
-    difficulties: tuple[str, ...] = ()
-    filter: str = ""
-    slice: str = ""
-    shuffle: int | None = None
-    tasks_dirs: tuple[str, ...] = ()
-    include_fixtures: bool = False
-    agent: str | None = None
-    agent_env: tuple[str, ...] = ()
-    agent_mounts: tuple[str, ...] = ()
-    agent_setup: str | None = None
-    agent_on_host: bool = False
-    agent_timeout: int = 21600
-    prompt_template: str | None = None
-    model: str | None = None
-    model_endpoint: str | None = None
-    model_key_env: str | None = None
-    model_retry_budget: float = 600.0
-    model_failures_scored: bool = False
-    model_allow_server_tools: bool = False
-    model_concurrency: int | None = None
-    model_rpm: int | None = None
-    model_tpm: int | None = None
-    agent_replay: str | None = None
-    budget: float | None = None
-    submissions: str | None = None
-    require_all: bool = False
-    sandbox_cpus: float = field(default_factory=lambda: float(min(20, cores())))
-    sandbox_memory: int = field(default_factory=lambda: min(60 << 30, int(_total_memory() * 0.8)))
-    image_tag: str = "task_cleanroom_v6"
-    pull: str = "missing"
-    cpus: int = field(default_factory=lambda: min(10, cores()))
-    memory: int | None = None
-    branch_workers: int = 1
-    branch_retries: int = 1
-    compile_timeout: int = 900
-    test_timeout: int = 3600
-    min_score: float = 1.0
-    score_basis: str = "official"
-    audit_hidden_tests: bool = True
-    strict: bool = False
-    allow_flags: bool = False
-    output: str | None = None
-    resume: str | None = None
-    infra_retries: int = 1
-    blob_dir: str | None = None
-    min_mean: float | None = None
-    junit_tests: bool = False
-    docker_concurrency: int | None = None
-    docker_hosts: tuple[str, ...] = ()
-    prune_images: bool = False
-    keep_going: bool = False
-    preflight: bool = False
-    progress: str = "auto"
-    progress_interval: float | None = None
-    token_price: tuple[float, float] | None = None
-    compare: tuple[str, ...] = ()
-    report: str | None = None
-    max_regression: float | None = None
-    package: bool = False
-    registry_ignore: str | None = None
-    durations: str | None = None
-    attempts: int = 1
-    gold: int = 0
-    gold_ledger: str | None = None
-    ignore_flaky: bool = False
-
-    @property
-    def agent_clock_cap(self) -> float:
-        """The most the agent's clock is given back for model requests the relay held (relay/held.py): the longer of
-        the clock itself and the retry budget, so one request held for its whole budget never costs the agent its
-        window, and a window otherwise at most doubles. 0 without a model endpoint."""
-        if not self.agent or not self.model_endpoint:
-            return 0.0
-        return float(max(self.agent_timeout, self.model_retry_budget))
-
-
 def parse(config: pytest.Config, *, environ: Sequence[tuple[str, str]] | None = None) -> Settings:
     """Read every option from the command line or ini and validate it; bad input is a UsageError."""
     values: dict[str, Any] = {}
@@ -525,6 +426,6 @@ def parse(config: pytest.Config, *, environ: Sequence[tuple[str, str]] | None = 
         if raw is not None:
             values.update(opt.parse(raw))
     env = dict(environ) if environ is not None else dict(os.environ)
-    if "blob_dir" not in values and env.get("PROGRAMBENCH_BLOB_DIR"):
-        values["blob_dir"] = str(existing_dir("PROGRAMBENCH_BLOB_DIR", env["PROGRAMBENCH_BLOB_DIR"]))
+    if "blob_dir" not in values and environment.BLOB_DIR.is_set(env):
+        values["blob_dir"] = str(existing_dir(environment.BLOB_DIR.name, environment.BLOB_DIR.raw(env)))
     return Settings(**values)

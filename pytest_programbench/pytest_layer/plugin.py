@@ -53,16 +53,16 @@ def pytest_cmdline_main_compare(config: pytest.Config) -> int | None:  # pytest 
     """``--pb-compare BASE,NEW``: two finished runs compared from their files; ``--pb-report DIR``: report.html for a
     foreign run. Nothing is collected or run."""
     if config.getoption(options.BY_DEST["pb_report"].dest, None) is not None:
-        from pytest_programbench.results.foreign_runs import main_report
+        from pytest_programbench.pytest_layer import front_doors  # lazy: the entry point stays light (Jinja2, scipy)
 
-        return main_report(config)
+        return front_doors.report_foreign_run(config)
     opt = options.BY_DEST["pb_compare"]
     raw = config.getoption(opt.dest, None)
     if raw is None or len(opt.parse(raw)["compare"]) < 2:
         return None
-    from pytest_programbench.results.compare import main_finished
+    from pytest_programbench.pytest_layer import front_doors  # lazy: the entry point stays light (Jinja2, scipy)
 
-    return main_finished(config)
+    return front_doors.compare_finished_runs(config)
 
 
 @pytest.hookimpl(trylast=True)

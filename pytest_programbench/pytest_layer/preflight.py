@@ -23,14 +23,15 @@ from pytest_programbench.agents.command_check import (
     command_probe,
     command_word,
 )
+from pytest_programbench.core import environment
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.text.sizes import human
 
 if TYPE_CHECKING:
     from pytest_programbench.agents.agent import AgentSpec
+    from pytest_programbench.core.run_identity import RunIdentity
+    from pytest_programbench.core.settings import Settings
     from pytest_programbench.engine.docker_engine import Engines
-    from pytest_programbench.pytest_layer.options import Settings
-    from pytest_programbench.pytest_layer.run_record import RunIdentity
     from pytest_programbench.tasks.catalogue import Task
 
 MODEL_CONNECT_TIMEOUT = 10.0
@@ -193,7 +194,7 @@ class _HubListing:
 
         self.repo = HF_REPO_ID
         self.revision = HF_REVISION or None
-        self.offline = env.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+        self.offline = environment.HF_HUB_OFFLINE.true(env)
         self.remote: set[str] | None = None
         self.why_missing = (f"not in the Hugging Face cache and HF_HUB_OFFLINE=1 ({HF_REPO_ID}); pass --pb-blob-dir"
                             if self.offline else f"not in the dataset {HF_REPO_ID}")
@@ -262,7 +263,8 @@ def check_images(report: PreflightReport, engine: Any, tasks: Iterable[Task],
 
 def check_disk(report: PreflightReport, engine: Any, run_dir: Path, *, images_to_fetch: int, agent: bool) -> None:
     from pytest_programbench.engine import disk
-    from pytest_programbench.sandbox.sandbox import run_dir_need, sandbox_storage_need
+    from pytest_programbench.pipeline import run_dir_need
+    from pytest_programbench.sandbox.sandbox import sandbox_storage_need
 
     root = disk.docker_root(engine.api)
     if root is not None:

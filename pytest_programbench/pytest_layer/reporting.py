@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest.junitxml import bin_xml_escape
 
+from pytest_programbench.core.task_key import TaskKey
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.pytest_layer import keyword_hint
-from pytest_programbench.pytest_layer.invocation import TaskKey, is_worker
+from pytest_programbench.pytest_layer.invocation import is_worker
 from pytest_programbench.tasks.catalogue import CatalogueError
 from pytest_programbench.text.printable import PrintableRecords, printable
 

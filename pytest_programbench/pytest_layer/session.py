@@ -17,16 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_programbench.core.run_identity import RunIdentity, fingerprint, public_settings
+from pytest_programbench.core.settings import Settings
+from pytest_programbench.core.task_key import SUITE_NAME, TaskKey
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.pytest_layer import options
-from pytest_programbench.pytest_layer.invocation import SUITE_NAME, TaskKey, is_listing, is_worker, named_tasks
+from pytest_programbench.pytest_layer.invocation import is_listing, is_worker, named_tasks
 from pytest_programbench.pytest_layer.items import ProgramBenchItem
 from pytest_programbench.pytest_layer.markers import register_languages
 from pytest_programbench.pytest_layer.reporting import SessionReporting, agent_label
-from pytest_programbench.pytest_layer.run_record import RunIdentity, check_resumable, fingerprint, public_settings
+from pytest_programbench.pytest_layer.run_record import check_resumable, new_identity
+from pytest_programbench.pytest_layer.stash import WORKERINPUT_IDENTITY
 from pytest_programbench.pytest_layer.stopping import EarlyStops
 from pytest_programbench.pytest_layer.warned_at import option_place, warn_at
-from pytest_programbench.pytest_layer.xdist_hooks import WORKERINPUT_KEY
 from pytest_programbench.tasks.catalogue import Catalogue, CatalogueError, Task
 from pytest_programbench.tasks.selection import Selection, select
 
@@ -60,7 +63,7 @@ class ProgramBenchWarning(pytest.PytestWarning):
 TIMEOUT_MARGIN = 600
 
 
-def item_timeout(task: Task, settings: options.Settings) -> int:
+def item_timeout(task: Task, settings: Settings) -> int:
     """Every clock the item may legitimately wait on, plus a margin: the outer backstop must never fire first.
     The evaluation's part counts every step's own clock (the official's per-step timeouts included), so a
     submission that makes every step run to its clock still ends by those clocks, scored."""
@@ -96,7 +99,7 @@ def narrow_to(selection: Selection, catalogue: Catalogue, named: tuple[str, ...]
     return Selection(tasks, why)
 
 
-def validate_agent_inputs(settings: options.Settings) -> None:
+def validate_agent_inputs(settings: Settings) -> None:
     """Bad agent inputs are usage errors before anything runs, not an error per item."""
     from pytest_programbench.agents.agent import AgentEnvError, agent_env
 
@@ -124,7 +127,7 @@ def validate_agent_inputs(settings: options.Settings) -> None:
 class ProgramBenchSession:
     """Session-wide state and the hooks that need it."""
 
-    def __init__(self, config: pytest.Config, settings: options.Settings, catalogue: Catalogue,
+    def __init__(self, config: pytest.Config, settings: Settings, catalogue: Catalogue,
                  selection: Selection, identity: RunIdentity) -> None:
         self.config = config
         self.settings = settings
@@ -248,10 +251,10 @@ class ProgramBenchSession:
                 "the signal method regardless (their markers say so), other tests of this session do not"),
                 *option_place(config, "timeout_method", "timeout_method"))
         if is_worker(config):
-            identity = RunIdentity.from_dict(config.workerinput[WORKERINPUT_KEY])  # type: ignore[attr-defined]
+            identity = RunIdentity.from_dict(config.workerinput[WORKERINPUT_IDENTITY])  # type: ignore[attr-defined]
         else:
             # pb-runs/ where pytest was invoked, as a relative --pb-output is: not under a rootdir that moves.
-            identity = RunIdentity.create(config.invocation_params.dir, output=settings.output,
+            identity = new_identity(config.invocation_params.dir, output=settings.output,
                                           resume=settings.resume)
             if identity.resumed:
                 check_resumable(identity, settings)
@@ -399,8 +402,8 @@ class ProgramBenchSession:
             return
         from importlib.metadata import version
 
+        from pytest_programbench.core.run_identity import RECORDED_KEY
         from pytest_programbench.engine.reaper import reap_dead_runs
-        from pytest_programbench.pytest_layer.run_record import RECORDED_KEY
         from pytest_programbench.results.package import masked_command
 
         # Leftovers of dead runs (their controller is gone or their lifetime expired), never a live run's.

@@ -20,3 +20,8 @@ SESSION: SessionKey = pytest.StashKey()
 ENGINES: EnginesKey = pytest.StashKey()
 # Set when the plugin chose --dist worksteal for a -n given without --dist (the report header says so).
 WORKSTEAL_DEFAULTED = pytest.StashKey[bool]()
+
+# What the controller hands every xdist worker in ``workerinput`` (plain data): the run's identity, and when the run is
+# resumed the settings it ran with (so workers collect the same selection).
+WORKERINPUT_IDENTITY = "pytest_programbench_run"
+WORKERINPUT_RESUMED_SETTINGS = "pytest_programbench_resumed_settings"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_programbench.agents.command_check import AGENT_COMMAND_MISSING
-from pytest_programbench.pytest_layer.invocation import TaskKey
+from pytest_programbench.core.task_key import TaskKey
 
 if TYPE_CHECKING:
     from pytest_programbench.pytest_layer.session import ProgramBenchSession

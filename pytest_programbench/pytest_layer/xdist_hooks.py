@@ -9,16 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_programbench.pytest_layer.invocation import TaskKey
-from pytest_programbench.pytest_layer.run_record import public_settings
+from pytest_programbench.core.run_identity import public_settings
+from pytest_programbench.core.task_key import TaskKey
+from pytest_programbench.pytest_layer.stash import WORKERINPUT_IDENTITY, WORKERINPUT_RESUMED_SETTINGS
 
 if TYPE_CHECKING:
     from pytest_programbench.pytest_layer.session import ProgramBenchSession
 
 log = logging.getLogger(__name__)
-
-WORKERINPUT_KEY = "pytest_programbench_run"  # the run's identity, handed to every worker
-
 
 class XdistHooks:
     def __init__(self, pb: ProgramBenchSession) -> None:
@@ -27,11 +25,9 @@ class XdistHooks:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        node.workerinput[WORKERINPUT_KEY] = self.pb.identity.as_dict()
+        node.workerinput[WORKERINPUT_IDENTITY] = self.pb.identity.as_dict()
         if self.pb.identity.resumed:
-            from pytest_programbench.pytest_layer.run_record import WORKERINPUT_KEY as RESUMED_KEY
-
-            node.workerinput[RESUMED_KEY] = public_settings(self.pb.settings)
+            node.workerinput[WORKERINPUT_RESUMED_SETTINGS] = public_settings(self.pb.settings)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:

@@ -12,40 +12,29 @@ keep. ``PB_RELAY_INFLIGHT_MAX`` sets the cap (default 256 MiB), ``PB_RELAY_REQUE
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 
-from pytest_programbench.text.sizes import size_from_env
+from pytest_programbench.core import environment
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INFLIGHT = "256m"
-DEFAULT_REQUEST = "64m"
-DEFAULT_WAIT_S = 30.0
-
-
 def inflight_limit() -> int:
-    return size_from_env("PB_RELAY_INFLIGHT_MAX", DEFAULT_INFLIGHT)
+    return environment.RELAY_INFLIGHT_MAX.size()
 
 
 def request_limit() -> int:
-    return size_from_env("PB_RELAY_REQUEST_MAX", DEFAULT_REQUEST)
+    return environment.RELAY_REQUEST_MAX.size()
 
 
 def budget_wait() -> float:
-    raw = os.environ.get("PB_RELAY_BUDGET_WAIT", "").strip()
-    try:
-        return max(0.0, float(raw)) if raw else DEFAULT_WAIT_S
-    except ValueError:
-        log.warning("PB_RELAY_BUDGET_WAIT=%r is not a number; using %s", raw, DEFAULT_WAIT_S)
-        return DEFAULT_WAIT_S
+    return environment.RELAY_BUDGET_WAIT.number(minimum=0.0)
 
 
 class ByteBudget:
     """At most ``limit`` bytes taken at once; ``take`` waits up to ``wait_s`` for room, ``give`` returns bytes."""
 
-    def __init__(self, limit: int, wait_s: float = DEFAULT_WAIT_S) -> None:
+    def __init__(self, limit: int, wait_s: float = float(environment.RELAY_BUDGET_WAIT.default)) -> None:
         self.limit = limit
         self.wait_s = wait_s
         self.taken = 0

@@ -25,14 +25,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
 
-from pytest_programbench.text.sizes import human, size_from_env
+from pytest_programbench.core import environment
+from pytest_programbench.text.sizes import human
 
 log = logging.getLogger(__name__)
 
 FIELD_MAX = 1024  # characters of one string in a record
 LIST_MAX = 32  # entries of one list or mapping in a record
 RECORD_MAX = 4 << 10  # bytes of one line
-DEFAULT_LIMIT = "32m"
 OMITTED_KEY = "omitted_records"  # the one line that says how many records were dropped
 
 T = TypeVar("T")
@@ -40,7 +40,7 @@ T = TypeVar("T")
 
 def records_limit() -> int:
     """The cap of one ``model-requests.jsonl`` in bytes, from ``PB_MODEL_REQUESTS_MAX`` (default 32 MiB)."""
-    return size_from_env("PB_MODEL_REQUESTS_MAX", DEFAULT_LIMIT)
+    return environment.MODEL_REQUESTS_MAX.size()
 
 
 def clip_text(text: str, limit: int = FIELD_MAX) -> str:

@@ -27,18 +27,17 @@ from typing import IO, Any
 
 import httpx
 
+from pytest_programbench.core import environment
 from pytest_programbench.relay.server import Refusal
-from pytest_programbench.text.sizes import size_from_env
 
 log = logging.getLogger(__name__)
 
 REPLAY_FILE = "model-replay.jsonl"
-DEFAULT_LIMIT = "64m"
 _KEPT_HEADERS = ("content-type", "content-encoding")
 
 
 def replay_limit() -> int:
-    return size_from_env("PB_MODEL_REPLAY_MAX", DEFAULT_LIMIT)
+    return environment.MODEL_REPLAY_MAX.size()
 
 
 def body_hash(body: bytes) -> str:

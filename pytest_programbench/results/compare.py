@@ -29,8 +29,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pytest_programbench.pytest_layer.invocation import TaskKey
-from pytest_programbench.pytest_layer.run_record import RUN_MARKER
+from pytest_programbench.core.run_identity import RUN_MARKER
+from pytest_programbench.core.task_key import TaskKey
 from pytest_programbench.results import coverage, foreign_runs, registry
 from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.report import TaskScope
@@ -42,7 +42,7 @@ from pytest_programbench.results.statistics import (
 from pytest_programbench.text.printable import html_text
 
 if TYPE_CHECKING:
-    import pytest
+    pass
 
 COMPARE_JSON = "compare.json"
 COMPARE_HTML = "compare.html"
@@ -703,51 +703,3 @@ def write(base_dir: Path, new_dir: Path, *, ledger: FlakyTests | None = None, ma
     atomic_write_text(json_path, json.dumps(result, indent=2))
     atomic_write_text(html_path, render_html(result))
     return Written(result, json_path, html_path)
-
-
-# Options a comparison of two finished runs reads; any other --pb-* option asks for a run, which it does not do.
-# --pb-tasks-dir: the tasks a foreign side names (beside programbench's own and those our side's run used).
-FINISHED_OPTIONS = frozenset({"--pb-compare", "--pb-max-regression", "--pb-gold-ledger", "--pb-registry-ignore",
-                              "--pb-tasks-dir"})
-
-
-def main_finished(config: pytest.Config) -> int:
-    """``pytest --pb-compare BASE,NEW [--pb-max-regression X]``: print and write the comparison, exit 1 when the gate
-    fails. Runs before pytest configures a session: no collection, agent or engine."""
-    import pytest
-    from _pytest.config import create_terminal_writer
-
-    from pytest_programbench.pytest_layer import options
-
-    extra = [flag for flag in options.given_on_command_line(config) if flag not in FINISHED_OPTIONS]
-    if extra:
-        raise pytest.UsageError(f"--pb-compare BASE,NEW compares two finished runs and runs nothing: "
-                                f"{', '.join(extra)} cannot go with it (give one directory to compare a run)")
-    values: dict[str, Any] = {}
-    for flag in FINISHED_OPTIONS:
-        opt = next(o for o in options.OPTIONS if o.flag == flag)
-        raw = options.raw_value(config, opt)
-        if raw is not None:
-            values.update(opt.parse(raw))
-    base_dir, new_dir = (Path(d) for d in values["compare"])
-    try:
-        ledger = None
-        if values.get("gold_ledger"):  # flips of tests the reference itself passes only sometimes are marked
-            from pytest_programbench.results.gold import Ledger, LedgerError
-
-            try:
-                ledger = Ledger.load(Path(values["gold_ledger"]))
-            except LedgerError as exc:
-                raise CompareError(f"--pb-gold-ledger: {exc}") from None
-        written = write(base_dir, new_dir, ledger=ledger, max_regression=values.get("max_regression"),
-                        tasks_dirs=values.get("tasks_dirs") or (), registry_ignore=values.get("registry_ignore"))
-    except CompareError as exc:
-        raise pytest.UsageError(f"--pb-compare: {exc}") from None
-    writer = create_terminal_writer(config)
-    writer.sep("=", "programbench compare")
-    for line in written.lines():
-        writer.line(line)
-    if written.gate_failure:
-        writer.line(written.gate_failure, red=True, bold=True)
-        return int(pytest.ExitCode.TESTS_FAILED)
-    return int(pytest.ExitCode.OK)

@@ -28,16 +28,13 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
-from _pytest.config import create_terminal_writer
 from programbench.eval.eval import EvaluationResult
 from programbench.submission import score_from_tests
 from programbench.utils.load_data import get_active_branches, get_ignored_tests
 
+from pytest_programbench.core.run_identity import RUN_MARKER
 from pytest_programbench.evaluation.corrected import safe_corrected_score
-from pytest_programbench.pytest_layer import options
-from pytest_programbench.pytest_layer.run_record import RUN_MARKER
 from pytest_programbench.results import registry
 from pytest_programbench.results.report import TaskScope, write_report
 from pytest_programbench.results.summary import FAILED, PASSED, RunSummary, TaskRecord
@@ -406,34 +403,3 @@ def report(path: Path, *, tasks_dirs: Sequence[str] = (), ignore_file: str | Non
                               f"({path / 'report.html'})")
     run = read(path, kind, tasks_dirs=tasks_dirs)
     return run, write_report(run.path, report_data(run, ignore_file=ignore_file), run.scope)
-
-
-# Options --pb-report reads; any other --pb-* option asks for a run, which it does not do.
-REPORT_OPTIONS = frozenset({"--pb-report", "--pb-tasks-dir", "--pb-registry-ignore"})
-
-
-def main_report(config: pytest.Config) -> int:
-    """``pytest --pb-report DIR``: report.html for a foreign run, before pytest configures a session (nothing is
-    collected; no agent or engine)."""
-    extra = [flag for flag in options.given_on_command_line(config) if flag not in REPORT_OPTIONS]
-    if extra:
-        raise pytest.UsageError(f"--pb-report DIR writes the report of a finished run and runs nothing: "
-                                f"{', '.join(extra)} cannot go with it")
-    values: dict[str, Any] = {}
-    for opt in options.OPTIONS:
-        raw = options.raw_value(config, opt) if opt.flag in REPORT_OPTIONS else None
-        if raw is not None:
-            values.update(opt.parse(raw))
-    try:
-        run, path = report(Path(values["report"]), tasks_dirs=values.get("tasks_dirs") or (),
-                           ignore_file=values.get("registry_ignore"))
-    except ForeignRunError as exc:
-        raise pytest.UsageError(f"--pb-report: {exc}") from None
-    writer = create_terminal_writer(config)
-    writer.sep("=", "programbench report")
-    scores = run.scores()
-    mean = f"{sum(scores.values()) / len(scores):.3f}" if scores else "-"
-    for line in (f"{run.path} is {run.kind_of.text}: {len(scores)} task(s) scored, mean official score {mean}",
-                 f"{', '.join(run.lacks)}: {NOT_IN_RUN}", *run.notes, f"report: {path}"):
-        writer.line(line)
-    return int(pytest.ExitCode.OK)

@@ -32,7 +32,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from pytest_programbench.pytest_layer.run_record import RUN_MARKER
+from pytest_programbench.core.run_identity import RUN_MARKER
 from pytest_programbench.results import pb_stats, registry
 from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.task_meta import META_FILE

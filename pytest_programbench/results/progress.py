@@ -33,6 +33,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from pytest_programbench.core import environment
 from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.text.printable import printable
 
@@ -500,7 +501,7 @@ class ProgressView:
         self.run_dir = run_dir
         self.terminal = terminal  # the TerminalReporter
         if mode == "auto":
-            capable = getattr(terminal, "isatty", False) and os.environ.get("TERM") not in ("dumb", "unknown")
+            capable = getattr(terminal, "isatty", False) and environment.TERM.raw() not in ("dumb", "unknown")
             mode = "live" if capable else "lines"
         self.mode = mode
         self.interval = interval if interval is not None else DEFAULT_INTERVAL[mode]

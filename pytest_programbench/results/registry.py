@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from programbench.submission import benchmark_instances, test_results_map
 
-from pytest_programbench.pytest_layer.run_record import RUN_MARKER
+from pytest_programbench.core.run_identity import RUN_MARKER
 
 # compile_leaderboard.py's constants: the benchmark's size is the denominator whatever an entry attempted.
 LEADERBOARD_TOTAL = 200

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_programbench.pytest_layer.invocation import TaskKey
+from pytest_programbench.core.task_key import TaskKey
 from pytest_programbench.results import coverage, task_meta, timeline
 from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.verdict import PANEL_POINTER, FailingTest, read_failing

@@ -224,7 +224,7 @@ class RunSummary:
             return self._record(report)
 
     def _record(self, report: pytest.TestReport) -> bool:
-        from pytest_programbench.pytest_layer.invocation import TaskKey
+        from pytest_programbench.core.task_key import TaskKey
 
         key = TaskKey.of_nodeid(report.nodeid)
         rec = self.records.get(key.name) if key is not None else None

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_programbench.core import environment
+from pytest_programbench.core.cache import cache_dir as plugin_cache_dir
 from pytest_programbench.engine.tar_in import TarIn
 
 if TYPE_CHECKING:
@@ -45,9 +47,6 @@ CFLAGS = ("-static", "-Os", "-s", "-Wall", "-Wextra", "-o")
 BUILD_RECIPE_VERSION = "1"
 BUILDER_TIMEOUT = 300
 # Environment knobs: force the Python client, point at another cache, or at another builder image.
-ENV_FORCE = "PB_PROXY_CLIENT"  # "python" forces the fallback; "static-c" forbids it
-ENV_CACHE = "PB_PROXY_CACHE"
-ENV_BUILDER_IMAGE = "PB_PROXY_BUILDER_IMAGE"
 
 _ELF_MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183}
 
@@ -86,11 +85,7 @@ def source_hash() -> str:
 
 
 def default_cache_dir() -> Path:
-    configured = os.environ.get(ENV_CACHE)
-    if configured:
-        return Path(configured).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pytest-programbench" / "proxy"
+    return plugin_cache_dir("proxy", environment.PROXY_CACHE)
 
 
 def _sha256(path: Path) -> str:
@@ -136,7 +131,7 @@ def _compile_on_host(output: Path, arch: str) -> str:
         raise ProxyBuildError("the host is not Linux")
     if _ELF_MACHINES.get(platform.machine().lower()) != _ELF_MACHINES.get(arch.lower()):
         raise ProxyBuildError(f"the host is {platform.machine()}, the engine runs {arch}")
-    compilers = [c for c in (os.environ.get("CC"), "gcc", "cc", "clang") if c]
+    compilers = [c for c in (environment.CC.raw(), "gcc", "cc", "clang") if c]
     last = "no C compiler on the host"
     for compiler in compilers:
         path = shutil.which(compiler)
@@ -205,9 +200,9 @@ def build_client(*, cache_dir: Path | None = None, engine: Any | None = None,
     ``builder_images`` are tried in order after the host compiler (``$PB_PROXY_BUILDER_IMAGE`` first when set);
     a build failure is logged and the next way is tried. Safe to call from several processes at once.
     """
-    forced = os.environ.get(ENV_FORCE, "").strip().lower()
+    forced = environment.PROXY_CLIENT.raw().lower()
     if forced == "python":
-        return _python_client(f"forced by {ENV_FORCE}=python")
+        return _python_client(f"forced by {environment.PROXY_CLIENT.name}=python")
     if forced == "static-c":
         allow_fallback = False
     cache = (cache_dir or default_cache_dir()) / source_hash()
@@ -224,7 +219,7 @@ def build_client(*, cache_dir: Path | None = None, engine: Any | None = None,
         if cached is not None:
             return cached
         problems: list[str] = []
-        images = [i for i in (os.environ.get(ENV_BUILDER_IMAGE), *builder_images) if i]
+        images = [i for i in (environment.PROXY_BUILDER_IMAGE.raw(), *builder_images) if i]
         attempts: list[tuple[str, Any]] = [("host", None), *((image, engine) for image in images if engine)]
         for where, handle in attempts:
             with tempfile.TemporaryDirectory(dir=cache) as tmp:

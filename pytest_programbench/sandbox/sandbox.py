@@ -34,20 +34,20 @@ from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from pytest_programbench.agents.agent_log import CappedLog, agent_log_limit
-from pytest_programbench.engine import disk
+from pytest_programbench.core.environment import SANDBOX_STORAGE
 from pytest_programbench.engine.archive_out import CappedStream, TooLarge
 from pytest_programbench.engine.container import Container, OutputCap
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.facts import facts
 from pytest_programbench.engine.tar_in import TarIn
+from pytest_programbench.sandbox.agent_log import CappedLog
 from pytest_programbench.sandbox.layout import AGENT_NAME, AGENT_UID, BINARY_PATH, PROXY_DIR, SRC_DIR, WORKSPACE
 from pytest_programbench.sandbox.proxy_build import DAEMON_SOURCE, ProxyClient, build_client
-from pytest_programbench.text.sizes import human, parse_size
+from pytest_programbench.text.sizes import human
 
 if TYPE_CHECKING:
-    from pytest_programbench.pytest_layer.options import Settings
+    from pytest_programbench.core.settings import Settings
     from pytest_programbench.tasks.catalogue import Task
 
 log = logging.getLogger(__name__)
@@ -169,12 +169,7 @@ _QUOTA_DRIVERS = {"btrfs", "zfs", "devicemapper", "windowsfilter"}
 
 def storage_limit() -> int:
     """``PB_SANDBOX_STORAGE`` (a size; default 10g; 0: no limit asked)."""
-    raw = os.environ.get("PB_SANDBOX_STORAGE", "").strip() or "10g"
-    try:
-        return parse_size(raw)
-    except ValueError:
-        log.warning("PB_SANDBOX_STORAGE=%r is not a size; using 10g", raw)
-        return 10 << 30
+    return SANDBOX_STORAGE.size()
 
 
 def storage_quota(api: Any) -> StorageQuota:
@@ -204,18 +199,6 @@ def sandbox_storage_need(engine_api: Any) -> int:
     an agent writes there: docs/security.md, residual risks)."""
     limit = storage_limit()
     return limit if limit and storage_quota(engine_api).supported else 0
-
-
-def run_dir_need() -> int:
-    """``PB_DISK_RUN_DIR_NEED``, else the most one task can write into the run directory: every artifact an agent
-    controls is capped, so the sum of the caps is a bound (plus 64 MiB for results and metadata)."""
-    if os.environ.get("PB_DISK_RUN_DIR_NEED", "").strip():
-        return disk.need_from_env("PB_DISK_RUN_DIR_NEED", "1g")
-    from pytest_programbench.relay.records import records_limit  # model-requests.jsonl's cap
-    from pytest_programbench.relay.replay import replay_limit  # model-replay.jsonl's cap
-
-    return (DEFAULT_SUBMISSION_LIMIT + agent_log_limit() + CALL_LOG_READ_LIMIT + records_limit() + replay_limit()
-            + (64 << 20))
 
 
 class SandboxError(Exception):

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from pytest_programbench.evaluation.rerunfailures import cache_root
+from pytest_programbench.core import environment
+from pytest_programbench.core.cache import cache_root
 from pytest_programbench.tasks.catalogue import Task
 
 # What the test bed's packer leaves out of a branch tree (bytecode, caches, stale results).
@@ -212,7 +213,7 @@ def _from_task_dir(task: Task, branches: Sequence[str], cache: Path) -> BlobSet 
 def _from_huggingface(task: Task, branches: Sequence[str], cache: Path, environ: Mapping[str, str]) -> BlobSet:
     from programbench.constants import HF_REPO_ID, HF_REVISION
 
-    offline = environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+    offline = environment.HF_HUB_OFFLINE.true(environ)
     try:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import LocalEntryNotFoundError

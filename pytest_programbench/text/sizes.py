@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import logging
-import os
 import re
-
-log = logging.getLogger(__name__)
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -25,14 +21,3 @@ def human(size: float) -> str:
             return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
         size /= 1024
     return f"{size:.1f} TiB"  # pragma: no cover - the loop returns
-
-
-def size_from_env(name: str, default: str) -> int:
-    """A size from the environment variable ``name``: ``default`` when unset, and (with a warning) when it is not a
-    size, so a typo in a limit never stops a run."""
-    raw = os.environ.get(name, "").strip() or default
-    try:
-        return parse_size(raw)
-    except ValueError:
-        log.warning("%s=%r is not a size; using %s", name, raw, default)
-        return parse_size(default)

@@ -60,6 +60,32 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
 
 def main() -> None:
     path = os.environ.get("PB_PROXY_SOCKET") or DEFAULT_SOCKET
+    ignored = _ignored_signals()
+    blocked = _blocked_signals()
+    mask = os.umask(0o022)
+    os.umask(mask)
+    fds, fdmask, cwd = _passed_fds()
+    # A script never sees the argv[0] it was called with (the kernel passes the path instead): use that path.
+    argv = [os.fsencode(a) for a in sys.argv]
+    env = [k + b"=" + v for k, v in os.environb.items()]
+    strings = b"".join(s + b"\0" for s in [*argv, *env])
+    header = HEADER.pack(b"PBX1", 1, fdmask, 0, len(argv), len(env), mask, NLIMITS, ignored, blocked, len(strings), 0)
+
+    pending: list[int] = []
+    _catch_forwarded(ignored, pending)
+    sock = _connect(path)
+    send_error = _send(sock, header, fds, strings)
+    if cwd is not None:
+        os.close(cwd)
+    kind, value = _await_reply(sock, pending, send_error)
+    if kind == REPLY_SIGNAL:
+        _die_by(value)
+    sys.stdout.flush()
+    os._exit(value & 0xFF)
+
+
+def _ignored_signals() -> int:
+    """The mask of signals the caller ignores (bit ``n - 1`` for signal ``n``)."""
     ignored = 0
     for sig in range(1, 65):
         try:
@@ -69,11 +95,18 @@ def main() -> None:
             pass
     # Python itself ignores SIGPIPE and SIGXFSZ at start-up: what the caller had is unknown here, assume default.
     ignored &= ~((1 << (signal.SIGPIPE - 1)) | (1 << (signal.SIGXFSZ - 1)))
+    return ignored
+
+
+def _blocked_signals() -> int:
     blocked = 0
     for sig in signal.pthread_sigmask(signal.SIG_BLOCK, []):
         blocked |= 1 << (int(sig) - 1)
-    mask = os.umask(0o022)
-    os.umask(mask)
+    return blocked
+
+
+def _passed_fds() -> tuple[list[int], int, int | None]:
+    """The descriptors sent along (the open ones of 0, 1, 2 and the cwd), their mask, the cwd's descriptor."""
     fds: list[int] = []
     fdmask = 0
     for fd in (0, 1, 2):
@@ -90,44 +123,45 @@ def main() -> None:
     if cwd is not None:
         fds.append(cwd)
         fdmask |= 8
-    # A script never sees the argv[0] it was called with (the kernel passes the path instead): use that path.
-    argv = [os.fsencode(a) for a in sys.argv]
-    env = [k + b"=" + v for k, v in os.environb.items()]
-    strings = b"".join(s + b"\0" for s in [*argv, *env])
-    header = HEADER.pack(b"PBX1", 1, fdmask, 0, len(argv), len(env), mask, NLIMITS, ignored, blocked, len(strings), 0)
+    return fds, fdmask, cwd
 
-    pending: list[int] = []
+
+def _catch_forwarded(ignored: int, pending: list[int]) -> None:
+    """Forwarded signals the caller does not ignore are caught into ``pending``."""
     for name in FORWARDED:
         number = getattr(signal, name)
         if ignored >> (number - 1) & 1:
             continue
         signal.signal(number, lambda sig, _frame: pending.append(sig))
+
+
+def _connect(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
     except OSError as exc:
         _fail(126, f"binary: the reference proxy is not running ({path}: {exc.strerror})\n")
+    return sock
+
+
+def _send(sock: socket.socket, header: bytes, fds: list[int], strings: bytes) -> str:
+    """Send the request (the header with the descriptors, then rlimits and strings); the error, if it failed."""
     send_error = ""
     try:
         sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
         sock.sendall(_rlimits() + strings)
     except OSError as exc:  # reported only if no reply explains it (a refused caller is answered at once)
         send_error = exc.strerror or str(exc)
-    if cwd is not None:
-        os.close(cwd)
+    return send_error
 
+
+def _await_reply(sock: socket.socket, pending: list[int], send_error: str) -> tuple[int, int]:
+    """Forward signals until the reply comes; its kind and value (its message written to stderr)."""
     import select
 
     reply = b""
     while True:
-        while pending:
-            sig = pending.pop(0)
-            with contextlib.suppress(OSError):
-                sock.sendall(bytes([sig]))
-            if sig == signal.SIGTSTP:
-                signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGSTOP)
-                signal.signal(signal.SIGTSTP, lambda s, _f: pending.append(s))
+        _forward_pending(sock, pending)
         try:
             readable, _, _ = select.select([sock], [], [], 0.5)
         except InterruptedError:
@@ -147,21 +181,35 @@ def main() -> None:
         message = _recv_exact(sock, min(length, 4096))
         if message:
             os.write(2, message)
-    if kind == REPLY_SIGNAL:
-        try:
-            import resource
+    return kind, value
 
-            resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
-        except (ImportError, OSError, ValueError):
-            pass
-        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP cannot be set (nor caught)
-            signal.signal(value, signal.SIG_DFL)
-        with contextlib.suppress(OSError, ValueError):
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [value])
-        os.kill(os.getpid(), value)
-        os._exit(128 + value)
-    sys.stdout.flush()
-    os._exit(value & 0xFF)
+
+def _forward_pending(sock: socket.socket, pending: list[int]) -> None:
+    """Each caught signal as one byte; TSTP also stops the client itself, until it is continued."""
+    while pending:
+        sig = pending.pop(0)
+        with contextlib.suppress(OSError):
+            sock.sendall(bytes([sig]))
+        if sig == signal.SIGTSTP:
+            signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGSTOP)
+            signal.signal(signal.SIGTSTP, lambda s, _f: pending.append(s))
+
+
+def _die_by(value: int) -> None:
+    """Die by the signal that killed the reference (without a core dump); never returns."""
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    except (ImportError, OSError, ValueError):
+        pass
+    with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP cannot be set (nor caught)
+        signal.signal(value, signal.SIG_DFL)
+    with contextlib.suppress(OSError, ValueError):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [value])
+    os.kill(os.getpid(), value)
+    os._exit(128 + value)
 
 
 if __name__ == "__main__":

@@ -818,6 +818,21 @@ def bounded_line(record: dict[str, Any]) -> bytes:
     characters become ``\\u00XX``), so lists are then cut further; a record that still does not fit keeps only
     its scalar fields and says how long it was.
     """
+    out = _clipped(record)
+    line = _encode(out)
+    keep = LOG_LIST_LIMIT
+    while len(line) > RECORD_MAX and keep > 1:
+        keep //= 4
+        _cut(record, out, keep)
+        line = _encode(out)
+    if len(line) > RECORD_MAX:
+        line = _encode(_slim(out, len(line)))
+    return line
+
+
+def _clipped(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its lists and dicts cut to ``LOG_LIST_LIMIT`` entries (a cut list's full count beside it)
+    and its strings clipped to ``LOG_ARG_LIMIT`` characters."""
     out: dict[str, Any] = {}
     for key, value in record.items():
         if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
@@ -830,23 +845,25 @@ def bounded_line(record: dict[str, Any]) -> bytes:
             out[key] = _clip_text(value)
         else:
             out[key] = value
-    line = _encode(out)
-    keep = LOG_LIST_LIMIT
-    while len(line) > RECORD_MAX and keep > 1:
-        keep //= 4
-        for key, value in record.items():
-            if isinstance(value, list) and key in out:
-                out[f"{key}_count"] = len(value)
-                out[key] = [v[:64] if isinstance(v, str) else v for v in out[key][:keep]]
-            elif isinstance(value, dict) and key in out:
-                out[key] = {k[:64]: v[:64] for k, v in list(out[key].items())[:keep]}
-        line = _encode(out)
-    if len(line) > RECORD_MAX:
-        slim = {k: v[:256] if isinstance(v, str) else v for k, v in out.items()
-                if v is None or isinstance(v, (str, int, float, bool))}
-        slim["clipped_bytes"] = len(line)
-        line = _encode(slim)
-    return line
+    return out
+
+
+def _cut(record: dict[str, Any], out: dict[str, Any], keep: int) -> None:
+    """Cut ``out``'s lists and dicts (those of ``record``) to ``keep`` entries of at most 64 characters."""
+    for key, value in record.items():
+        if isinstance(value, list) and key in out:
+            out[f"{key}_count"] = len(value)
+            out[key] = [v[:64] if isinstance(v, str) else v for v in out[key][:keep]]
+        elif isinstance(value, dict) and key in out:
+            out[key] = {k[:64]: v[:64] for k, v in list(out[key].items())[:keep]}
+
+
+def _slim(out: dict[str, Any], length: int) -> dict[str, Any]:
+    """Only the scalar fields (strings cut to 256 characters), and the length of the line that did not fit."""
+    slim = {k: v[:256] if isinstance(v, str) else v for k, v in out.items()
+            if v is None or isinstance(v, (str, int, float, bool))}
+    slim["clipped_bytes"] = length
+    return slim
 
 
 def drop_privileges(cfg: Config) -> None:
@@ -863,159 +880,262 @@ def drop_privileges(cfg: Config) -> None:
 
 def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log: CallLog, wake_r: int) -> bool:
     """Serve one connection in a worker (already running as the agent); True when the worker must retire."""
-    started = time.time()
-    clock = time.monotonic()
-    # The id joins a call's "started" and "ended" lines (worker pid + a clock: unique in the container).
-    # "at": the start to the millisecond, so a call and a model request in the same second keep their order
-    record: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-                              "at": round(started, 3), "call": f"{os.getpid()}.{time.monotonic_ns()}",
-                              "phase": "ended"}
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    peer_pid, peer_uid, _peer_gid = struct.unpack("3i", creds)
-    record.update(pid=peer_pid, uid=peer_uid)
-    if peer_uid not in cfg.allow_uids:
-        record["error"] = f"refused: uid {peer_uid} is not allowed"
-        send_reply(conn, REPLY_REFUSED, 126,
-                   f"binary: permission denied: uid {peer_uid} may not run the reference program\n")
-        log.append(record)
-        return False
-    try:
-        request = read_request(conn)
-    except (ProtocolError, OSError, ValueError, struct.error) as exc:
-        record["error"] = f"bad request: {exc}"
-        send_reply(conn, REPLY_ERROR, 125, f"binary: malformed request to the proxy ({exc})\n")
-        log.append(record)
-        return False
-    argv = request.argv or ["binary"]
-    if not argv[0]:
-        argv = ["binary", *argv[1:]]
-    env, removed = clean_env(request.env_entries)
-    env.update(FORCED_ENV)
-    cwd = _fd_path(request.fds.get(FD_CWD))
-    flags, seen = audit(argv, cwd)
-    record.update(argv=argv, cwd=cwd, flags=flags)  # bounded when written (bounded_line)
-    if seen:
-        record["flag_paths"] = seen
-    if removed:
-        record["stripped_env"] = sorted(set(removed))
-    if kind == "script":
-        record.update(error="the reference is a script", exit=126, signal=None, core=False)
-        send_reply(conn, REPLY_ERROR, 126,
-                   f"binary: the reference program is a script (#!{cfg.interpreter}); a script cannot run from an "
-                   "execute-only file (mode 111), so it cannot be run through /workspace/binary\n")
-        request.close()
-        log.append(record)
-        return False
-    relay: Relay | None = None
-    if any(os.isatty(request.fds[bit]) for bit in (FD_STDIN, FD_STDOUT, FD_STDERR) if bit in request.fds):
-        try:
-            relay = Relay(request)
-        except Exception as exc:  # the terminal cannot be relayed: hand it over as it is
-            record["tty_error"] = str(exc)
-            relay = None
-    record["tty"] = relay is not None
+    call = Call(cfg, ref_fd, kind, conn, log=log, wake_r=wake_r)
+    if call.admit() and call.read() and call.spawn():
+        call.finish(call.supervise())
+    return call.retire
 
-    fast = relay is None and fast_path_possible(request, cfg.rlimits)
-    limits = (rlimit_changes(request, cfg.rlimits) or []) if fast else []
-    retire = any(hard != cfg.rlimits[number][1] for number, _soft, hard in limits)
-    record["path"] = "fast" if fast else "general"
-    err_r = err_w = -1
-    popen: subprocess.Popen[bytes] | None = None
-    # Before the reference runs: a worker killed mid-call (the agent shares its uid) still leaves this line.
-    started_logged = log.append({**record, "phase": "started"})
-    try:
-        if fast:
-            popen = _spawn_fast(ref_fd, request, argv, env, limits)
-            pid = popen.pid
+
+class Call:
+    """One call, served in its steps: ``admit`` the caller, ``read`` its request, ``spawn`` the reference,
+    ``supervise`` it until it exits, ``finish`` with the reply and the ``ended`` line.
+
+    A step that refuses or fails answers the client and writes the call's line itself, and returns False: the call
+    then ends there. While the child runs, each ready descriptor is an event handled by the method named after its
+    source (``on_client``, ``on_wake``, ``on_terminal``).
+    """
+
+    def __init__(self, cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log: CallLog,
+                 wake_r: int) -> None:
+        self.cfg = cfg
+        self.ref_fd = ref_fd
+        self.ref_kind = kind  # of the reference program: "elf", "script"...
+        self.conn = conn
+        self.log = log
+        self.wake_r = wake_r
+        started = time.time()
+        self.clock = time.monotonic()
+        # The id joins a call's "started" and "ended" lines (worker pid + a clock: unique in the container).
+        # "at": the start to the millisecond, so a call and a model request in the same second keep their order
+        self.record: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                                       "at": round(started, 3), "call": f"{os.getpid()}.{time.monotonic_ns()}",
+                                       "phase": "ended"}
+        self.request = Request()  # empty until ``read``
+        self.argv: list[str] = []
+        self.env: dict[str, str] = {}
+        self.relay: Relay | None = None
+        self.fast = False
+        self.limits: list[tuple[int, int, int]] = []
+        self.retire = False  # the caller's lower hard limits stick to this worker
+        self.started_logged = False
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.pid = 0
+        self.err_r = -1  # the general path's child reports a failed fchdir or exec here
+        self.err_w = -1
+        self.client_gone = False
+
+    # ------------------------------------------------------------------------------------------ the steps
+    def admit(self) -> bool:
+        """The caller's credentials (``SO_PEERCRED``, from the kernel): only an allowed uid is served."""
+        creds = self.conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        peer_pid, peer_uid, _peer_gid = struct.unpack("3i", creds)
+        self.record.update(pid=peer_pid, uid=peer_uid)
+        if peer_uid in self.cfg.allow_uids:
+            return True
+        self.record["error"] = f"refused: uid {peer_uid} is not allowed"
+        send_reply(self.conn, REPLY_REFUSED, 126,
+                   f"binary: permission denied: uid {peer_uid} may not run the reference program\n")
+        self.log.append(self.record)
+        return False
+
+    def read(self) -> bool:
+        """The request (header, descriptors, rlimits, argv, environment); the reference's argv and cleaned
+        environment, and what the call log says of them."""
+        try:
+            self.request = read_request(self.conn)
+        except (ProtocolError, OSError, ValueError, struct.error) as exc:
+            self.record["error"] = f"bad request: {exc}"
+            send_reply(self.conn, REPLY_ERROR, 125, f"binary: malformed request to the proxy ({exc})\n")
+            self.log.append(self.record)
+            return False
+        argv = self.request.argv or ["binary"]
+        if not argv[0]:
+            argv = ["binary", *argv[1:]]
+        self.argv = argv
+        env, removed = clean_env(self.request.env_entries)
+        env.update(FORCED_ENV)
+        self.env = env
+        cwd = _fd_path(self.request.fds.get(FD_CWD))
+        flags, seen = audit(argv, cwd)
+        self.record.update(argv=argv, cwd=cwd, flags=flags)  # bounded when written (bounded_line)
+        if seen:
+            self.record["flag_paths"] = seen
+        if removed:
+            self.record["stripped_env"] = sorted(set(removed))
+        return True
+
+    def spawn(self) -> bool:
+        """The child, started as the caller's process would have been (its ``started`` line written first); the
+        request's descriptors are closed here either way, as the child holds its own copies."""
+        if self.ref_kind == "script":
+            self._refuse_script()
+            return False
+        self._open_terminal()
+        self._choose_path()
+        # Before the reference runs: a worker killed mid-call (the agent shares its uid) still leaves this line.
+        self.started_logged = self.log.append({**self.record, "phase": "started"})
+        try:
+            self.pid = self._start_child()
+        except (SpawnError, OSError) as exc:
+            self._spawn_failed(exc)
+            return False
+        finally:
+            if self.err_w >= 0:
+                os.close(self.err_w)
+                self.err_w = -1
+            if self.relay is not None:
+                self.relay.close_slave()
+            self.request.close()
+        return True
+
+    def supervise(self) -> int:
+        """Relay events until the child exits; its wait status."""
+        status: int | None = None
+        self.conn.setblocking(False)
+        while status is None:
+            for source, fd, events in self._poll():
+                handler: Callable[[int, int], None] = getattr(self, "on_" + source)
+                handler(fd, events)
+            status = self._reaped()
+        return status
+
+    def finish(self, status: int) -> None:
+        """Reply with the child's exit or death and write the call's ``ended`` line."""
+        if self.popen is not None:
+            self.popen.returncode = status  # reaped: Popen must not poll or adopt it any more
+        if self.relay is not None:
+            self.relay.finish()
+        reply_kind, value, core = wait_status_to_reply(status)
+        failure = self._child_failure()
+        if failure:
+            what, _, number = failure.partition(" ")
+            self.record["error"] = f"{what}: {os.strerror(int(number or 0))}"
+        self.record.update(duration_s=round(time.monotonic() - self.clock, 6))
+        if reply_kind == REPLY_SIGNAL:
+            self.record.update(exit=None, signal=value, core=core)
         else:
-            err_r, err_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-            pid = os.fork()
-            if pid == 0:
-                signal.set_wakeup_fd(-1)
-                _exec_child(ref_fd, request, argv, env, relay.slave if relay else None,
-                            relay.bits if relay else 0, err_w)
-    except (SpawnError, OSError) as exc:
+            self.record.update(exit=value, signal=None, core=False)
+        if not self.client_gone:
+            self.conn.setblocking(True)
+            send_reply(self.conn, reply_kind, value)
+        self.log.append(self.record, started_logged=self.started_logged)
+
+    # ------------------------------------------------------------------------------------------ events
+    def on_client(self, _fd: int, _events: int) -> None:
+        """Bytes from the client are signals to forward; its end (the caller died) kills the child's group."""
+        try:
+            data = self.conn.recv(256)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.client_gone = True
+            self.record["client_gone"] = True
+            _kill_group(self.pid, signal.SIGKILL)
+            return
+        for sig in data:
+            _forward(self.pid, sig, self.relay)
+
+    def on_wake(self, _fd: int, _events: int) -> None:
+        """A signal reached the worker (SIGCHLD: the child may have exited; the loop reaps it next)."""
+        with contextlib.suppress(OSError):
+            os.read(self.wake_r, 512)
+
+    def on_terminal(self, fd: int, events: int) -> None:
+        """The caller's terminal or the child's pseudo-terminal is ready: relay between them."""
+        if self.relay is not None:
+            self.relay.on_event(fd, events)
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def _refuse_script(self) -> None:
+        self.record.update(error="the reference is a script", exit=126, signal=None, core=False)
+        send_reply(self.conn, REPLY_ERROR, 126,
+                   f"binary: the reference program is a script (#!{self.cfg.interpreter}); a script cannot run "
+                   "from an execute-only file (mode 111), so it cannot be run through /workspace/binary\n")
+        self.request.close()
+        self.log.append(self.record)
+
+    def _open_terminal(self) -> None:
+        """A relayed pseudo-terminal when the caller passed a terminal."""
+        fds = self.request.fds
+        if any(os.isatty(fds[bit]) for bit in (FD_STDIN, FD_STDOUT, FD_STDERR) if bit in fds):
+            try:
+                self.relay = Relay(self.request)
+            except Exception as exc:  # the terminal cannot be relayed: hand it over as it is
+                self.record["tty_error"] = str(exc)
+                self.relay = None
+        self.record["tty"] = self.relay is not None
+
+    def _choose_path(self) -> None:
+        """The fast path (vfork) when it reproduces the caller's process state, else the general one (fork)."""
+        self.fast = self.relay is None and fast_path_possible(self.request, self.cfg.rlimits)
+        self.limits = (rlimit_changes(self.request, self.cfg.rlimits) or []) if self.fast else []
+        self.retire = any(hard != self.cfg.rlimits[number][1] for number, _soft, hard in self.limits)
+        self.record["path"] = "fast" if self.fast else "general"
+
+    def _start_child(self) -> int:
+        """The child's pid. Between the fork and the exec the child runs ``_exec_child`` only."""
+        if self.fast:
+            self.popen = _spawn_fast(self.ref_fd, self.request, self.argv, self.env, self.limits)
+            return self.popen.pid
+        self.err_r, self.err_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            relay = self.relay
+            _exec_child(self.ref_fd, self.request, self.argv, self.env, relay.slave if relay else None,
+                        relay.bits if relay else 0, self.err_w)
+        return pid
+
+    def _spawn_failed(self, exc: SpawnError | OSError) -> None:
         if isinstance(exc, SpawnError):
             code, message, detail = exc.code, exc.message, exc.detail
         else:
             code, message = 126, f"binary: the proxy cannot start the reference: {exc}\n"
             detail = f"fork failed: {exc}"
-        record.update(error=detail, exit=code, signal=None, core=False)
-        send_reply(conn, REPLY_ERROR, code, message)
-        log.append(record, started_logged=started_logged)
-        if relay is not None:
-            relay.close()
-        if err_r >= 0:
-            os.close(err_r)
-        return retire
-    finally:
-        if err_w >= 0:
-            os.close(err_w)
-        if relay is not None:
-            relay.close_slave()
-        request.close()
+        self.record.update(error=detail, exit=code, signal=None, core=False)
+        send_reply(self.conn, REPLY_ERROR, code, message)
+        self.log.append(self.record, started_logged=self.started_logged)
+        if self.relay is not None:
+            self.relay.close()
+        if self.err_r >= 0:
+            os.close(self.err_r)
+            self.err_r = -1
 
-    status: int | None = None
-    client_gone = False
-    conn.setblocking(False)
-    while status is None:
-        fds = [(conn.fileno(), select.POLLIN)] if not client_gone else []
-        fds.append((wake_r, select.POLLIN))
-        if relay is not None:
-            fds.extend(relay.poll_events())
+    def _poll(self) -> list[tuple[str, int, int]]:
+        """Wait (up to a second) for the call's descriptors: ``(source, fd, events)`` of each ready one."""
+        sources: dict[int, str] = {}
+        if not self.client_gone:
+            sources[self.conn.fileno()] = "client"
+        sources[self.wake_r] = "wake"
         poller = select.poll()
-        for fd, mask in fds:
-            poller.register(fd, mask)
-        for fd, events in poller.poll(1000):
-            if fd == conn.fileno():
-                try:
-                    data = conn.recv(256)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    data = b""
-                if not data:
-                    client_gone = True
-                    record["client_gone"] = True
-                    _kill_group(pid, signal.SIGKILL)
-                    continue
-                for sig in data:
-                    _forward(pid, sig, relay)
-            elif fd == wake_r:
-                with contextlib.suppress(OSError):
-                    os.read(wake_r, 512)
-            elif relay is not None:
-                relay.on_event(fd, events)
+        for fd in sources:
+            poller.register(fd, select.POLLIN)
+        if self.relay is not None:
+            for fd, mask in self.relay.poll_events():
+                sources[fd] = "terminal"
+                poller.register(fd, mask)
+        return [(sources[fd], fd, events) for fd, events in poller.poll(1000)]
+
+    def _reaped(self) -> int | None:
+        """The child's wait status once it has exited."""
         try:
-            done, raw = os.waitpid(pid, os.WNOHANG)
+            done, raw = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:  # must not happen: nothing else waits for our children
-            record["error"] = "the child was reaped elsewhere; status unknown"
-            done, raw = pid, 255 << 8
-        if done == pid:
-            status = raw
-    if popen is not None:
-        popen.returncode = status  # reaped: Popen must not poll or adopt it any more
-    if relay is not None:
-        relay.finish()
-    kind_, value, core = wait_status_to_reply(status)
-    failure = ""
-    if err_r >= 0:
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            failure = os.read(err_r, 64).decode()
-        os.close(err_r)
-    if failure:
-        what, _, number = failure.partition(" ")
-        record["error"] = f"{what}: {os.strerror(int(number or 0))}"
-    record.update(duration_s=round(time.monotonic() - clock, 6))
-    if kind_ == REPLY_SIGNAL:
-        record.update(exit=None, signal=value, core=core)
-    else:
-        record.update(exit=value, signal=None, core=False)
-    if not client_gone:
-        conn.setblocking(True)
-        send_reply(conn, kind_, value)
-    log.append(record, started_logged=started_logged)
-    return retire
+            self.record["error"] = "the child was reaped elsewhere; status unknown"
+            done, raw = self.pid, 255 << 8
+        return raw if done == self.pid else None
+
+    def _child_failure(self) -> str:
+        """What the general path's child reported before exiting (``cwd ERRNO``, ``exec ERRNO``), if anything."""
+        failure = ""
+        if self.err_r >= 0:
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                failure = os.read(self.err_r, 64).decode()
+            os.close(self.err_r)
+            self.err_r = -1
+        return failure
 
 
 def _kill_group(pid: int, sig: int) -> None:
@@ -1103,17 +1223,7 @@ def serve(cfg: Config, ready_fd: int | None = None) -> int:
         cfg.interpreter = script_interpreter(cfg.reference)
     cfg.rlimits = _current_rlimits()
     _set_subreaper()
-    os.makedirs(os.path.dirname(cfg.socket_path), mode=0o755, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(cfg.socket_path)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o111)
-    try:
-        listener.bind(cfg.socket_path)
-    finally:
-        os.umask(old_umask)
-    os.chmod(cfg.socket_path, 0o666)  # noqa: S103 - access is decided by SO_PEERCRED, so other uids get a plain refusal
-    listener.listen(256)
+    listener = _listen(cfg.socket_path)
     notify_r, notify_w = os.pipe2(os.O_CLOEXEC)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
@@ -1154,37 +1264,63 @@ def serve(cfg: Config, ready_fd: int | None = None) -> int:
         except InterruptedError:
             readable = []
         if notify_r in readable:
-            data = os.read(notify_r, 4096 * NOTE.size)  # writes of 8 bytes are atomic: never split
-            for pid, state in NOTE.iter_unpack(data[: len(data) - len(data) % NOTE.size]):
-                counts.note(state)  # every call counts, its worker reaped since or not
-                if pid not in idle and pid not in busy:
-                    continue  # already reaped
-                if state == NOTE_UNRECORDED:
-                    continue
-                if state == NOTE_BUSY:
-                    idle.discard(pid)
-                    busy.add(pid)
-                else:
-                    busy.discard(pid)
-                    idle.add(pid)
-            counts.save()
+            _take_notes(notify_r, idle, busy, counts)
         if wake_r in readable:
             with contextlib.suppress(OSError):
                 os.read(wake_r, 4096)
-        while True:  # reap workers and adopted orphans
-            try:
-                pid, _status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            idle.discard(pid)
-            busy.discard(pid)
+        _reap_children(idle, busy)
     listener.close()
     for pid in idle:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGTERM)
     return 0
+
+
+def _listen(path: str) -> socket.socket:
+    """The listening socket, open to every uid (each call is admitted by ``SO_PEERCRED``)."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o111)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o666)  # noqa: S103 - access is decided by SO_PEERCRED, so other uids get a plain refusal
+    listener.listen(256)
+    return listener
+
+
+def _take_notes(notify_r: int, idle: set[int], busy: set[int], counts: CallCount) -> None:
+    """The workers' notes: each call counted, each worker moved between ``idle`` and ``busy``."""
+    data = os.read(notify_r, 4096 * NOTE.size)  # writes of 8 bytes are atomic: never split
+    for pid, state in NOTE.iter_unpack(data[: len(data) - len(data) % NOTE.size]):
+        counts.note(state)  # every call counts, its worker reaped since or not
+        if pid not in idle and pid not in busy:
+            continue  # already reaped
+        if state == NOTE_UNRECORDED:
+            continue
+        if state == NOTE_BUSY:
+            idle.discard(pid)
+            busy.add(pid)
+        else:
+            busy.discard(pid)
+            idle.add(pid)
+    counts.save()
+
+
+def _reap_children(idle: set[int], busy: set[int]) -> None:
+    """Reap exited workers and adopted orphans."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        idle.discard(pid)
+        busy.discard(pid)
 
 
 class CallCount:

@@ -19,18 +19,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from pytest_programbench.text.sizes import human, size_from_env
+from pytest_programbench.core import environment
+from pytest_programbench.text.sizes import human
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LIMIT = "64m"
 MARKER = "[pytest-programbench] agent.log capped at {limit}: {dropped} bytes of output dropped here (kept the first " \
          "{head} and the last {tail} bytes of this output)"
 
 
 def agent_log_limit() -> int:
     """The cap in bytes, from ``PB_AGENT_LOG_MAX`` (default 64 MiB)."""
-    return size_from_env("PB_AGENT_LOG_MAX", DEFAULT_LIMIT)
+    return environment.AGENT_LOG_MAX.size()
 
 
 class CappedLog:
