@@ -10,7 +10,8 @@ Python >= 3.8). Two sub-commands:
            ``accept()`` on a Unix socket. Each worker handles exactly one call and exits, so a malformed or hostile
            request can only ever kill its own worker.
 
-One call (see ``client.c`` for the other side):
+One call, a ``Call`` whose steps 1 to 5 are its methods admit, read, spawn, supervise, finish (``client.c`` is the
+other side):
 
 1. The client connects; the worker reads the caller's credentials with ``SO_PEERCRED`` and refuses every uid that
    is not allowed (the agent's).
