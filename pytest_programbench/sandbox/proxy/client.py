@@ -59,6 +59,7 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
 
 
 def main() -> None:
+    """Run the reference through the proxy as this process: request, forwarded signals, the same exit or death."""
     path = os.environ.get("PB_PROXY_SOCKET") or DEFAULT_SOCKET
     ignored = _ignored_signals()
     blocked = _blocked_signals()
