@@ -656,29 +656,36 @@ def _causes(exc: BaseException) -> list[BaseException]:
 
 def describe_unreachable(exc: BaseException, url: str | None = None, *, ping_timeout: float = PING_TIMEOUT) -> str:
     """One line: where the engine was looked for, why it did not answer, and how to start one."""
-    host = url or _docker_host()
-    path = _socket_path(url)
     causes = _causes(exc)
     described = next((e for e in causes if isinstance(e, EngineConnectionError)), None)
     if described is not None:  # already said (the client's own layer raised it): never say it twice
         return str(described)
-    text = " ".join(str(e) for e in causes)
-    if "path too long" in text:
-        why = f"the socket path {path} is too long for a Unix socket (at most 107 bytes)"
-    elif any(isinstance(e, FileNotFoundError) for e in causes) or "No such file or directory" in text:
-        why = f"there is no socket at {path} (dockerd is not running)" if path else "its address does not exist"
-    elif any(isinstance(e, ConnectionRefusedError) for e in causes) or "Connection refused" in text:
-        why = f"connection refused at {path or host} (dockerd is not running)"
-    elif any(isinstance(e, PermissionError) for e in causes) or "Permission denied" in text:
-        why = f"permission denied on {path or host} (run as root or join the docker group)"
-    elif any(isinstance(e, requests.exceptions.Timeout | TimeoutError) for e in causes) \
-            or "timed out" in text.lower():
-        why = f"no answer within {ping_timeout:g} s (the engine is hung or overloaded)"
-    elif any(isinstance(e, ConnectionResetError) for e in causes) or "reset by peer" in text:
-        why = f"the connection to {path or host} was reset (the engine stopped or restarted)"
-    else:
-        why = _short(exc)
+    host = url or _docker_host()
+    why = _why_unreachable(causes, host, _socket_path(url), ping_timeout) or _short(exc)
     return f"Docker engine unreachable at {host}: {why}; {HOW_TO_START}"
+
+
+def _why_unreachable(causes: list[BaseException], host: str, path: str | None, ping_timeout: float) -> str | None:
+    """Why the engine at ``host`` (its socket ``path``) did not answer, from the exception's ``causes`` (None: no
+    known cause)."""
+    text = " ".join(str(e) for e in causes)
+
+    def seen(kind: type[BaseException], words: str) -> bool:
+        return any(isinstance(e, kind) for e in causes) or words in text
+
+    if "path too long" in text:
+        return f"the socket path {path} is too long for a Unix socket (at most 107 bytes)"
+    if seen(FileNotFoundError, "No such file or directory"):
+        return f"there is no socket at {path} (dockerd is not running)" if path else "its address does not exist"
+    if seen(ConnectionRefusedError, "Connection refused"):
+        return f"connection refused at {path or host} (dockerd is not running)"
+    if seen(PermissionError, "Permission denied"):
+        return f"permission denied on {path or host} (run as root or join the docker group)"
+    if any(isinstance(e, requests.exceptions.Timeout | TimeoutError) for e in causes) or "timed out" in text.lower():
+        return f"no answer within {ping_timeout:g} s (the engine is hung or overloaded)"
+    if seen(ConnectionResetError, "reset by peer"):
+        return f"the connection to {path or host} was reset (the engine stopped or restarted)"
+    return None
 
 
 def _status(exc: BaseException) -> int | None:

@@ -25,7 +25,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,10 +163,30 @@ def reap_dead_runs(current_run: str | None, *, engine: Any, run_dirs: Iterable[P
     ``current_run`` is this session's run id (never touched). ``run_dirs``: where to look for ``pb-run.json`` of
     runs whose objects carry no owner label (e.g. ``<rootdir>/pb-runs``). ``runs``: judge only these run ids.
     """
-    from docker.errors import APIError, NotFound
+    report = ReapReport()
+    listed = _run_objects(engine, report, runs)
+    if listed is None:
+        return report
+    api, containers, images = listed
+    judge = _judge(current_run, load_run_records(run_dirs), _here(), time.time() if now is None else now, report)
+    _remove_containers(api, containers, judge, report)
+    for info in images:
+        if judge(info) and _remove_image(api, info, report):
+            report.images.append(info["Id"][:19])
+    if slot_dirs:
+        _reap_slot_dirs(report)
+    if report.containers or report.images or report.errors:
+        log.warning("reaper: %s", report.summary())
+    return report
+
+
+def _run_objects(engine: Any, report: ReapReport, runs: Iterable[str] | None
+                 ) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """The engine's API client, and the containers and images of any run (of ``runs`` only, when given); None when
+    the engine cannot list them (said in ``report``)."""
+    from docker.errors import APIError
     from requests.exceptions import RequestException
 
-    report = ReapReport()
     try:
         api = engine.api
         containers = api.containers(all=True, filters={"label": RUN_LABEL})
@@ -174,15 +194,18 @@ def reap_dead_runs(current_run: str | None, *, engine: Any, run_dirs: Iterable[P
     except (EngineUnavailable, APIError, RequestException) as exc:
         report.errors.append(f"cannot list the engine's containers: {exc}")
         log.warning("reaper: %s", report.errors[-1])
-        return report
+        return None
     if runs is not None:
         only = set(runs)
         containers = [c for c in containers if (c.get("Labels") or {}).get(RUN_LABEL) in only]
         images = [i for i in images if (i.get("Labels") or {}).get(RUN_LABEL) in only]
-    records = load_run_records(run_dirs)
-    here = _here()
-    now = time.time() if now is None else now
+    return api, containers, images
 
+
+def _judge(current_run: str | None, records: Mapping[str, Owner], here: _Here, now: float, report: ReapReport
+           ) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether an object's run is dead (:func:`run_verdict`), each run other than ``current_run`` and its verdict's
+    reason kept in ``report``."""
     def judge(info: Mapping[str, Any]) -> bool:
         labels = info.get("Labels") or {}
         dead, why = run_verdict(labels, _created(info), current_run=current_run, run_records=records, now=now,
@@ -191,6 +214,15 @@ def reap_dead_runs(current_run: str | None, *, engine: Any, run_dirs: Iterable[P
         if run_id and run_id != current_run:
             (report.dead_runs if dead else report.live_runs).setdefault(run_id, why)
         return dead
+
+    return judge
+
+
+def _remove_containers(api: Any, containers: list[dict[str, Any]], judge: Callable[[Mapping[str, Any]], bool],
+                       report: ReapReport) -> None:
+    """Force-remove the dead runs' containers (with their volumes); stop at the engine going away."""
+    from docker.errors import APIError, NotFound
+    from requests.exceptions import RequestException
 
     for info in containers:
         if not judge(info):
@@ -206,17 +238,6 @@ def reap_dead_runs(current_run: str | None, *, engine: Any, run_dirs: Iterable[P
         except (EngineUnavailable, RequestException) as exc:
             report.errors.append(f"container {info['Id'][:12]}: {exc}")
             break
-    for info in images:
-        if not judge(info):
-            continue
-        removed = _remove_image(api, info, report)
-        if removed:
-            report.images.append(info["Id"][:19])
-    if slot_dirs:
-        _reap_slot_dirs(report)
-    if report.containers or report.images or report.errors:
-        log.warning("reaper: %s", report.summary())
-    return report
 
 
 def _remove_image(api: Any, info: Mapping[str, Any], report: ReapReport) -> bool:

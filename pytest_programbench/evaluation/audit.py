@@ -301,40 +301,44 @@ class HiddenTestAudit:
         progress.info("[%s] audit of the hidden tests: %d branch(es) with the sources withheld",
                       official.instance_id, len(branches))
         first = self._audit(official, image, branches)
-        officially = self._passed(official.result, first.compared())
-        regressed = sorted(officially - first.passed)
-        self.report.regressed = regressed
-        self.report.branches = {b: a.summary() for b, a in first.branches.items()}
-        self.report.timeouts = list(first.timeouts)
-        # The audit's own failures: a branch not audited, or one whose runs the plugin did not report from.
-        problems = [f"branch {b}: {a.problem}" for b, a in first.branches.items() if a.problem]
-        problems += [f"branch {b}: {why}" for b, a in first.branches.items()
-                     if not a.problem and not a.crashed and (why := a.plugin_problem()) is not None]
+        regressed = self._record_first_run(official, first)
+        problems = _first_run_problems(first)
         flaky = ""
         if regressed:
             again = [b for b in branches if any(name.startswith(f"{b}/") for name in regressed)]
             progress.info("[%s] audit: %d test(s) failed without their sources; their %d branch(es) once more",
                           official.instance_id, len(regressed), len(again))
             second = self._audit(official, image, again)
-            retried = set(second.compared())
-            confirmed = [n for n in regressed if n.split("/", 1)[0] in retried and n not in second.passed]
-            self.report.confirmed = confirmed
-            self.report.timeouts += second.timeouts
-            for b, a in second.branches.items():
-                self.report.branches[b] += f"; second run: {a.summary()}"
-            if confirmed:
-                self.report.result = FLAGGED
-                self.flags = [self._flag(confirmed, first)]
+            if self._confirm(regressed, first, second):
                 return
-            problems += [f"branch {b}: its second run: {second.branches[b].problem}" for b in again
-                         if b not in retried]
-            # A second run that passed is only a flaky first run if the plugin was active in it.
-            problems += [f"branch {b}: its second run: {why}" for b in again if b in retried
-                         and not second.branches[b].crashed and (why := second.branches[b].plugin_problem())]
-            passed_again = [n for n in regressed if n.split("/", 1)[0] in retried]
-            if passed_again:
-                flaky = (f"{len(passed_again)} test(s) failed in the audit's first run and passed in its second "
-                         f"(flaky, not flagged): {', '.join(passed_again[:SHOW_TESTS])}")
+            problems += _second_run_problems(again, second)
+            flaky = _flaky(regressed, second)
+        self._conclude(problems, flaky)
+
+    def _record_first_run(self, official: SdkEvaluator, first: AuditPass) -> list[str]:
+        """The report of the first run; the tests that passed officially and failed in it (regressed)."""
+        officially = self._passed(official.result, first.compared())
+        regressed = sorted(officially - first.passed)
+        self.report.regressed = regressed
+        self.report.branches = {b: a.summary() for b, a in first.branches.items()}
+        self.report.timeouts = list(first.timeouts)
+        return regressed
+
+    def _confirm(self, regressed: list[str], first: AuditPass, second: AuditPass) -> bool:
+        """The second run in the report; True when it confirmed a regressed test (the flag raised)."""
+        retried = set(second.compared())
+        confirmed = [n for n in regressed if n.split("/", 1)[0] in retried and n not in second.passed]
+        self.report.confirmed = confirmed
+        self.report.timeouts += second.timeouts
+        for b, a in second.branches.items():
+            self.report.branches[b] += f"; second run: {a.summary()}"
+        if not confirmed:
+            return False
+        self.report.result = FLAGGED
+        self.flags = [self._flag(confirmed, first)]
+        return True
+
+    def _conclude(self, problems: list[str], flaky: str) -> None:
         if problems:
             self.report.result = INCONCLUSIVE
             self.report.why = "; ".join([*problems, *([flaky] if flaky else [])])
@@ -446,3 +450,32 @@ class HiddenTestAudit:
             else:
                 outcome.results[name] = test
         return outcome
+
+
+def _first_run_problems(first: AuditPass) -> list[str]:
+    """The audit's own failures in its first run: a branch not audited, or one whose runs the plugin did not report
+    from."""
+    problems = [f"branch {b}: {a.problem}" for b, a in first.branches.items() if a.problem]
+    problems += [f"branch {b}: {why}" for b, a in first.branches.items()
+                 if not a.problem and not a.crashed and (why := a.plugin_problem()) is not None]
+    return problems
+
+
+def _second_run_problems(again: list[str], second: AuditPass) -> list[str]:
+    """The audit's own failures in its second run (of the branches ``again``)."""
+    retried = set(second.compared())
+    problems = [f"branch {b}: its second run: {second.branches[b].problem}" for b in again if b not in retried]
+    # A second run that passed is only a flaky first run if the plugin was active in it.
+    problems += [f"branch {b}: its second run: {why}" for b in again if b in retried
+                 and not second.branches[b].crashed and (why := second.branches[b].plugin_problem())]
+    return problems
+
+
+def _flaky(regressed: list[str], second: AuditPass) -> str:
+    """The tests that failed in the first run and passed in the second ("": none)."""
+    retried = set(second.compared())
+    passed_again = [n for n in regressed if n.split("/", 1)[0] in retried]
+    if not passed_again:
+        return ""
+    return (f"{len(passed_again)} test(s) failed in the audit's first run and passed in its second "
+            f"(flaky, not flagged): {', '.join(passed_again[:SHOW_TESTS])}")

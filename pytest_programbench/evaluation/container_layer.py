@@ -1356,11 +1356,38 @@ class SdkEvaluator(Evaluator):
         accept_failure: bool = False,
         timeout: int = 20,
     ) -> dict[str, Any]:
+        timeout = self._step_timeout(step_name, timeout)
+        self._prepare_step(step_name, env)
+        n_before = len(log_buf)
+        t0, at = time.monotonic(), time.time()
+        try:
+            result: dict[str, Any] = super()._run_step(
+                command, env=cast(Any, env), log_buf=log_buf, step_name=step_name, accept_failure=accept_failure,
+                timeout=timeout,
+            )
+        except UndecodableOutput as exc:
+            self._log_undecodable(exc, command, step_name, log_buf, seconds=time.monotonic() - t0)
+            raise
+        finally:
+            env.exec_env = None
+            self._step_ended(step_name, log_buf[n_before:], at=at, seconds=time.monotonic() - t0)
+        if self.layer.hooks.after_step is not None:
+            self.layer.hooks.after_step(step_name, env, result)
+        return result
+
+    def _step_timeout(self, step_name: str, timeout: int) -> int:
+        """The compile and test clocks are ours (the layer's); every other step keeps the official's."""
         if step_name == COMPILE_STEP:
-            timeout = self.layer.compile_timeout
-            progress.info("[%s] compile (compile.sh, no network, %d s clock)", self.instance_id, timeout)
-        elif step_name == RUN_TESTS_STEP:
-            timeout = self.layer.test_timeout
+            progress.info("[%s] compile (compile.sh, no network, %d s clock)", self.instance_id,
+                          self.layer.compile_timeout)
+            return self.layer.compile_timeout
+        if step_name == RUN_TESTS_STEP:
+            return self.layer.test_timeout
+        return timeout
+
+    def _prepare_step(self, step_name: str, env: SdkContainerEnvironment) -> None:
+        """The probe's hook before the step, the batch of steps it starts (unless run ahead by ``_warm``, or a
+        probe gives one of them its own environment), and the step's environment."""
         hooks = self.layer.hooks
         steps = self._batch_from(step_name) if self.layer.batch_steps else None
         ran_ahead = bool(steps and env.batched and env.batched[0].step == steps[0])  # by _warm
@@ -1371,37 +1398,27 @@ class SdkEvaluator(Evaluator):
             env.run_steps(steps)
         if hooks.step_env is not None:
             env.exec_env = hooks.step_env(step_name, env)
-        n_before = len(log_buf)
-        t0, at = time.monotonic(), time.time()
-        try:
-            result: dict[str, Any] = super()._run_step(
-                command, env=cast(Any, env), log_buf=log_buf, step_name=step_name, accept_failure=accept_failure,
-                timeout=timeout,
-            )
-        except UndecodableOutput as exc:
-            # The official raises here too (and scores 0); the step's output stays in the log, escaped.
-            entry = {"step": step_name, "command": command, "wall_time": time.monotonic() - t0,
-                     "output": exc.output, "returncode": None, "exception_info": f"UnicodeDecodeError: {exc}"}
-            log_buf.append(entry)
-            if log_buf is not self.result.log:
-                self.crash_log.append(entry)
-            raise
-        finally:
-            env.exec_env = None
-            if step_name == COMPILE_STEP:
-                with self._envs_lock:
-                    self.clock.append({"phase": "compile", "at": round(at, 3),
-                                       "seconds": round(time.monotonic() - t0, 3)})
-            if len(log_buf) > n_before:
-                entry = log_buf[-1]
-                if str(entry.get("exception_info", "")).startswith("Command timed out"):
-                    if step_name == COMPILE_STEP:
-                        self.timed_out.append("compile")
-                    elif step_name == RUN_TESTS_STEP:
-                        self.timed_out.append(f"test:{getattr(self._current, 'branch', '?')}")
-        if hooks.after_step is not None:
-            hooks.after_step(step_name, env, result)
-        return result
+
+    def _log_undecodable(self, exc: UndecodableOutput, command: str, step_name: str, log_buf: list[dict[str, Any]],
+                         *, seconds: float) -> None:
+        """The official raises here too (and scores 0); the step's output stays in the log, escaped."""
+        entry = {"step": step_name, "command": command, "wall_time": seconds,
+                 "output": exc.output, "returncode": None, "exception_info": f"UnicodeDecodeError: {exc}"}
+        log_buf.append(entry)
+        if log_buf is not self.result.log:
+            self.crash_log.append(entry)
+
+    def _step_ended(self, step_name: str, logged: list[dict[str, Any]], *, at: float, seconds: float) -> None:
+        """The compile phase on the clock; a compile or test clock that ran out (the step's last log entry says)."""
+        if step_name == COMPILE_STEP:
+            with self._envs_lock:
+                self.clock.append({"phase": "compile", "at": round(at, 3), "seconds": round(seconds, 3)})
+        if not logged or not str(logged[-1].get("exception_info", "")).startswith("Command timed out"):
+            return
+        if step_name == COMPILE_STEP:
+            self.timed_out.append("compile")
+        elif step_name == RUN_TESTS_STEP:
+            self.timed_out.append(f"test:{getattr(self._current, 'branch', '?')}")
 
     def _batch_from(self, step_name: str) -> list[Step] | None:
         """The official steps (eval.py, audited; pinned by tests/test_step_batch.py) that follow each other with

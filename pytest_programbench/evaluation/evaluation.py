@@ -720,139 +720,210 @@ def evaluate(
 
 def _evaluate(task: Task, submission: Path, *, blobs: BlobSet, image: str, labels: Labels, settings: EvalSettings,
               workdir: Path, engine: docker.DockerClient, outcome: EvaluationOutcome) -> EvaluationOutcome:
-    try:
-        instance = task.load_instance()
-    except CatalogueError as exc:
-        outcome.infra_error = f"task metadata: {exc}"
-        return outcome
-    active = get_active_branches(instance)
-    if not active:
-        outcome.infra_error = f"{task.instance_id} has no active test branches: nothing can be scored"
-        return outcome
-    missing = [b for b in active if b not in blobs.sha256]
-    if missing:
-        outcome.infra_error = f"hidden tests not resolved for branch(es) {', '.join(missing)}"
-        return outcome
-    branches_data = instance.get("branches", {})
-    tests_by_branch = {b: list(branches_data[b].get("tests", [])) for b in active if b in branches_data}
-    audit = HiddenTestAudit(instance=instance, threshold=settings.audit_threshold, enabled=settings.audit)
-    outcome.audit = audit.report
+    return _Evaluation(task, submission, blobs=blobs, image=image, labels=labels, settings=settings,
+                       workdir=workdir, engine=engine, outcome=outcome).run()
 
-    archive = check_archive(submission)
-    outcome.submission_sha256 = archive.sha256
-    if archive.problem is not None:
+
+class _Evaluation:
+    """One evaluation's steps, in order: the instance, the archive, the probes, the official pipeline, the outcome.
+
+    A step that ends the evaluation early has set ``outcome.infra_error`` (or scored the submission) and returns
+    None or False."""
+
+    def __init__(self, task: Task, submission: Path, *, blobs: BlobSet, image: str, labels: Labels,
+                 settings: EvalSettings, workdir: Path, engine: docker.DockerClient,
+                 outcome: EvaluationOutcome) -> None:
+        self.task = task
+        self.submission = submission
+        self.blobs = blobs
+        self.image = image
+        self.labels = labels
+        self.settings = settings
+        self.workdir = workdir
+        self.engine = engine
+        self.outcome = outcome
+        self.instance: dict[str, Any] = {}
+        self.active: list[str] = []
+        self.tests_by_branch: dict[str, list[str]] = {}
+
+    def run(self) -> EvaluationOutcome:
+        if not self._load_instance():
+            return self.outcome
+        audit = HiddenTestAudit(instance=self.instance, threshold=self.settings.audit_threshold,
+                                enabled=self.settings.audit)
+        self.outcome.audit = audit.report
+        archive = check_archive(self.submission)
+        self.outcome.submission_sha256 = archive.sha256
+        if archive.problem is not None:
+            self._score_unreadable_archive(archive)
+            return self.outcome
+        probe = self._probe()
+        if not self._disk_ready():
+            return self.outcome
+        evaluator = self._evaluator(probe, audit)
+        audit.attach(evaluator)
+        result = self._run_official(evaluator)
+        if result is None:
+            return self.outcome
+        short = _disk_still_short(result, self.outcome.notes, self.workdir, self.engine, branches=len(self.active))
+        if short is not None:
+            self.outcome.infra_error = short
+            return self.outcome
+        self._fill_outcome(result, evaluator, probe, archive, audit)
+        return self.outcome
+
+    def _load_instance(self) -> bool:
+        """The task's instance, its active branches (each with its hidden tests resolved) and their tests."""
+        try:
+            self.instance = self.task.load_instance()
+        except CatalogueError as exc:
+            self.outcome.infra_error = f"task metadata: {exc}"
+            return False
+        self.active = get_active_branches(self.instance)
+        if not self.active:
+            self.outcome.infra_error = f"{self.task.instance_id} has no active test branches: nothing can be scored"
+            return False
+        missing = [b for b in self.active if b not in self.blobs.sha256]
+        if missing:
+            self.outcome.infra_error = f"hidden tests not resolved for branch(es) {', '.join(missing)}"
+            return False
+        branches_data = self.instance.get("branches", {})
+        self.tests_by_branch = {b: list(branches_data[b].get("tests", [])) for b in self.active if b in branches_data}
+        return True
+
+    def _score_unreadable_archive(self, archive: ArchiveCheck) -> None:
         assert archive.error_code is not None
-        result = _official_not_run(task.instance_id, active, tests_by_branch, error_code=archive.error_code,
-                                   error_details=archive.problem)
-        fill_scores(outcome, result, instance)
-        outcome.reruns_reason = "not reached (no readable submission archive)"
-        return outcome
+        assert archive.problem is not None
+        result = _official_not_run(self.task.instance_id, self.active, self.tests_by_branch,
+                                   error_code=archive.error_code, error_details=archive.problem)
+        fill_scores(self.outcome, result, self.instance)
+        self.outcome.reruns_reason = "not reached (no readable submission archive)"
 
-    wheels = (ensure_wheels(Path(settings.cache_dir) / "wheels" if settings.cache_dir else None)
-              if settings.reruns else RerunWheels(None, reason="disabled for this evaluation"))
-    remove_hashes = list(instance.get("eval_clean_hashes", []) or [])
-    cache_dir = Path(settings.install_cache) if settings.install_cache else install_cache_dir()
-    probe = _Probe(image=image, strict=settings.strict, wheels=wheels, eval_clean_hashes=remove_hashes,
-                   install_cache=InstallCache(cache_dir) if cache_dir is not None else None)
-    try:
-        _require_disk(workdir, engine, branches=len(active))
-    except EngineUnavailable as exc:  # a DiskSpaceError: the host, not the submission
-        outcome.infra_error = str(exc)
-        return outcome
-    task_labels = labels if labels.task else labels.for_task(task.instance_id)
-    hooks = probe.hooks()
-    hooks.after_branches = audit  # before the committed image goes
-    evaluator = SdkEvaluator(
-        layer=LayerConfig(
-            engine=engine, image=image, labels=task_labels.as_dict(), memory=settings.memory,
-            compile_timeout=settings.compile_timeout, test_timeout=settings.test_timeout,
-            output_cap=settings.output_cap, hooks=hooks,
-            network_mode="none" if settings.strict else "default", storage=settings.storage,
-            batch_steps=step_batch.enabled(), prefetch=prefetch_enabled(),
-        ),
-        image_name=task.image_name,
-        solution_branch=SOLUTION_BRANCH,
-        submission_archive=submission,
-        blob_dir=blobs.directory,
-        tests_branches=active,
-        remove_hashes=remove_hashes,
-        image_tag=settings.image_tag,
-        tests_by_branch=tests_by_branch,
-        ignored_tests=get_ignored_tests(instance),
-        ignored_branches=get_ignored_branches(instance),
-        instance_id=task.instance_id,
-        docker_cpus=settings.cpus,
-        branch_workers=settings.branch_workers,
-        branch_retries=settings.branch_retries,
-    )
-    audit.attach(evaluator)
-    try:
-        result = evaluator.run()
-    except (EngineUnavailable, HarnessError) as exc:
-        outcome.infra_error = str(exc)
-        return outcome
-    except Exception as exc:
-        text = f"{type(exc).__name__}: {exc}"
-        if not evaluator.compile_env_started:
-            outcome.infra_error = f"could not start the compile container from {image}: {text}"
-            return outcome
-        if _is_connection_failure(exc):
-            outcome.infra_error = f"Docker engine connection failed during evaluation: {text}"
-            return outcome
-        lost = getattr(exc, "filename", None)
-        if isinstance(exc, FileNotFoundError) and lost and Path(str(lost)).is_relative_to(blobs.directory):
-            outcome.infra_error = f"a hidden test archive disappeared during the evaluation: {text}"
-            return outcome
+    def _probe(self) -> _Probe:
+        """The harness's probes around the official steps, with the reruns wheels and the install cache."""
+        settings = self.settings
+        wheels = (ensure_wheels(Path(settings.cache_dir) / "wheels" if settings.cache_dir else None)
+                  if settings.reruns else RerunWheels(None, reason="disabled for this evaluation"))
+        remove_hashes = list(self.instance.get("eval_clean_hashes", []) or [])
+        cache_dir = Path(settings.install_cache) if settings.install_cache else install_cache_dir()
+        return _Probe(image=self.image, strict=settings.strict, wheels=wheels, eval_clean_hashes=remove_hashes,
+                      install_cache=InstallCache(cache_dir) if cache_dir is not None else None)
+
+    def _disk_ready(self) -> bool:
+        try:
+            _require_disk(self.workdir, self.engine, branches=len(self.active))
+        except EngineUnavailable as exc:  # a DiskSpaceError: the host, not the submission
+            self.outcome.infra_error = str(exc)
+            return False
+        return True
+
+    def _evaluator(self, probe: _Probe, audit: HiddenTestAudit) -> SdkEvaluator:
+        task, settings, instance = self.task, self.settings, self.instance
+        task_labels = self.labels if self.labels.task else self.labels.for_task(task.instance_id)
+        hooks = probe.hooks()
+        hooks.after_branches = audit  # before the committed image goes
+        return SdkEvaluator(
+            layer=LayerConfig(
+                engine=self.engine, image=self.image, labels=task_labels.as_dict(), memory=settings.memory,
+                compile_timeout=settings.compile_timeout, test_timeout=settings.test_timeout,
+                output_cap=settings.output_cap, hooks=hooks,
+                network_mode="none" if settings.strict else "default", storage=settings.storage,
+                batch_steps=step_batch.enabled(), prefetch=prefetch_enabled(),
+            ),
+            image_name=task.image_name,
+            solution_branch=SOLUTION_BRANCH,
+            submission_archive=self.submission,
+            blob_dir=self.blobs.directory,
+            tests_branches=self.active,
+            remove_hashes=probe.eval_clean_hashes,
+            image_tag=settings.image_tag,
+            tests_by_branch=self.tests_by_branch,
+            ignored_tests=get_ignored_tests(instance),
+            ignored_branches=get_ignored_branches(instance),
+            instance_id=task.instance_id,
+            docker_cpus=settings.cpus,
+            branch_workers=settings.branch_workers,
+            branch_retries=settings.branch_retries,
+        )
+
+    def _run_official(self, evaluator: SdkEvaluator) -> EvaluationResult | None:
+        """The official pipeline's result; a crash inside the submission's windows is its 0 (None: an error)."""
+        try:
+            return evaluator.run()
+        except (EngineUnavailable, HarnessError) as exc:
+            self.outcome.infra_error = str(exc)
+            return None
+        except Exception as exc:
+            return self._crashed(evaluator, exc)
+        except pytest.fail.Exception as exc:
+            # The item's pytest-timeout backstop (method signal) fired inside the submission's windows. It is
+            # computed above every clock of the evaluation, so only a submission that stretches what no clock bounds
+            # gets here: the instance's 0, never an error. Before the compile container ran it is not the
+            # submission's doing.
+            if not str(exc).startswith("Timeout") or not evaluator.compile_env_started:
+                raise
+            self.outcome.notes.append(
+                f"scored 0 (error {BACKSTOP_TIMEOUT}): the item's pytest-timeout backstop ({exc}) fired inside the "
+                f"submission's evaluation, before the evaluation's own clocks ended it")
+            return self._not_run(evaluator, BACKSTOP_TIMEOUT, str(exc))
+        finally:
+            evaluator.cleanup_all()
+            self.outcome.phases = sorted(evaluator.clock, key=lambda entry: entry["at"])
+
+    def _crashed(self, evaluator: SdkEvaluator, exc: Exception) -> EvaluationResult | None:
+        infra = self._infra_cause(evaluator, exc)
+        if infra is not None:
+            self.outcome.infra_error = infra
+            return None
         # Inside the submission's windows: `programbench eval` (eval_batch._evaluate_instance) scores an instance
         # whose pipeline raised as 0, with the exception's type as its error code. So do we, whatever the type.
         code = official_error_code(exc)
-        log.warning("%s: the official pipeline raised inside the submission's containers: %s", task.instance_id,
-                    text, exc_info=not isinstance(exc, OFFICIAL_RAISES))
-        result = _official_not_run(task.instance_id, active, tests_by_branch, error_code=code,
-                                   error_details=str(exc),
-                                   log_entries=[*evaluator.result.log, *evaluator.crash_log])
-        result.executable_hash = evaluator.result.executable_hash
-        outcome.notes.append(_crash_note(exc, code))
-    except pytest.fail.Exception as exc:
-        # The item's pytest-timeout backstop (method signal) fired inside the submission's windows. It is computed
-        # above every clock of the evaluation, so only a submission that stretches what no clock bounds gets here:
-        # the instance's 0, never an error. Before the compile container ran it is not the submission's doing.
-        if not str(exc).startswith("Timeout") or not evaluator.compile_env_started:
-            raise
-        result = _official_not_run(task.instance_id, active, tests_by_branch, error_code=BACKSTOP_TIMEOUT,
-                                   error_details=str(exc),
-                                   log_entries=[*evaluator.result.log, *evaluator.crash_log])
-        result.executable_hash = evaluator.result.executable_hash
-        outcome.notes.append(f"scored 0 (error {BACKSTOP_TIMEOUT}): the item's pytest-timeout backstop ({exc}) fired "
-                             f"inside the submission's evaluation, before the evaluation's own clocks ended it")
-    finally:
-        evaluator.cleanup_all()
-        outcome.phases = sorted(evaluator.clock, key=lambda entry: entry["at"])
+        log.warning("%s: the official pipeline raised inside the submission's containers: %s", self.task.instance_id,
+                    f"{type(exc).__name__}: {exc}", exc_info=not isinstance(exc, OFFICIAL_RAISES))
+        result = self._not_run(evaluator, code, str(exc))
+        self.outcome.notes.append(_crash_note(exc, code))
+        return result
 
-    short = _disk_still_short(result, outcome.notes, workdir, engine, branches=len(active))
-    if short is not None:
-        outcome.infra_error = short
-        return outcome
+    def _infra_cause(self, evaluator: SdkEvaluator, exc: Exception) -> str | None:
+        """What the submission cannot cause behind a crash: the compile container not starting, the engine's
+        connection, a hidden test archive gone (None: the submission's)."""
+        text = f"{type(exc).__name__}: {exc}"
+        if not evaluator.compile_env_started:
+            return f"could not start the compile container from {self.image}: {text}"
+        if _is_connection_failure(exc):
+            return f"Docker engine connection failed during evaluation: {text}"
+        lost = getattr(exc, "filename", None)
+        if isinstance(exc, FileNotFoundError) and lost and Path(str(lost)).is_relative_to(self.blobs.directory):
+            return f"a hidden test archive disappeared during the evaluation: {text}"
+        return None
 
-    fill_scores(outcome, result, instance)
-    if settings.strict:
-        outcome.notes.append(STRICT_NETWORK_NOTE)
-    outcome.timeouts = list(evaluator.timed_out)
-    outcome.reruns = bool(evaluator._has_rerunfailures)
-    outcome.reruns_reason = _reruns_reason(evaluator, wheels)
-    outcome.reruns_install = probe.install
-    outcome.reference_hash = probe.reference_hash
-    outcome.neutralised = list(probe.neutralised)
-    outcome.notes.extend(probe.notes)
-    outcome.notes.extend(evaluator.results_notes)
-    audit_note = audit.report.note()
-    if audit_note is not None:
-        outcome.notes.append(audit_note)
-    outcome.integrity_flags = integrity.merge(
-        archive.flags,
-        probe.compile_flags,
-        integrity.executable_flags(result.executable_hash, remove_hashes, probe.reference_hash),
-        results_check.check_attempts(evaluator.attempts),
-        audit.flags,
-    )
-    return outcome
+    def _not_run(self, evaluator: SdkEvaluator, code: str, details: str) -> EvaluationResult:
+        result = _official_not_run(self.task.instance_id, self.active, self.tests_by_branch, error_code=code,
+                                   error_details=details, log_entries=[*evaluator.result.log, *evaluator.crash_log])
+        result.executable_hash = evaluator.result.executable_hash
+        return result
+
+    def _fill_outcome(self, result: EvaluationResult, evaluator: SdkEvaluator, probe: _Probe, archive: ArchiveCheck,
+                      audit: HiddenTestAudit) -> None:
+        outcome = self.outcome
+        fill_scores(outcome, result, self.instance)
+        if self.settings.strict:
+            outcome.notes.append(STRICT_NETWORK_NOTE)
+        outcome.timeouts = list(evaluator.timed_out)
+        outcome.reruns = bool(evaluator._has_rerunfailures)
+        outcome.reruns_reason = _reruns_reason(evaluator, probe.wheels)
+        outcome.reruns_install = probe.install
+        outcome.reference_hash = probe.reference_hash
+        outcome.neutralised = list(probe.neutralised)
+        outcome.notes.extend(probe.notes)
+        outcome.notes.extend(evaluator.results_notes)
+        audit_note = audit.report.note()
+        if audit_note is not None:
+            outcome.notes.append(audit_note)
+        outcome.integrity_flags = integrity.merge(
+            archive.flags,
+            probe.compile_flags,
+            integrity.executable_flags(result.executable_hash, probe.eval_clean_hashes, probe.reference_hash),
+            results_check.check_attempts(evaluator.attempts),
+            audit.flags,
+        )

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_programbench.core.environment import SANDBOX_STORAGE
 from pytest_programbench.engine.archive_out import CappedStream, TooLarge
-from pytest_programbench.engine.container import Container, OutputCap
+from pytest_programbench.engine.container import Container, ExecReader, OutputCap, Sinks
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.facts import facts
@@ -275,6 +275,29 @@ class Layout:
             reference_kind=str(report["reference_kind"]), reference_sha256=str(report["reference_sha256"]),
             reference_size=int(report["reference_size"]), docs=tuple(report.get("docs", ())),
             daemon_pid=int(report["daemon_pid"]), client_kind=str(report["client_kind"]), raw=dict(report))
+
+
+@dataclass
+class _ExecClock:
+    """One command's clock. With seconds given back (``extension``) the host keeps it: at the extended ``end`` it
+    does what the inside ``timeout`` would (TERM, then KILL after its grace); without, the inside ``timeout`` does
+    it and the host watchdog (``deadline``) only backs it up."""
+
+    started: float
+    timeout: float
+    use_timeout: bool
+    extension: Callable[[], float] | None
+    extension_cap: float
+    termed_at: float | None = None  # when the host sent TERM at the extended end
+
+    def end(self) -> float:
+        return self.started + self.timeout + (min(self.extension_cap, self.extension())
+                                              if self.extension is not None else 0.0)
+
+    def deadline(self) -> float:
+        if self.termed_at is not None:
+            return self.termed_at + EXEC_KILL_GRACE + 2
+        return self.end() + (WATCHDOG_GRACE if self.use_timeout else 0)
 
 
 class Sandbox:
@@ -610,7 +633,7 @@ class Sandbox:
               output: Path | None, stdin: bytes | None, max_output: int, use_timeout: bool,
               extension: Callable[[], float] | None = None, extension_cap: float = 0.0) -> ExecResult:
         box = self._handle
-        started = time.monotonic()
+        clock = _ExecClock(time.monotonic(), timeout, use_timeout, extension, extension_cap)
         exec_id, reader = box.start_exec(argv, user=self._user(user), workdir=workdir, environment=environment,
                                          stdin=stdin is not None)
         sink: CappedLog | None = None
@@ -622,38 +645,10 @@ class Sandbox:
                 with contextlib.suppress(OSError):  # a command that does not read its stdin is its business
                     reader.send(stdin)
             write: Callable[[bytes], object] = sink.write if sink is not None else captured.write
-            sinks = {1: write, 2: write}  # (a file is flushed while in its head, its tail held until close)
-            # With seconds given back (``extension``) the host keeps the clock: at the extended end it does what the
-            # inside ``timeout`` would (TERM, then KILL after its grace); without, the inside ``timeout`` does it and
-            # the host watchdog only backs it up.
-            termed_at: float | None = None
-
-            def clock_end() -> float:
-                return started + timeout + (min(extension_cap, extension()) if extension is not None else 0.0)
-
-            def deadline() -> float:
-                if termed_at is not None:
-                    return termed_at + EXEC_KILL_GRACE + 2
-                return clock_end() + (WATCHDOG_GRACE if use_timeout else 0)
-
-            timed_out = False
-            finished_at: float | None = None
-            # Quick answers for short commands, few engine calls for a six-hour agent run.
-            while not reader.pump(time.monotonic() + min(2.0, 0.1 + (time.monotonic() - started) / 30), sinks):
-                now = time.monotonic()
-                if finished_at is None and not box.running(exec_id):
-                    finished_at = now  # the command ended; a background process may still hold the stream
-                if finished_at is not None and now - finished_at > 2.0:
-                    reader.shutdown()
-                elif extension is not None and termed_at is None and now > clock_end():
-                    termed_at = now
-                    self._term_agent_processes()
-                elif now > deadline():
-                    timed_out = True
-                    self.kill_agent_processes()
-                    reader.shutdown()
+            # (a file is flushed while in its head, its tail held until close)
+            timed_out = self._follow(exec_id, reader, {1: write, 2: write}, clock)
             if not timed_out:
-                timed_out = self._outlive_broken_stream(exec_id, deadline, notes)
+                timed_out = self._outlive_broken_stream(exec_id, clock.deadline, notes)
         finally:
             reader.close()
             if sink is not None:
@@ -662,10 +657,31 @@ class Sandbox:
                 sink.close()
         info = box.exec_info(exec_id)
         exit_code = None if info.get("Running") else info.get("ExitCode")
-        duration = time.monotonic() - started
-        if termed_at is not None or (use_timeout and exit_code in (124, 137) and duration >= timeout):
+        duration = time.monotonic() - clock.started
+        if clock.termed_at is not None or (use_timeout and exit_code in (124, 137) and duration >= timeout):
             timed_out = True
         return ExecResult(exit_code, bytes(captured.head), duration, timed_out, captured.omitted > 0, tuple(notes))
+
+    def _follow(self, exec_id: str, reader: ExecReader, sinks: Sinks, clock: _ExecClock) -> bool:
+        """Hand the command's output to ``sinks`` until its stream ends; True when its clock fired."""
+        box = self._handle
+        timed_out = False
+        finished_at: float | None = None
+        # Quick answers for short commands, few engine calls for a six-hour agent run.
+        while not reader.pump(time.monotonic() + min(2.0, 0.1 + (time.monotonic() - clock.started) / 30), sinks):
+            now = time.monotonic()
+            if finished_at is None and not box.running(exec_id):
+                finished_at = now  # the command ended; a background process may still hold the stream
+            if finished_at is not None and now - finished_at > 2.0:
+                reader.shutdown()
+            elif clock.extension is not None and clock.termed_at is None and now > clock.end():
+                clock.termed_at = now
+                self._term_agent_processes()
+            elif now > clock.deadline():
+                timed_out = True
+                self.kill_agent_processes()
+                reader.shutdown()
+        return timed_out
 
     def _outlive_broken_stream(self, exec_id: str, deadline: Callable[[], float], notes: list[str]) -> bool:
         """The connection ended while the command still runs: wait for the command itself (an exec cannot be

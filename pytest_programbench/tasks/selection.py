@@ -57,6 +57,18 @@ def _parse_slice(spec: str) -> slice:
     return slice(*values)
 
 
+def _filter_pattern(spec: str) -> re.Pattern[str]:
+    try:
+        return re.compile(spec)
+    except re.error as exc:
+        raise pytest.UsageError(f"--pb-filter: {spec!r} is not a valid regex ({exc})") from None
+
+
+def _with_attributes(catalogue: Catalogue, langs: set[str], levels: set[str]) -> list[Task]:
+    """The catalogue's tasks in one of ``langs`` and of one of ``levels`` (empty: any)."""
+    return [t for t in catalogue if (not langs or t.language in langs) and (not levels or t.difficulty in levels)]
+
+
 def select(
     catalogue: Catalogue,
     *,
@@ -73,13 +85,10 @@ def select(
     """
     langs = _canonical_languages(languages, catalogue) if languages else set()
     levels = _difficulties(difficulties) if difficulties else set()
-    try:
-        pattern = re.compile(filter_spec) if filter_spec else None
-    except re.error as exc:
-        raise pytest.UsageError(f"--pb-filter: {filter_spec!r} is not a valid regex ({exc})") from None
+    pattern = _filter_pattern(filter_spec) if filter_spec else None
     cut = _parse_slice(slice_spec) if slice_spec else None
 
-    tasks = [t for t in catalogue if (not langs or t.language in langs) and (not levels or t.difficulty in levels)]
+    tasks = _with_attributes(catalogue, langs, levels)
     after_attributes = len(tasks)
     if shuffle_seed is not None:
         tasks = sorted(tasks, key=lambda t: t.instance_id)
@@ -89,16 +98,14 @@ def select(
     after_filter = len(tasks)
     if cut is not None:
         tasks = tasks[cut]
-
-    why = ""
-    if not tasks:
-        if not len(catalogue):
-            why = "the catalogue is empty"
-        elif after_attributes == 0:
-            why = (f"no task has language in {sorted(langs) or 'any'} and difficulty in {sorted(levels) or 'any'} "
-                   f"(catalogue: {len(catalogue)} tasks)")
-        elif after_filter == 0:
-            why = f"--pb-filter {filter_spec!r} matched none of {after_attributes} tasks (re.match on the task id)"
-        else:
-            why = f"--pb-slice {slice_spec!r} left nothing of {after_filter} tasks"
-    return Selection(tuple(tasks), why)
+    if tasks:
+        return Selection(tuple(tasks))
+    if not len(catalogue):
+        return Selection((), "the catalogue is empty")
+    if after_attributes == 0:
+        return Selection((), f"no task has language in {sorted(langs) or 'any'} and difficulty in "
+                             f"{sorted(levels) or 'any'} (catalogue: {len(catalogue)} tasks)")
+    if after_filter == 0:
+        return Selection((), f"--pb-filter {filter_spec!r} matched none of {after_attributes} tasks (re.match on the "
+                             f"task id)")
+    return Selection((), f"--pb-slice {slice_spec!r} left nothing of {after_filter} tasks")
