@@ -11,15 +11,14 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import docker
 from docker.api.client import APIClient
 from docker.context import ContextAPI
 from docker.utils import kwargs_from_env
 
-if TYPE_CHECKING:
-    from pytest_programbench.engine.docker_engine import Engine
+from pytest_programbench.engine.protocol import EngineCalls
 
 # The heavy calls' parameters by name: the engine adds labels and a name, rewinds a build context.
 _SIGNATURES = {name: inspect.signature(getattr(APIClient, name))
@@ -31,7 +30,7 @@ class EngineAPIClient(APIClient):  # type: ignore[misc]  # docker-py has no type
     """``APIClient`` whose requests and calls go through ``engine``: backpressure, bounded retries, restart
     detection (:class:`~.docker_engine.Engine`)."""
 
-    def __init__(self, engine: Engine, **kwargs: Any) -> None:
+    def __init__(self, engine: EngineCalls, **kwargs: Any) -> None:
         self.engine = engine  # first: the constructor's own version request goes through it
         super().__init__(**kwargs)
 
@@ -141,7 +140,7 @@ class EngineClient(docker.DockerClient):  # type: ignore[misc]  # docker-py has 
         self.api = api
 
 
-def open_client(engine: Engine, timeout: float) -> docker.DockerClient:
+def open_client(engine: EngineCalls, timeout: float) -> docker.DockerClient:
     """A client of ``engine``, configured as ``docker.from_env`` would with ``DOCKER_HOST`` = its URL: TLS settings
     (``DOCKER_TLS_VERIFY``, ``DOCKER_CERT_PATH``) still apply; ssh:// goes through the system's ssh client (its
     config and keys), as the docker CLI does. Opening fetches the engine's API version."""
