@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_programbench.evaluation.evaluation import EvaluationOutcome
-from pytest_programbench.pipeline import task_outcome
+from pytest_programbench.pipeline.task_run import task_outcome
 from pytest_programbench.results.verdict import TaskOutcome, failure_message, junit_properties
 from pytest_programbench.tasks.catalogue import Task
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_programbench.pipeline import run_dir_need
+from pytest_programbench.pipeline.room import run_dir_need
 from pytest_programbench.relay import records as records_module
 from pytest_programbench.relay.budget import ByteBudget
 from pytest_programbench.relay.records import (

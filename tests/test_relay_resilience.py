@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pytest_programbench.pipeline import run_dir_need
+from pytest_programbench.pipeline.room import run_dir_need
 from pytest_programbench.relay.rate import RunRateLimit
 from pytest_programbench.relay.relay import ModelRelay, RetryPolicy
 from pytest_programbench.relay.slots import SLOTS_DIR, ModelSlots

@@ -17,7 +17,7 @@ from pytest_programbench import RUN_LABEL
 from pytest_programbench.engine import disk, docker_engine
 from pytest_programbench.engine.backpressure import Backpressure
 from pytest_programbench.engine.errors import DiskSpaceError, EngineUnavailable
-from pytest_programbench.pipeline import run_dir_need
+from pytest_programbench.pipeline.room import run_dir_need
 from pytest_programbench.text.sizes import human, parse_size
 from tests.conftest import Testbed
 

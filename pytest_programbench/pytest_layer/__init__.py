@@ -1,3 +1,4 @@
-"""The pytest layer: the entry point, options, stash keys, markers, hookspecs, items, fixtures, the session's
-state and collection, its reporting and xdist hooks, and the run record. Everything pytest-shaped lives here; the
-pipeline steps it drives (tasks/, sandbox/, agents/, evaluation/, results/) know nothing of pytest's hooks."""
+"""The roof: everything pytest-shaped. The entry point (``plugin.py``), options, stash keys, markers, hookspecs, the
+run's state and its checks (``run_state.py``), the session and its hooks, items, fixtures, reporting, the progress,
+scheduling and xdist hooks, the run record and the front doors that run no session (``front_doors.py``). The floors
+below (``pipeline/`` down to ``core/``) never import pytest's hooks or read its options."""

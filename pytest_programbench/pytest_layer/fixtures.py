@@ -36,8 +36,9 @@ from pytest_programbench.pytest_layer.stash import SESSION
 if TYPE_CHECKING:
     from pytest_programbench.agents.agent import AgentResult, AgentSpec
     from pytest_programbench.engine.images import ResolvedImage
+    from pytest_programbench.engine.protocol import DockerEngine
     from pytest_programbench.evaluation.evaluation import EvaluationOutcome
-    from pytest_programbench.pipeline import TaskRun
+    from pytest_programbench.pipeline.task_run import TaskRun
     from pytest_programbench.pytest_layer.session import ProgramBenchSession
     from pytest_programbench.relay.relay import ModelRelay
     from pytest_programbench.results.verdict import TaskOutcome
@@ -72,8 +73,8 @@ class ConfiguredAgent:
         run = self.task_run
         session = run.session
         runner = AgentRunner(self.spec, run.task, run.settings, log_path=run.artifacts.agent_log,
-                             extra_env=run.relay_env(on_host=self.on_host), config=session.config,
-                             attempt=run.key.n, held=run.model_held_seconds if run.relay is not None else None,
+                             extra_env=run.model.env(on_host=self.on_host), config=session.config,
+                             attempt=run.key.n, held=run.model.held_seconds if run.model.relay is not None else None,
                              # This process's first agent run checks the command; --pb-keep-going runs it regardless.
                              check_command=not (session.agent_command_checked or run.settings.keep_going))
         try:
@@ -153,7 +154,7 @@ def pb_run(request: pytest.FixtureRequest, pb_session: ProgramBenchSession, pb_t
     """The task's run record (``pipeline.TaskRun``): its files (``.artifacts``), ``pb-meta.json`` (``.meta``), and
     what an attempt finished that a retry must not repeat (``.agent_result``, ``.submission``). The benchmark item's
     outlives its attempts; a user's test gets its own, with files under ``<run dir>/tests/<test>/``."""
-    from pytest_programbench.pipeline import TaskRun
+    from pytest_programbench.pipeline.task_run import TaskRun
 
     if _is_item(request.node):
         run: TaskRun = request.node.task_run
@@ -174,7 +175,7 @@ def pb_engine(pb_run: TaskRun) -> Iterator[Any]:
 
 
 @pytest.fixture
-def pb_blobs(pb_run: TaskRun, pb_engine: Any) -> BlobSet:
+def pb_blobs(pb_run: TaskRun, pb_engine: DockerEngine) -> BlobSet:
     """The hidden test archives of the task's active branches (``BlobSet``: ``.paths``, ``.sha256``), resolved and
     hashed before any agent time is spent (``--pb-blob-dir``, the task dir, or Hugging Face)."""
     return pb_run.resolve_blobs()
@@ -207,11 +208,11 @@ def pb_relay(request: pytest.FixtureRequest, pb_session: ProgramBenchSession,
              pb_run: TaskRun) -> Iterator[ModelRelay | None]:
     """``--pb-model-endpoint``: the model relay, the agent's only way out (``None`` without the option); its
     records in ``model-requests.jsonl``, its usage in the outcome's tokens. Closed after the sandbox."""
-    relay = pb_run.start_relay(on_host=_agent_on_host(request)) if pb_session.settings.model_endpoint else None
+    relay = pb_run.model.start(on_host=_agent_on_host(request)) if pb_session.settings.model_endpoint else None
     try:
         yield relay
     finally:
-        pb_run.close_relay()
+        pb_run.model.close()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pytest_programbench.results.verdict import TaskOutcome
 from pytest_programbench.tasks.catalogue import Task
 
 if TYPE_CHECKING:
-    from pytest_programbench.pipeline import TaskRun
+    from pytest_programbench.pipeline.task_run import TaskRun
     from pytest_programbench.pytest_layer.session import ProgramBenchSession
 
 
@@ -81,7 +81,7 @@ class ProgramBenchItem(pytest.Function):
     def task_run(self) -> TaskRun:
         """The task's run record (``pb_run``): one per item, kept across infrastructure retries."""
         if self._task_run is None:
-            from pytest_programbench.pipeline import TaskRun
+            from pytest_programbench.pipeline.task_run import TaskRun
 
             self._task_run = TaskRun(self.pb_session, self.task, key=self.key)
         return self._task_run

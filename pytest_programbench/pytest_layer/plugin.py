@@ -1,14 +1,15 @@
-"""pytest entry point (``pytest11``): thin hooks only. Heavy modules are imported when a session opts in."""
+"""pytest entry point (``pytest11``): thin hooks only. Heavy modules are imported when a session opts in (one door, in
+``pytest_configure``), or when ``--pb-compare BASE,NEW``/``--pb-report`` runs a front door."""
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_programbench.pytest_layer import invocation, options
+from pytest_programbench.pytest_layer import fixtures, invocation, markers, newhooks, options
 from pytest_programbench.pytest_layer.stash import SESSION, WORKSTEAL_DEFAULTED
 
 SESSION_PLUGIN = "programbench-session"  # the session object is also a plugin: its hooks run only when opted in
-SCHEDULING_PLUGIN = "programbench-scheduling"  # scheduling/plugin.py: longest first
+SCHEDULING_PLUGIN = "programbench-scheduling"  # pytest_layer/scheduling_hooks.py: longest first
 FIXTURES_PLUGIN = "programbench-fixtures"  # fixtures.py: one fixture per pipeline step
 
 
@@ -18,8 +19,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     """The plugin's own hooks (prompt, agent environment, task outcome, summary): see newhooks.py."""
-    from pytest_programbench.pytest_layer import newhooks
-
     pluginmanager.add_hookspecs(newhooks)
 
 
@@ -67,22 +66,21 @@ def pytest_cmdline_main_compare(config: pytest.Config) -> int | None:  # pytest 
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    from pytest_programbench.pytest_layer import fixtures, markers
-
     markers.register_static(config)
     # Always: ``pytest --fixtures`` lists the steps; without opt-in they fail with a message saying how to opt in.
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, FIXTURES_PLUGIN)
     if not opted_in(config):
         return
-    from pytest_programbench.pytest_layer.session import ProgramBenchSession
+    # lazy: a session that opts in imports the pipeline and its wings (docker, programbench, rich); others never do
+    from pytest_programbench.pytest_layer import scheduling_hooks
+    from pytest_programbench.pytest_layer import session as pb_session
 
-    session = ProgramBenchSession.from_config(config)
+    session = pb_session.ProgramBenchSession.from_config(config)
     config.stash[SESSION] = session
     session.register(config.pluginmanager, SESSION_PLUGIN)
-    from pytest_programbench.scheduling.plugin import SchedulingPlugin
-
-    config.pluginmanager.register(SchedulingPlugin(session), SCHEDULING_PLUGIN)  # the order tasks start in
+    # the order tasks start in
+    config.pluginmanager.register(scheduling_hooks.SchedulingPlugin(session), SCHEDULING_PLUGIN)
 
 
 def opted_in(config: pytest.Config) -> bool:

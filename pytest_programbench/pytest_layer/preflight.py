@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from pytest_programbench.core.run_identity import RunIdentity
     from pytest_programbench.core.settings import Settings
     from pytest_programbench.engine.docker_engine import Engines
+    from pytest_programbench.engine.protocol import DockerEngine
     from pytest_programbench.tasks.catalogue import Task
 
 MODEL_CONNECT_TIMEOUT = 10.0
@@ -219,7 +220,7 @@ class _HubListing:
 # ---------------------------------------------------------------------------------------------- images, disk
 
 
-def check_images(report: PreflightReport, engine: Any, tasks: Iterable[Task],
+def check_images(report: PreflightReport, engine: DockerEngine, tasks: Iterable[Task],
                  settings: Settings) -> tuple[dict[str, str], int]:
     """Per task: present, else pullable (the registry's manifest, not the layers), else buildable.
 
@@ -261,9 +262,9 @@ def check_images(report: PreflightReport, engine: Any, tasks: Iterable[Task],
     return present, to_fetch
 
 
-def check_disk(report: PreflightReport, engine: Any, run_dir: Path, *, images_to_fetch: int, agent: bool) -> None:
+def check_disk(report: PreflightReport, engine: DockerEngine, run_dir: Path, *, images_to_fetch: int, agent: bool) -> None:
     from pytest_programbench.engine import disk
-    from pytest_programbench.pipeline import run_dir_need
+    from pytest_programbench.pipeline.room import run_dir_need
     from pytest_programbench.sandbox.sandbox import sandbox_storage_need
 
     root = disk.docker_root(engine.api)
@@ -289,7 +290,7 @@ def _space(report: PreflightReport, what: str, path: Path, need: int, why: str) 
 
 
 def check_agent(report: PreflightReport, spec: AgentSpec, settings: Settings, *, tasks: Sequence[Task],
-                present: Mapping[str, str], identity: RunIdentity, env: Mapping[str, str], engine: Any) -> None:
+                present: Mapping[str, str], identity: RunIdentity, env: Mapping[str, str], engine: DockerEngine) -> None:
     """The agent's command is found where it will run: the host, or a sample sandbox (after the set-up command)."""
     if spec.kind != "command":
         report.add("agent", spec.label, True, "a preset")
@@ -316,7 +317,7 @@ def check_agent(report: PreflightReport, spec: AgentSpec, settings: Settings, *,
 
 
 def _command_in_sandbox(word: str, settings: Settings, task: Task, *, image_id: str, identity: RunIdentity,
-                        env: Mapping[str, str], engine: Any) -> tuple[str, str, bool, str]:
+                        env: Mapping[str, str], engine: DockerEngine) -> tuple[str, str, bool, str]:
     from pytest_programbench.agents.agent import AgentEnvError, agent_env
     from pytest_programbench.engine import docker_engine
     from pytest_programbench.sandbox.sandbox import Sandbox, SandboxError

@@ -10,7 +10,6 @@ says), ``stopping.EarlyStops`` (when it stops early) and, under xdist, ``xdist_h
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,19 +18,17 @@ import pytest
 
 from pytest_programbench.core.run_identity import RunIdentity, fingerprint, public_settings
 from pytest_programbench.core.settings import Settings
-from pytest_programbench.core.task_key import SUITE_NAME, TaskKey
+from pytest_programbench.core.task_key import TaskKey
 from pytest_programbench.engine.errors import EngineUnavailable
-from pytest_programbench.pytest_layer import options
+from pytest_programbench.pytest_layer import options, run_record, run_state
 from pytest_programbench.pytest_layer.invocation import is_listing, is_worker, named_tasks
 from pytest_programbench.pytest_layer.items import ProgramBenchItem
 from pytest_programbench.pytest_layer.markers import register_languages
 from pytest_programbench.pytest_layer.reporting import SessionReporting, agent_label
-from pytest_programbench.pytest_layer.run_record import check_resumable, new_identity
-from pytest_programbench.pytest_layer.stash import WORKERINPUT_IDENTITY
 from pytest_programbench.pytest_layer.stopping import EarlyStops
-from pytest_programbench.pytest_layer.warned_at import option_place, warn_at
+from pytest_programbench.pytest_layer.warned_at import ProgramBenchWarning, warn_at
 from pytest_programbench.tasks.catalogue import Catalogue, CatalogueError, Task
-from pytest_programbench.tasks.selection import Selection, select
+from pytest_programbench.tasks.selection import Selection
 
 if TYPE_CHECKING:
     from pytest_programbench.agents.agent import AgentSpec
@@ -43,21 +40,6 @@ if TYPE_CHECKING:
     from pytest_programbench.tasks.submissions import SubmissionsDir
 
 log = logging.getLogger(__name__)
-
-NOTHING_TO_RUN = (
-    "the ProgramBench suite is selected but there is nothing to run: pass --pb-agent CMD to run an agent, or "
-    "--pb-submissions DIR to evaluate existing submissions (add --co to only list the tasks)"
-)
-
-AGENT_AND_SUBMISSIONS = (
-    "--pb-agent and --pb-submissions exclude each other: --pb-submissions evaluates existing submissions without "
-    "running an agent; drop one of them"
-)
-
-
-class ProgramBenchWarning(pytest.PytestWarning):
-    """Something about the run the user should see, that does not stop it."""
-
 
 # Slack above the sum of an item's own clocks for container start-up, image and blob work, packing.
 TIMEOUT_MARGIN = 600
@@ -80,48 +62,6 @@ def item_timeout(task: Task, settings: Settings) -> int:
                                    branch_retries=settings.branch_retries, audit=settings.audit_hidden_tests)
     # The setup re-runs the pipeline once per infrastructure attempt (--pb-infra-retries): each may use every clock.
     return (1 + settings.infra_retries) * (agent + evaluation) + TIMEOUT_MARGIN
-
-
-def narrow_to(selection: Selection, catalogue: Catalogue, named: tuple[str, ...]) -> Selection:
-    """The selection cut to the tasks named as node ids (``pytest programbench::<id>``, or one attempt of it:
-    ``<id>[attempt-2]``); an id that is no task is a usage error naming it."""
-    known = {t.instance_id for t in catalogue}
-    named = tuple(dict.fromkeys(TaskKey.parse(n).instance_id for n in named))
-    unknown = [i for i in named if i not in known]
-    if unknown:
-        raise pytest.UsageError(", ".join(f"{SUITE_NAME}::{i}" for i in unknown) + ": no such ProgramBench task"
-                                + " (not in the benchmark nor in a --pb-tasks-dir; bundled fixtures need "
-                                  "--pb-include-fixtures)")
-    chosen = set(named)
-    tasks = tuple(t for t in selection.tasks if t.instance_id in chosen)
-    why = "" if tasks else (f"{', '.join(named)} named as node ids, none of them in the selection of the --pb-* "
-                            f"options ({len(selection.tasks)} tasks)")
-    return Selection(tasks, why)
-
-
-def validate_agent_inputs(settings: Settings) -> None:
-    """Bad agent inputs are usage errors before anything runs, not an error per item."""
-    from pytest_programbench.agents.agent import AgentEnvError, agent_env
-
-    try:
-        agent_env(settings.agent_env)
-    except AgentEnvError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    if settings.prompt_template and not Path(settings.prompt_template).is_file():
-        raise pytest.UsageError(f"--pb-prompt-template: {settings.prompt_template} is not a file")
-    if settings.model_endpoint:
-        from pytest_programbench.relay.relay import RelayConfigError, Upstream
-
-        try:
-            Upstream.parse(settings.model_endpoint)
-        except RelayConfigError as exc:
-            raise pytest.UsageError(f"--pb-model-endpoint: {exc}") from None
-    if settings.model_key_env and settings.model_key_env not in os.environ:
-        raise pytest.UsageError(f"--pb-model-key-env: {settings.model_key_env} is not set on the host")
-    for spec in settings.agent_mounts:
-        host = spec.partition(":")[0]
-        if not Path(host).expanduser().exists():
-            raise pytest.UsageError(f"--pb-agent-mount: {host} does not exist")
 
 
 class ProgramBenchSession:
@@ -158,7 +98,7 @@ class ProgramBenchSession:
 
             self.agent_spec = AgentSpec.parse(settings.agent, on_host=settings.agent_on_host)
             if not self.collect_only:
-                validate_agent_inputs(settings)
+                run_state.validate_agent_inputs(settings)
             if self.agent_spec.kind == "mini-swe-agent" and not self.collect_only:
                 from pytest_programbench.agents.mini_swe_agent import preflight
 
@@ -201,64 +141,13 @@ class ProgramBenchSession:
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> ProgramBenchSession:
-        from pytest_programbench.pytest_layer import run_record
-
         # --pb-resume DIR alone: the run's recorded settings, under what the user gave explicitly.
         settings = run_record.for_session(config, options.parse(config))
-        try:
-            catalogue = Catalogue.load(settings.tasks_dirs, include_fixtures=settings.include_fixtures)
-        except CatalogueError as exc:
-            raise pytest.UsageError(f"malformed task: {exc}") from None
-        selection = select(
-            catalogue,
-            languages=settings.languages,
-            difficulties=settings.difficulties,
-            filter_spec=settings.filter,
-            slice_spec=settings.slice,
-            shuffle_seed=settings.shuffle,
-        )
-        named = named_tasks(config)
-        if named is not None:
-            selection = narrow_to(selection, catalogue, named)
-        if not selection.tasks:
-            raise pytest.UsageError(f"no ProgramBench task matched: {selection.why_empty}")
-        if not is_listing(config) and not settings.agent and not settings.submissions and not settings.gold:
-            raise pytest.UsageError(NOTHING_TO_RUN)
-        if settings.gold and (settings.agent or settings.submissions or settings.attempts > 1):
-            raise pytest.UsageError("--pb-gold N evaluates the reference itself: it runs no agent and takes no "
-                                    "submissions (drop --pb-agent, --pb-submissions and --pb-attempts)")
-        if settings.ignore_flaky and not settings.gold_ledger:
-            raise pytest.UsageError("--pb-ignore-flaky needs --pb-gold-ledger FILE: the ledger's tests are ignored")
-        if settings.agent and settings.submissions:
-            raise pytest.UsageError(AGENT_AND_SUBMISSIONS)
-        if settings.budget is not None and settings.token_price is None:
-            raise pytest.UsageError("--pb-budget USD needs --pb-token-price IN,OUT: the price of the metered tokens")
-        if settings.max_regression is not None and not settings.compare:
-            raise pytest.UsageError("--pb-max-regression X needs --pb-compare BASE: the run the regression is "
-                                    "measured against")
-        if settings.compare and not config.option.collectonly:
-            from pytest_programbench.results.compare import CompareError, check_run
-
-            try:  # before any agent time is spent: the baseline must be readable at the end
-                check_run(Path(settings.compare[0]))
-            except CompareError as exc:
-                raise pytest.UsageError(f"--pb-compare: {exc}") from None
+        catalogue, selection = run_state.load_selection(config, settings)
+        run_state.validate(config, settings)
         register_languages(config, {t.language for t in catalogue})
-        method = config.getoption("timeout_method", None) or config.getini("timeout_method")
-        if method == "thread":
-            warn_at(config, ProgramBenchWarning(
-                "pytest-timeout's thread method os._exit()s the whole worker when it fires; ProgramBench items use "
-                "the signal method regardless (their markers say so), other tests of this session do not"),
-                *option_place(config, "timeout_method", "timeout_method"))
-        if is_worker(config):
-            identity = RunIdentity.from_dict(config.workerinput[WORKERINPUT_IDENTITY])  # type: ignore[attr-defined]
-        else:
-            # pb-runs/ where pytest was invoked, as a relative --pb-output is: not under a rootdir that moves.
-            identity = new_identity(config.invocation_params.dir, output=settings.output,
-                                          resume=settings.resume)
-            if identity.resumed:
-                check_resumable(identity, settings)
-        return cls(config, settings, catalogue, selection, identity)
+        run_state.warn_thread_timeout(config)
+        return cls(config, settings, catalogue, selection, run_state.identity_for(config, settings))
 
     # -- collection -------------------------------------------------------------------------------------------
 
@@ -395,9 +284,9 @@ class ProgramBenchSession:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.pytest_session = session
         if not self.collect_only and self.settings.progress != "off":
-            from pytest_programbench.results import progress
+            from pytest_programbench.pytest_layer import progress_hooks
 
-            self._close_progress = progress.attach(self, session)
+            self._close_progress = progress_hooks.attach(self, session)
         if self.collect_only or is_worker(self.config):
             return
         from importlib.metadata import version

@@ -51,3 +51,7 @@ def warn_at(config: pytest.Config, warning: Warning, place: str | os.PathLike[st
     if records:
         config.hook.pytest_warning_recorded.call_historic(kwargs={
             "warning_message": records[0], "when": "config", "nodeid": "", "location": (filename, lineno, "")})
+
+
+class ProgramBenchWarning(pytest.PytestWarning):
+    """Something about the run the user should see, that does not stop it."""

@@ -1,8 +1,9 @@
 """The scheduling hooks of an opted-in session: the order tasks start in, said in the header, remembered at the end.
 
 Without xdist the collected items are reordered (one process: nothing else sees the order). Under xdist every
-worker must collect the same items in the same order, so the order is applied by the controller's scheduler instead
-(``longest_first.py``), and only when the plugin chose the mode (``-n`` alone); a ``--dist`` the user gave is kept.
+worker must collect the same items in the same order, so the order is applied by the controller's scheduler
+instead (``scheduling/longest_first.py``), and only when the plugin chose the mode (``-n`` alone); a ``--dist`` the
+user gave is kept.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_programbench.pytest_layer.items import ProgramBenchItem
 from pytest_programbench.pytest_layer.stash import WORKSTEAL_DEFAULTED
 from pytest_programbench.scheduling.estimates import (
     Estimates,
@@ -20,6 +22,7 @@ from pytest_programbench.scheduling.estimates import (
     remember_durations,
     reorder,
 )
+from pytest_programbench.scheduling.longest_first import LongestFirstScheduling
 
 if TYPE_CHECKING:
     from pytest_programbench.pytest_layer.session import ProgramBenchSession
@@ -58,16 +61,12 @@ class SchedulingPlugin:
             return  # every worker keeps collection order; the scheduler decides what starts when
         if self.session.collect_only:
             return  # a listing shows the selection in its own order (--pb-shuffle's, as the official); nothing starts
-        from pytest_programbench.pytest_layer.items import ProgramBenchItem
-
         reorder(items, lambda item: isinstance(item, ProgramBenchItem), self.estimates)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         if not config.stash.get(WORKSTEAL_DEFAULTED, False):
             return None  # the user's --dist
-        from pytest_programbench.scheduling.longest_first import LongestFirstScheduling
-
         return LongestFirstScheduling(config, log, self.estimates.longest_first)
 
     def pytest_report_header(self) -> list[str]:

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from pytest_programbench.engine.docker_engine import Engines
     from pytest_programbench.engine.engines import EnginePool
     from pytest_programbench.results.progress import Publisher
-    from pytest_programbench.results.summary import RunSummary
     from pytest_programbench.tasks.submissions import SubmissionsDir
 
 
@@ -35,13 +34,3 @@ class RunContext(Protocol):
     agent_spec: AgentSpec | None
     config: pytest.Config
     agent_command_checked: bool  # this process's first agent run found its command (agents/command_check.py)
-
-
-class ProgressHost(Protocol):
-    """What the progress view reads and sets: the publisher it installs, the summary it counts from."""
-
-    settings: Settings
-    identity: RunIdentity
-    worker_id: str
-    progress: Publisher | None
-    summary: RunSummary | None

@@ -21,44 +21,34 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_programbench.core import environment
 from pytest_programbench.core.cache import cache_root
 from pytest_programbench.core.task_key import ATTEMPT, GOLD, TaskKey
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
-from pytest_programbench.relay.records import records_limit
-from pytest_programbench.relay.replay import replay_limit
+from pytest_programbench.pipeline.model_relay import TaskRelay
+from pytest_programbench.pipeline.room import run_dir_need
 from pytest_programbench.results import coverage, task_meta, timeline
 from pytest_programbench.results.artifacts import TaskArtifacts
 from pytest_programbench.results.atomic import atomic_copy
 from pytest_programbench.results.gold import GoldError, reference_bytes, require_reference_built, write_submission
 from pytest_programbench.results.task_meta import TaskMeta
 from pytest_programbench.results.verdict import InfrastructureError, TaskOutcome
-from pytest_programbench.sandbox.agent_log import agent_log_limit
-from pytest_programbench.sandbox.sandbox import CALL_LOG_READ_LIMIT, DEFAULT_SUBMISSION_LIMIT
 from pytest_programbench.tasks.catalogue import CatalogueError, Task
 
 if TYPE_CHECKING:
     from pytest_programbench.agents.agent import AgentResult
     from pytest_programbench.engine.engines import EngineLease
     from pytest_programbench.engine.images import ResolvedImage
+    from pytest_programbench.engine.protocol import DockerEngine
     from pytest_programbench.evaluation.evaluation import EvaluationOutcome
+    from pytest_programbench.pipeline.run_context import RunContext
     from pytest_programbench.relay.relay import ModelRelay
     from pytest_programbench.relay.relay_tunnel import RelayTunnel
-    from pytest_programbench.run_context import RunContext
     from pytest_programbench.sandbox.sandbox import Sandbox
     from pytest_programbench.tasks.blobs import BlobSet
 
 log = logging.getLogger("pytest_programbench")
 
-
-
-def run_dir_need() -> int:
-    """``PB_DISK_RUN_DIR_NEED``, else the most one task can write into the run directory: every artifact an agent
-    controls is capped, so the sum of the caps is a bound (plus 64 MiB for results and metadata)."""
-    most = (DEFAULT_SUBMISSION_LIMIT + agent_log_limit() + CALL_LOG_READ_LIMIT + records_limit() + replay_limit()
-            + (64 << 20))
-    return environment.DISK_RUN_DIR_NEED.size(otherwise=most)
 
 
 class TaskLog(logging.LoggerAdapter[logging.Logger]):
@@ -90,7 +80,7 @@ class TaskRun:
         self.submission: Path | None = None
         self.gold_reference: str | None = None  # --pb-gold: the reference's sha256, what the build must produce
         self.lease: EngineLease | None = None  # this attempt's engine (--pb-docker-host)
-        self.engine: Any | None = None  # this attempt's engine client (set by lease_engine)
+        self.engine: DockerEngine | None = None  # this attempt's engine client (set by lease_engine)
         self.engines_tried: list[str] = []
         self.retried_after: list[str] = []  # the infrastructure errors of earlier attempts (the item's retries)
         self.pack_error = ""
@@ -98,13 +88,6 @@ class TaskRun:
         self.agent_notes: list[str] = []  # from the agent's window (call log, packing): joined to the outcome
         self.agent_flags: list[str] = []
         self.reused = False
-        self.relay: ModelRelay | None = None
-        self.relay_stats: dict[str, Any] | None = None
-        self.model_unavailable: str | None = None  # ModelRelay.unavailable() of the agent's window
-        self.model_waited_s = 0.0  # seconds the relay waited to retry model requests (the live view)
-        self.model_rate_waited_s = 0.0  # seconds it held requests back for --pb-model-rpm / --pb-model-tpm
-        self.replay_mismatch: str | None = None  # --pb-agent-replay: the first request the recording did not have
-        self.over_budget: str | None = None  # --pb-budget: requests refused once the run had spent it (x1.1)
         self.sandbox: Sandbox | None = None
         self.tunnel: RelayTunnel | None = None
         self._instance: dict[str, Any] | None = None
@@ -112,6 +95,8 @@ class TaskRun:
             task.instance_id, session.identity.run_id, session.worker_id,
             attempt=None if self.key.single or self.key.kind != ATTEMPT else self.key.n,
             gold_run=self.key.n if self.key.kind == GOLD else None)
+        # The model relay of the agent's window and what it recorded (--pb-model-endpoint).
+        self.model = TaskRelay(self)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -283,110 +268,6 @@ class TaskRun:
 
     # -- the agent's window: relay, sandbox, agent, pack ------------------------------------------------------
 
-    def start_relay(self, *, on_host: bool) -> ModelRelay | None:
-        """--pb-model-endpoint: the agent's only way out, recorded per task."""
-        if not self.settings.model_endpoint:
-            return None
-        from pytest_programbench.relay.rate import RunRateLimit
-        from pytest_programbench.relay.relay import ModelRelay, RelayConfigError, RetryPolicy
-        from pytest_programbench.relay.replay import REPLAY_FILE
-        from pytest_programbench.relay.slots import SLOTS_DIR, ModelSlots
-        from pytest_programbench.relay.spend import SPEND_DIR, SpendLedger
-
-        concurrency = self.settings.model_concurrency
-        slots = ModelSlots(self.session.identity.path / SLOTS_DIR, concurrency) if concurrency else None
-        rpm, tpm = self.settings.model_rpm, self.settings.model_tpm
-        rate = RunRateLimit(self.session.identity.path / SLOTS_DIR, rpm=rpm, tpm=tpm) if rpm or tpm else None
-        spend = None
-        if self.settings.budget is not None and self.settings.token_price is not None:
-            name = str(self.artifacts.dir.relative_to(self.session.identity.path)) \
-                if self.artifacts.dir.is_relative_to(self.session.identity.path) else self.task.instance_id
-            spend = SpendLedger(self.session.identity.path / SPEND_DIR, name, self.settings.token_price,
-                                self.settings.budget)
-        replay_from = None
-        if self.settings.agent_replay:  # the same task's recording in the earlier run
-            try:
-                where = self.artifacts.dir.relative_to(self.session.identity.path)
-            except ValueError:
-                where = Path(self.task.instance_id)
-            replay_from = Path(self.settings.agent_replay) / where / REPLAY_FILE
-        relay = ModelRelay(self.settings.model_endpoint, records_path=self.artifacts.dir / "model-requests.jsonl",
-                           api_key_env=self.settings.model_key_env, unix=not on_host, tcp=on_host,
-                           retry=RetryPolicy(budget_s=self.settings.model_retry_budget), on_wait=self._model_wait,
-                           slots=slots, on_slot_wait=self._slot_wait, replay_from=replay_from, spend=spend,
-                           rate=rate, on_rate_wait=self._rate_wait,
-                           allow_server_tools=self.settings.model_allow_server_tools)
-        try:
-            self.relay = relay.start()
-        except (RelayConfigError, OSError) as exc:
-            raise InfrastructureError(f"model relay: {exc}") from exc
-        return self.relay
-
-    def close_relay(self) -> None:
-        """Records are complete once the relay is closed (the sandbox is gone by then: nothing is in flight)."""
-        relay, self.relay = self.relay, None
-        if relay is not None:
-            relay.close()
-            self.relay_stats = relay.stats().as_dict()
-            self.meta["relay"] = self.relay_stats
-            self.meta["relay_bounds"] = relay.record_bounds()
-            self.agent_notes += relay.notes()  # records dropped past the cap, requests refused for lack of room
-            self.model_unavailable = relay.unavailable()
-            self.replay_mismatch = relay.replay_mismatch()
-            self.over_budget = relay.over_budget()
-            cleanroom = relay.cleanroom()  # provider-side tools and other APIs the agent asked for: refused, flagged
-            self.meta["cleanroom"] = cleanroom.as_dict()
-            flag = cleanroom.flag()
-            if flag is not None and flag not in self.agent_flags:
-                self.agent_flags.append(flag)
-            if self.model_unavailable is not None:
-                self.meta["model_unavailable"] = self.model_unavailable
-
-    def _model_wait(self, seconds: float) -> None:
-        """The relay waits to retry a model request: the live view says so ("agent (rate-limited 40 s)"), on the
-        item's key as the phase is (``<id>[attempt-2]`` under --pb-attempts)."""
-        self.model_waited_s += seconds
-        if self.session.progress is not None and self.record:
-            self.session.progress.note(self.key.name, f"rate-limited {self.model_waited_s:.0f} s")
-
-    def _rate_wait(self, seconds: float) -> None:
-        """--pb-model-rpm / --pb-model-tpm hold a request back: the live view says so, with the task's wait so far."""
-        self.model_rate_waited_s += seconds
-        if self.session.progress is not None and self.record:
-            self.session.progress.note(self.key.name,
-                                       f"waiting for the model rate limit {self.model_rate_waited_s:.0f} s")
-
-    def _slot_wait(self) -> None:
-        """Every --pb-model-concurrency slot is taken: the live view says the agent waits for one."""
-        if self.session.progress is not None and self.record:
-            self.session.progress.note(self.key.name, "waiting for a model slot")
-
-    def require_model_available(self) -> None:
-        """A model API that rejected the key or stayed down for a whole retry budget is not the agent's failure:
-        the task is an error (resumable), not a score of its half-finished work, unless --pb-model-failures-scored."""
-        if self.replay_mismatch is not None:
-            raise InfrastructureError(f"--pb-agent-replay: first mismatch: {self.replay_mismatch}", retryable=False)
-        if self.over_budget is not None:  # never a score, whatever --pb-model-failures-scored says
-            raise InfrastructureError(f"{self.over_budget}; the agent's files are kept in {self.artifacts.dir} "
-                                      "(--pb-resume with a larger --pb-budget runs the task again)", retryable=False)
-        reason = self.model_unavailable
-        if reason is None:
-            return
-        if self.settings.model_failures_scored:
-            self.agent_notes.append(f"{reason} (scored anyway: --pb-model-failures-scored)")
-            return
-        raise InfrastructureError(f"{reason}; the agent's files are kept in {self.artifacts.dir} "
-                                  "(--pb-resume runs the task again)", retryable=False)
-
-    def model_held_seconds(self) -> float:
-        """Seconds the relay held this task's model requests back so far: the agent's clock gives them back."""
-        return self.relay.held_seconds() if self.relay is not None else 0.0
-
-    def relay_env(self, *, on_host: bool) -> dict[str, str]:
-        if self.relay is None:
-            return {}
-        return self.relay.agent_env() if on_host else self.relay.sandbox_env()
-
     def open_sandbox(self, image: ResolvedImage, *, tunnel_to: ModelRelay | None = None) -> Sandbox:
         """Only the sandbox itself failing is infrastructure."""
         from pytest_programbench.sandbox.sandbox import Sandbox, SandboxError
@@ -418,12 +299,12 @@ class TaskRun:
 
     def end_agent_window(self) -> None:
         """The agent's window is over once its work is packed: its sandbox and relay go before the evaluation;
-        then a model API that was unavailable makes the task an error (``require_model_available``)."""
+        then a model API that was unavailable makes the task an error (``TaskRelay.require_available``)."""
         try:
             self.close_sandbox()
         finally:
-            self.close_relay()
-        self.require_model_available()
+            self.model.close()
+        self.model.require_available()
 
     def write_prompt(self, sandbox: Sandbox, *, on_host: bool) -> str:
         """The prompt (task docs + rules, the prompt hook applied), written to the sandbox's prompt file."""
@@ -659,8 +540,8 @@ class TaskRun:
             outcome.agent_seconds = round(self.agent_result.seconds, 3)
             if self.agent_result.clock_fired:
                 outcome.clock_fired = self.agent_result.clock_fired
-        if self.relay_stats is not None:
-            outcome.tokens = {k: v for k, v in self.relay_stats.items() if isinstance(v, int | float | None)}
+        if self.model.stats is not None:
+            outcome.tokens = {k: v for k, v in self.model.stats.items() if isinstance(v, int | float | None)}
         if self.agent_notes:
             outcome.notes = [*outcome.notes, *self.agent_notes]
         if self.agent_flags:
