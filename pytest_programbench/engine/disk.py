@@ -31,6 +31,7 @@ from typing import Any, cast
 from pytest_programbench.core import environment
 from pytest_programbench.engine.errors import DiskSpaceError
 from pytest_programbench.engine.facts import NOT_ASKED, facts
+from pytest_programbench.engine.protocol import DockerEngine
 from pytest_programbench.text.sizes import human
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class PruneReport:
     kept: dict[str, str] = field(default_factory=dict)  # image id -> why
 
 
-def prune_images(image_ids: Iterable[str], *, engine: Any) -> PruneReport:
+def prune_images(image_ids: Iterable[str], *, engine: DockerEngine) -> PruneReport:
     """``--pb-prune-images``: remove these images (ids the run built or pulled), their tags first, never forced.
 
     An image some container still uses, or that is already gone, is reported, not an error.

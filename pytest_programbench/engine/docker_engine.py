@@ -64,6 +64,7 @@ from pytest_programbench.engine.backpressure import Backpressure
 from pytest_programbench.engine.errors import EngineConnectionError, EngineRestarted, EngineUnavailable
 from pytest_programbench.engine.facts import EngineFacts
 from pytest_programbench.engine.ownership import EXPIRES_LABEL, OWNER_LABEL, Owner, RunLike, boot_id
+from pytest_programbench.engine.protocol import DockerEngine
 
 if TYPE_CHECKING:
     import docker
@@ -772,7 +773,7 @@ class SweepReport:
     errors: list[str] = field(default_factory=list)
 
 
-def sweep(run_id: str, *, engine: Any, task: str | None = None) -> SweepReport:
+def sweep(run_id: str, *, engine: DockerEngine, task: str | None = None) -> SweepReport:
     """Remove every container, then every image, labelled with this run (optionally one task only) from ``engine``
     (a client)."""
     from docker.errors import APIError, NotFound

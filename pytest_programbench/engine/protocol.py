@@ -1,5 +1,9 @@
 """What the engine's callers rely on, as Protocols (in the style of pytest-xdist's ``scheduler/protocol.py``).
 
+:class:`DockerEngine` is an engine as the harness holds it: docker-py's client of one engine (a
+:class:`~pytest_programbench.engine.engine_api.EngineClient` in a session, a plain ``docker.DockerClient`` in a test
+or a bench script), with exactly what its callers use.
+
 :class:`EngineCalls` is what docker-py's API client hands its calls to (:mod:`.engine_api`), implemented by
 :class:`~pytest_programbench.engine.docker_engine.Engine`: naming it here keeps :mod:`.engine_api` from importing
 :mod:`.docker_engine`, which opens its clients through it.
@@ -28,3 +32,20 @@ class EngineCalls(Protocol):
     def container_bound(self, name: str, container: Any, call: Callable[[], T]) -> T: ...
 
     def exec_bound(self, name: str, exec_id: Any, call: Callable[[], T]) -> T: ...
+
+
+class DockerEngine(Protocol):
+    """One engine's docker-py client, as the harness uses it: the low-level API client (every call the harness makes
+    itself), and docker-py's container and image collections."""
+
+    @property
+    def api(self) -> Any:
+        """docker-py's ``APIClient`` (an ``EngineAPIClient`` in a session)."""
+
+    @property
+    def containers(self) -> Any: ...
+
+    @property
+    def images(self) -> Any: ...
+
+    def info(self) -> dict[str, Any]: ...

@@ -36,6 +36,7 @@ from pytest_programbench.core.run_identity import RUN_MARKER
 from pytest_programbench.engine.backpressure import stale_slot_dirs
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.ownership import EXPIRES_LABEL, OWNER_LABEL, Owner, boot_id, process_alive
+from pytest_programbench.engine.protocol import DockerEngine
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ def _created(info: Mapping[str, Any]) -> float:
         return 0.0
 
 
-def reap_dead_runs(current_run: str | None, *, engine: Any, run_dirs: Iterable[Path] = (),
+def reap_dead_runs(current_run: str | None, *, engine: DockerEngine, run_dirs: Iterable[Path] = (),
                    now: float | None = None, slot_dirs: bool = True, runs: Iterable[str] | None = None) -> ReapReport:
     """Remove the containers, then the images, of every dead run on the engine; never raises for engine trouble.
 
@@ -180,7 +181,7 @@ def reap_dead_runs(current_run: str | None, *, engine: Any, run_dirs: Iterable[P
     return report
 
 
-def _run_objects(engine: Any, report: ReapReport, runs: Iterable[str] | None
+def _run_objects(engine: DockerEngine, report: ReapReport, runs: Iterable[str] | None
                  ) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]] | None:
     """The engine's API client, and the containers and images of any run (of ``runs`` only, when given); None when
     the engine cannot list them (said in ``report``)."""

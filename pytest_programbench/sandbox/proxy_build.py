@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_programbench.core import environment
 from pytest_programbench.core.cache import cache_dir as plugin_cache_dir
+from pytest_programbench.engine.protocol import DockerEngine
 from pytest_programbench.engine.tar_in import TarIn
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ def elf_problem(data: bytes, arch: str) -> str | None:
     return None
 
 
-def _engine_arch(engine: Any | None) -> str:
+def _engine_arch(engine: DockerEngine | None) -> str:
     if engine is not None:
         try:
             arch = str(engine.info().get("Architecture") or "")
@@ -150,7 +151,7 @@ def _compile_on_host(output: Path, arch: str) -> str:
     raise ProxyBuildError(last)
 
 
-def _compile_in_container(output: Path, engine: Any, image: str, labels: Labels | None) -> str:
+def _compile_in_container(output: Path, engine: DockerEngine, image: str, labels: Labels | None) -> str:
     """Compile inside a throw-away container of ``image`` (no network); returns a description."""
     from docker.errors import DockerException
 
@@ -192,7 +193,7 @@ def _python_client(reason: str) -> ProxyClient:
     return ProxyClient("python", PYTHON_CLIENT, _sha256(PYTHON_CLIENT), reason)
 
 
-def build_client(*, cache_dir: Path | None = None, engine: Any | None = None,
+def build_client(*, cache_dir: Path | None = None, engine: DockerEngine | None = None,
                  builder_images: Sequence[str] | Iterable[str] = (), labels: Labels | None = None,
                  allow_fallback: bool = True) -> ProxyClient:
     """The static client from the cache, else built now (host compiler, then builder images), else the fallback.

@@ -40,6 +40,7 @@ from pytest_programbench.engine.container import Container, ExecReader, OutputCa
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.facts import facts
+from pytest_programbench.engine.protocol import DockerEngine
 from pytest_programbench.engine.tar_in import TarIn
 from pytest_programbench.sandbox.agent_log import CappedLog
 from pytest_programbench.sandbox.layout import AGENT_NAME, AGENT_UID, BINARY_PATH, PROXY_DIR, SRC_DIR, WORKSPACE
@@ -314,7 +315,7 @@ class Sandbox:
         expected_image_id: str | None = None,
         pids_limit: int = DEFAULT_PIDS_LIMIT,
         proxy_client: ProxyClient | None = None,
-        engine: Any,
+        engine: DockerEngine,
         mounts: Sequence[tuple[str, str]] = (),
         copies: Sequence[tuple[str, str]] = (),
         allow_uids: Sequence[int] = (),
@@ -348,7 +349,7 @@ class Sandbox:
     # ------------------------------------------------------------------ construction
     @classmethod
     def for_task(cls, task: Task, settings: Settings, labels: Labels, *, image_id: str | None = None,
-                 engine: Any, proxy_client: ProxyClient | None = None, remote: bool = False) -> Sandbox:
+                 engine: DockerEngine, proxy_client: ProxyClient | None = None, remote: bool = False) -> Sandbox:
         """The sandbox of ``task`` with the session's limits; lives agent timeout + margin at most.
 
         ``remote``: the engine does not share this machine's filesystem, so ``--pb-agent-mount`` directories are
