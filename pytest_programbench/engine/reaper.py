@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from requests.exceptions import RequestException
 
 from pytest_programbench import RUN_LABEL
 from pytest_programbench.core import environment
@@ -185,8 +188,7 @@ def _run_objects(engine: DockerEngine, report: ReapReport, runs: Iterable[str] |
                  ) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]] | None:
     """The engine's API client, and the containers and images of any run (of ``runs`` only, when given); None when
     the engine cannot list them (said in ``report``)."""
-    from docker.errors import APIError
-    from requests.exceptions import RequestException
+    from docker.errors import APIError  # lazy: docker-py, kept out of collection
 
     try:
         api = engine.api
@@ -222,8 +224,7 @@ def _judge(current_run: str | None, records: Mapping[str, Owner], here: _Here, n
 def _remove_containers(api: Any, containers: list[dict[str, Any]], judge: Callable[[Mapping[str, Any]], bool],
                        report: ReapReport) -> None:
     """Force-remove the dead runs' containers (with their volumes); stop at the engine going away."""
-    from docker.errors import APIError, NotFound
-    from requests.exceptions import RequestException
+    from docker.errors import APIError, NotFound  # lazy: docker-py, kept out of collection
 
     for info in containers:
         if not judge(info):
@@ -243,8 +244,7 @@ def _remove_containers(api: Any, containers: list[dict[str, Any]], judge: Callab
 
 def _remove_image(api: Any, info: Mapping[str, Any], report: ReapReport) -> bool:
     """Untag, then delete, without force; an image any container still uses (a live run's) stays."""
-    from docker.errors import APIError, NotFound
-    from requests.exceptions import RequestException
+    from docker.errors import APIError, NotFound  # lazy: docker-py, kept out of collection
 
     image_id = str(info["Id"])
     try:
@@ -269,8 +269,6 @@ def _remove_image(api: Any, info: Mapping[str, Any], report: ReapReport) -> bool
 
 
 def _reap_slot_dirs(report: ReapReport) -> None:
-    import shutil
-
     try:
         stale = stale_slot_dirs()
     except OSError as exc:
