@@ -488,33 +488,8 @@ def run_mini_swe_agent(sandbox: Sandbox, *, task: Task, settings: Settings, prom
         stream.close()
 
     try:
-        import litellm
-
-        litellm.suppress_debug_info = True
-        from minisweagent.models import get_model
-
-        config = build_config(settings, env, timeout)
-        for note in litellm_workarounds(config["model"]["model_kwargs"]):
-            stream.line(note)
-        stream.line(f"model {settings.model}" + (f" via {config['model']['model_kwargs']['api_base']}"
-                                                  if "api_base" in config["model"]["model_kwargs"] else "")
-                    + f"; wall-clock limit {config['agent']['wall_time_limit_seconds']} s")
-        env_config = dict(config.get("environment") or {})
-        command_env = {k: str(v) for k, v in (env_config.get("env") or {}).items()}
-        command_env.update({k: v for k, v in env.items() if k.startswith("PB_") and k not in _HOST_ONLY})
-        command_env.setdefault("PAGER", "cat")
-        command_env.setdefault("MANPAGER", "cat")
-        environment = SandboxEnvironment.for_sandbox(
-            sandbox, env=command_env, timeout=int(env_config.get("timeout") or COMMAND_TIMEOUT),
-            cwd=str(env_config.get("cwd") or SRC_DIR), deadline=deadline, stop=stop)
-        model = get_model(config=dict(config.get("model") or {}))
-        _guard_model(model, deadline, stop, environment.time_exceeded)
-        agent_config = dict(config.get("agent") or {})
-        agent_config["output_path"] = traj_path
-        agent = _make_agent(model, environment, stream, task.instance_id, agent_config)
-        agent.extra_template_vars = {"instance": {
-            "instance_id": task.instance_id, "language": task.language, "difficulty": task.difficulty,
-            "image_name": task.image_name, "binary": BINARY_PATH, "docs": DOCS_DIR, "src": SRC_DIR}}
+        agent = _start_agent(sandbox, task=task, settings=settings, env=env, stream=stream, timeout=timeout,
+                             deadline=deadline, stop=stop, traj_path=traj_path)
     except MiniSweAgentError:
         detach()
         raise
@@ -525,19 +500,8 @@ def run_mini_swe_agent(sandbox: Sandbox, *, task: Task, settings: Settings, prom
         return 1, False
 
     outcome = _Outcome()
-
-    def _run() -> None:
-        try:
-            info = agent.run(task=prompt)
-            outcome.exit_status = str(info.get("exit_status", ""))
-        except BaseException as exc:
-            outcome.error = exc
-            outcome.exit_status = type(exc).__name__
-            outcome.traceback = traceback.format_exc()
-        finally:
-            outcome.done.set()
-
-    thread = threading.Thread(target=_run, name=f"mini-swe-agent-{task.instance_id}", daemon=True)
+    thread = threading.Thread(target=_run_agent, args=(agent, prompt, outcome),
+                              name=f"mini-swe-agent-{task.instance_id}", daemon=True)
     hard_stop = False
     try:
         thread.start()
@@ -546,26 +510,93 @@ def run_mini_swe_agent(sandbox: Sandbox, *, task: Task, settings: Settings, prom
             stream.line(f"hard stop: still running {HARD_STOP_GRACE:g} s past the agent clock")
     finally:
         stop.set()  # whatever the thread does next, it starts no command and no model call
-        if not outcome.done.is_set():
-            with contextlib.suppress(Exception):
-                sandbox.kill_agent_processes()
-            outcome.done.wait(STOP_WAIT)
-        abandoned = not outcome.done.is_set()
+        abandoned = _stop_agent(sandbox, outcome)
         exit_status = "HardStop" if abandoned else outcome.exit_status
-        extra: dict[str, Any] = {}
-        if outcome.error is not None:
-            extra = {"traceback": outcome.traceback, "exception_str": str(outcome.error)}
-            stream.line(f"agent raised {type(outcome.error).__name__}: {outcome.error}")
-            stream.write(outcome.traceback)
-        try:
-            agent.final_save(traj_path, {"info": {"exit_status": exit_status, **extra},
-                                         "instance_id": task.instance_id})
-        except Exception as exc:  # a trajectory that cannot be written must not hide the agent's work
-            stream.line(f"could not save the trajectory: {type(exc).__name__}: {exc}")
+        _save_trajectory(agent, outcome, stream, traj_path, exit_status=exit_status, instance_id=task.instance_id)
         stream.line(f"exit status {exit_status or '?'} after {time.monotonic() - started:.1f} s, "
                     f"{agent.n_calls} model calls" + (" (agent thread abandoned)" if abandoned else "")
                     + f"; trajectory {traj_path}")
         detach()
+    return _exit(exit_status, abandoned=abandoned, hard_stop=hard_stop)
+
+
+def _start_agent(sandbox: Sandbox, *, task: Task, settings: Settings, env: Mapping[str, str], stream: _StreamLog,
+                 timeout: float, deadline: float, stop: threading.Event, traj_path: Path) -> Any:
+    """The official agent built from the run's config: its model guarded by the deadline, its commands run in the
+    sandbox's environment, its trajectory bound for ``traj_path``."""
+    import litellm  # lazy: litellm, the model client's heavy wing (seconds to import)
+
+    litellm.suppress_debug_info = True
+    from minisweagent.models import get_model  # lazy: mini-swe-agent, the optional agent's wing
+
+    config = build_config(settings, env, timeout)
+    for note in litellm_workarounds(config["model"]["model_kwargs"]):
+        stream.line(note)
+    stream.line(f"model {settings.model}" + (f" via {config['model']['model_kwargs']['api_base']}"
+                                              if "api_base" in config["model"]["model_kwargs"] else "")
+                + f"; wall-clock limit {config['agent']['wall_time_limit_seconds']} s")
+    env_config = dict(config.get("environment") or {})
+    environment = SandboxEnvironment.for_sandbox(
+        sandbox, env=_command_env(env_config, env), timeout=int(env_config.get("timeout") or COMMAND_TIMEOUT),
+        cwd=str(env_config.get("cwd") or SRC_DIR), deadline=deadline, stop=stop)
+    model = get_model(config=dict(config.get("model") or {}))
+    _guard_model(model, deadline, stop, environment.time_exceeded)
+    agent_config = dict(config.get("agent") or {})
+    agent_config["output_path"] = traj_path
+    agent = _make_agent(model, environment, stream, task.instance_id, agent_config)
+    agent.extra_template_vars = {"instance": {
+        "instance_id": task.instance_id, "language": task.language, "difficulty": task.difficulty,
+        "image_name": task.image_name, "binary": BINARY_PATH, "docs": DOCS_DIR, "src": SRC_DIR}}
+    return agent
+
+
+def _command_env(env_config: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, str]:
+    """The agent's commands' environment: the config's, the run's PB_ variables (not the host-only ones), no pager."""
+    command_env = {k: str(v) for k, v in (env_config.get("env") or {}).items()}
+    command_env.update({k: v for k, v in env.items() if k.startswith("PB_") and k not in _HOST_ONLY})
+    command_env.setdefault("PAGER", "cat")
+    command_env.setdefault("MANPAGER", "cat")
+    return command_env
+
+
+def _run_agent(agent: Any, prompt: str, outcome: _Outcome) -> None:
+    """The agent's thread: its run, and how it ended."""
+    try:
+        info = agent.run(task=prompt)
+        outcome.exit_status = str(info.get("exit_status", ""))
+    except BaseException as exc:
+        outcome.error = exc
+        outcome.exit_status = type(exc).__name__
+        outcome.traceback = traceback.format_exc()
+    finally:
+        outcome.done.set()
+
+
+def _stop_agent(sandbox: Sandbox, outcome: _Outcome) -> bool:
+    """The agent's processes killed when its thread still runs, and a short wait for it; whether it was abandoned."""
+    if not outcome.done.is_set():
+        with contextlib.suppress(Exception):
+            sandbox.kill_agent_processes()
+        outcome.done.wait(STOP_WAIT)
+    return not outcome.done.is_set()
+
+
+def _save_trajectory(agent: Any, outcome: _Outcome, stream: _StreamLog, traj_path: Path, *, exit_status: str,
+                     instance_id: str) -> None:
+    """The trajectory written with how the agent ended (its exception, said in agent.log too)."""
+    extra: dict[str, Any] = {}
+    if outcome.error is not None:
+        extra = {"traceback": outcome.traceback, "exception_str": str(outcome.error)}
+        stream.line(f"agent raised {type(outcome.error).__name__}: {outcome.error}")
+        stream.write(outcome.traceback)
+    try:
+        agent.final_save(traj_path, {"info": {"exit_status": exit_status, **extra}, "instance_id": instance_id})
+    except Exception as exc:  # a trajectory that cannot be written must not hide the agent's work
+        stream.line(f"could not save the trajectory: {type(exc).__name__}: {exc}")
+
+
+def _exit(exit_status: str, *, abandoned: bool, hard_stop: bool) -> tuple[int | None, bool]:
+    """``(exit_code, timed_out)`` of the agent's end (see :func:`run_mini_swe_agent`)."""
     timed_out = hard_stop or exit_status == "TimeExceeded"
     if abandoned:
         return None, True

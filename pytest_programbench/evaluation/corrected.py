@@ -156,60 +156,44 @@ def _renamed(results: Sequence[TestResult]) -> list[TestResult]:
     return [t.model_copy(update={"name": canonical(t.name)}) for t in results]
 
 
+@dataclass(frozen=True)
+class _Names:
+    """What an instance says a result is scored over: its tests per branch and its ignored tests, under tests.json's
+    names and canonical."""
+
+    instance_id: str
+    active: list[str]
+    ignored: set[str]
+    ignored_branches: set[str]
+    tests_by_branch: dict[str, list[str]]
+    canon_tests: dict[str, list[str]]
+    canon_ignored: set[str]
+
+    @classmethod
+    def of(cls, result: EvaluationResult, instance: Mapping[str, Any]) -> _Names:
+        inst = dict(instance)
+        ignored = set(get_ignored_tests(inst))
+        branches_data = inst.get("branches", {}) or {}
+        tests_by_branch = {b: list(branches_data[b].get("tests", []) or []) for b in result.test_branches
+                           if b in branches_data}
+        return cls(
+            instance_id=str(inst.get("instance_id", "")), active=get_active_branches(inst), ignored=ignored,
+            ignored_branches=set(get_ignored_branches(inst)), tests_by_branch=tests_by_branch,
+            canon_tests={b: [canonical(n) for n in names] for b, names in tests_by_branch.items()},
+            canon_ignored={canonical_full(t) for t in ignored})
+
+
 def corrected_score(result: EvaluationResult, instance: Mapping[str, Any]) -> CorrectedScore:
     """The official scoring of ``result`` (the official, unfiltered result) with names compared canonically."""
-    inst = dict(instance)
-    instance_id = str(inst.get("instance_id", ""))
-    active = get_active_branches(inst)
-    ignored = set(get_ignored_tests(inst))
-    ignored_branches = set(get_ignored_branches(inst))
-    branches_data = inst.get("branches", {}) or {}
-    tests_by_branch = {b: list(branches_data[b].get("tests", []) or []) for b in result.test_branches
-                       if b in branches_data}
-    canon_tests = {b: [canonical(n) for n in names] for b, names in tests_by_branch.items()}
-    canon_ignored = {canonical_full(t) for t in ignored}
-    by_branch: dict[str, list[TestResult]] = {}
-    for test in result.test_results:
-        by_branch.setdefault(test.branch, []).append(test)
-
-    rebuilt: list[TestResult] = []
-    unreplayed: list[str] = []
-    for branch in dict.fromkeys([*result.test_branches, *by_branch]):
-        official = by_branch.get(branch, [])
-        if result.error_code or branch in result.test_branch_errors or branch not in result.test_branches:
-            rebuilt += _renamed(official)  # not_run injections (or out of scope): nothing was compared
-            continue
-        skipped = branch in ignored_branches
-        text = _official_xml(result, branch, official, tests_by_branch=tests_by_branch, ignored=ignored,
-                             branch_ignored=skipped)
-        replayed = None if text is None else _replay(text, branch, canon_tests, instance_id=instance_id,
-                                                     ignored=canon_ignored, branch_ignored=skipped,
-                                                     canonical_names=True)
-        if replayed is None:
-            unreplayed.append(branch)
-            rebuilt += _renamed(official)
-            continue
-        rebuilt += replayed
-
+    names = _Names.of(result, instance)
+    rebuilt, unreplayed = _rebuild(result, names)
     corrected = result.model_copy(update={"test_results": rebuilt})
-    scoped = corrected.for_branches(active).without_ignored(canon_ignored)
-    official_scoped = result.for_branches(active).without_ignored(ignored)
-    counted = {t.full_name for t in scoped.test_results}
-    junit_names = {(t.branch, canonical(t.name)) for t in result.test_results
-                   if not (t.status == "not_run" and t.extra.get("error_code") == MISSING)}
-    twice = [t.full_name for t in official_scoped.test_results
-             if t.status == "not_run" and t.extra.get("error_code") == MISSING and t.branch not in unreplayed
-             and (t.branch, canonical(t.name)) in junit_names and canonical_full(t.full_name) in counted]
+    scoped = corrected.for_branches(names.active).without_ignored(names.canon_ignored)
+    official_scoped = result.for_branches(names.active).without_ignored(names.ignored)
+    twice = _counted_twice(result, official_scoped, scoped, unreplayed)
     counted_ignored = [t.full_name for t in official_scoped.test_results
-                       if canonical_full(t.full_name) in canon_ignored and t.branch not in unreplayed]
-    # Per test under the official's own names (so messages in eval.json are found): the official's entries less the
-    # ones it should not have counted, when that is exactly what the corrected score counts.
-    dropped = {*twice, *counted_ignored}
-    tests: dict[str, str] = {t.full_name: t.status for t in official_scoped.test_results
-                             if t.full_name not in dropped}
-    if sorted(map(canonical_full, tests)) != sorted(t.full_name for t in scoped.test_results) \
-            or sum(status == "passed" for status in tests.values()) != scoped.n_resolved:
-        tests = {t.full_name: t.status for t in scoped.test_results}
+                       if canonical_full(t.full_name) in names.canon_ignored and t.branch not in unreplayed]
+    tests = _per_test(official_scoped, scoped, dropped={*twice, *counted_ignored})
     notes = [f"the corrected score keeps the official's entries for branch(es) {', '.join(unreplayed)}: no JUnit "
              "text in the result's log replays to them"] if unreplayed else []
     return CorrectedScore(
@@ -218,6 +202,62 @@ def corrected_score(result: EvaluationResult, instance: Mapping[str, Any]) -> Co
         official_score=official_scoped.score, official_passed=official_scoped.n_resolved,
         official_tests=len(official_scoped), counted_twice=tuple(twice), counted_ignored=tuple(counted_ignored),
         unreplayed=tuple(unreplayed), notes=notes)
+
+
+def _rebuild(result: EvaluationResult, names: _Names) -> tuple[list[TestResult], list[str]]:
+    """Every branch's entries with the names canonical: replayed from the JUnit text the official scored where a
+    comparison was made, else the official's renamed; the branches that could not be replayed."""
+    by_branch: dict[str, list[TestResult]] = {}
+    for test in result.test_results:
+        by_branch.setdefault(test.branch, []).append(test)
+    rebuilt: list[TestResult] = []
+    unreplayed: list[str] = []
+    for branch in dict.fromkeys([*result.test_branches, *by_branch]):
+        official = by_branch.get(branch, [])
+        if result.error_code or branch in result.test_branch_errors or branch not in result.test_branches:
+            rebuilt += _renamed(official)  # not_run injections (or out of scope): nothing was compared
+            continue
+        replayed = _replay_canonical(result, branch, official, names)
+        if replayed is None:
+            unreplayed.append(branch)
+            rebuilt += _renamed(official)
+            continue
+        rebuilt += replayed
+    return rebuilt, unreplayed
+
+
+def _replay_canonical(result: EvaluationResult, branch: str, official: Sequence[TestResult],
+                      names: _Names) -> list[TestResult] | None:
+    """The official's JUnit text of ``branch`` replayed with every name canonical; None without one that replays."""
+    skipped = branch in names.ignored_branches
+    text = _official_xml(result, branch, official, tests_by_branch=names.tests_by_branch, ignored=names.ignored,
+                         branch_ignored=skipped)
+    return None if text is None else _replay(text, branch, names.canon_tests, instance_id=names.instance_id,
+                                             ignored=names.canon_ignored, branch_ignored=skipped,
+                                             canonical_names=True)
+
+
+def _counted_twice(result: EvaluationResult, official_scoped: EvaluationResult, scoped: EvaluationResult,
+                   unreplayed: Sequence[str]) -> list[str]:
+    """Official ``branch/name``s the official counted as not_run under tests.json's name while the JUnit has the
+    test under its prefixed name, and the corrected score counts it."""
+    counted = {t.full_name for t in scoped.test_results}
+    junit_names = {(t.branch, canonical(t.name)) for t in result.test_results
+                   if not (t.status == "not_run" and t.extra.get("error_code") == MISSING)}
+    return [t.full_name for t in official_scoped.test_results
+            if t.status == "not_run" and t.extra.get("error_code") == MISSING and t.branch not in unreplayed
+            and (t.branch, canonical(t.name)) in junit_names and canonical_full(t.full_name) in counted]
+
+
+def _per_test(official_scoped: EvaluationResult, scoped: EvaluationResult, *, dropped: set[str]) -> dict[str, str]:
+    """Per test under the official's own names (so messages in eval.json are found): the official's entries less the
+    ones it should not have counted, when that is exactly what the corrected score counts; else the corrected's."""
+    tests: dict[str, str] = {t.full_name: t.status for t in official_scoped.test_results
+                             if t.full_name not in dropped}
+    if sorted(map(canonical_full, tests)) != sorted(t.full_name for t in scoped.test_results) \
+            or sum(status == "passed" for status in tests.values()) != scoped.n_resolved:
+        tests = {t.full_name: t.status for t in scoped.test_results}
+    return tests
 
 
 def safe_corrected_score(result: EvaluationResult, instance: Mapping[str, Any]) -> CorrectedScore | None:

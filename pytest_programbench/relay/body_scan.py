@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 MAX_TOKENS = 1_000_000  # strings and structure of one body (~2 s; a long agent conversation has tens of thousands)
@@ -141,18 +141,30 @@ class _Walk:
         if frame.role == _TOOLS:
             raise _unreadable("a tools entry that is not an object")
         if len(self.stack) == 1 and key is not None:
-            self._top_level(key, null=literal and token == b"null")
-            if key == "model" and not literal:
-                model = _string(token, HEAD_MAX) or ""
-                if model.endswith(":online"):  # OpenRouter's web search by model name
-                    raise _Found(Finding("feature", "model :online"))
+            self._top_level_value(key, token, literal)
         if literal:
-            if frame.role == _TOOL and key == "type":
-                frame.tool_types.append(None)
-            elif (frame.role == _TOOL and key == "environment" and token != b"null") or \
-                    (frame.role == _ENV and key == "type"):
-                frame.env_types.append("")  # not a named environment: not the local one
-            return
+            self._literal_in(frame, key, token)
+        else:
+            self._string_in(frame, key, token)
+
+    def _top_level_value(self, key: str, token: bytes, literal: bool) -> None:
+        self._top_level(key, null=literal and token == b"null")
+        if key == "model" and not literal:
+            model = _string(token, HEAD_MAX) or ""
+            if model.endswith(":online"):  # OpenRouter's web search by model name
+                raise _Found(Finding("feature", "model :online"))
+
+    @staticmethod
+    def _literal_in(frame: _Frame, key: str | None, token: bytes) -> None:
+        """A literal (``null``, ``true``, a number) in a tool or an environment: no tool type, no named environment."""
+        if frame.role == _TOOL and key == "type":
+            frame.tool_types.append(None)
+        elif (frame.role == _TOOL and key == "environment" and token != b"null") or \
+                (frame.role == _ENV and key == "type"):
+            frame.env_types.append("")  # not a named environment: not the local one
+
+    def _string_in(self, frame: _Frame, key: str | None, token: bytes) -> None:
+        """A string value: a tool's type or environment, an environment's type, or what the conversation holds."""
         if frame.role == _TOOL and key in ("type", "environment"):
             text = _string(token, HEAD_MAX)
             if key == "type":
@@ -235,56 +247,85 @@ def scan(body: bytes, rules: BodyRules) -> Finding | None:
 
 
 def _scan(body: bytes, rules: BodyRules) -> None:
-    walk = _Walk(rules)
-    state = _VALUE
+    grammar = _Grammar(rules)
+    gap, steps = grammar.gap, grammar.steps  # bound once: this loop runs up to MAX_TOKENS times
     end = 0
     for count, match in enumerate(_TOKEN.finditer(body), 1):
         if count > MAX_TOKENS:
             raise _unreadable(f"more than {MAX_TOKENS} JSON tokens")
-        literal = None
         if match.start() != end:  # blanks or a literal before the token
-            gap = _GAP.fullmatch(body, end, match.start())
-            if gap is None:
-                raise _unreadable("not valid JSON")
-            literal = gap.group(1)
+            gap(body, end, match.start())
         end = match.end()
-        if literal is not None:
-            if state not in (_VALUE, _VALUE_OR_END) or not walk.stack:
-                raise _unreadable("not a JSON object" if not walk.stack else "not valid JSON")
-            walk.value(literal, True)
-            state = _COMMA_OR_END
         token = match.group()
-        first = token[:1]
-        if first == b'"':
-            if state in (_KEY, _KEY_OR_END):
-                walk.key(token)
-                state = _COLON
-            elif state in (_VALUE, _VALUE_OR_END) and walk.stack:
-                walk.value(token, False)
-                state = _COMMA_OR_END
-            else:
-                raise _unreadable("not a JSON object" if not walk.stack else "not valid JSON")
-        elif first in (b"{", b"["):
-            if state not in (_VALUE, _VALUE_OR_END):
-                raise _unreadable("not valid JSON")
-            array = first == b"["
-            walk.open(array)
-            state = _VALUE_OR_END if array else _KEY_OR_END
-        elif first in (b"}", b"]"):
-            array = first == b"]"
-            if not walk.stack or walk.stack[-1].array != array or \
-                    state not in ((_VALUE_OR_END, _COMMA_OR_END) if array else (_KEY_OR_END, _COMMA_OR_END)):
-                raise _unreadable("not valid JSON")
-            walk.close()
-            state = _COMMA_OR_END if walk.stack else _DONE
-        elif first == b",":
-            if state != _COMMA_OR_END or not walk.stack:
-                raise _unreadable("not valid JSON")
-            state = _VALUE if walk.stack[-1].array else _KEY
-        elif first == b":":
-            if state != _COLON:
-                raise _unreadable("not valid JSON")
-            state = _VALUE
-    tail = _GAP.fullmatch(body, end)
-    if state != _DONE or tail is None or tail.group(1) is not None:
-        raise _unreadable("not a JSON object" if state == _VALUE else "not valid JSON")
+        steps[token[:1]](token)
+    grammar.finish(body, end)
+
+
+class _Grammar:
+    """The strict JSON grammar over the body's tokens: what may come next (``state``), each token checked against it
+    and handed to the walk; anything the grammar refuses is unreadable."""
+
+    def __init__(self, rules: BodyRules) -> None:
+        self.walk = _Walk(rules)
+        self.state = _VALUE
+        # The step for each token, by its first byte (a string or one structural character).
+        self.steps: dict[bytes, Callable[[bytes], None]] = {
+            b'"': self.string, b"{": self.open, b"[": self.open, b"}": self.close, b"]": self.close,
+            b",": self.comma, b":": self.colon}
+
+    def _refused(self) -> _Found:
+        return _unreadable("not a JSON object" if not self.walk.stack else "not valid JSON")
+
+    def gap(self, body: bytes, start: int, stop: int) -> None:
+        """What lies between two tokens: blanks and at most one literal."""
+        gap = _GAP.fullmatch(body, start, stop)
+        if gap is None:
+            raise _unreadable("not valid JSON")
+        literal = gap.group(1)
+        if literal is not None:
+            if self.state not in (_VALUE, _VALUE_OR_END) or not self.walk.stack:
+                raise self._refused()
+            self.walk.value(literal, True)
+            self.state = _COMMA_OR_END
+
+    def string(self, token: bytes) -> None:
+        if self.state in (_KEY, _KEY_OR_END):
+            self.walk.key(token)
+            self.state = _COLON
+        elif self.state in (_VALUE, _VALUE_OR_END) and self.walk.stack:
+            self.walk.value(token, False)
+            self.state = _COMMA_OR_END
+        else:
+            raise self._refused()
+
+    def open(self, token: bytes) -> None:
+        if self.state not in (_VALUE, _VALUE_OR_END):
+            raise _unreadable("not valid JSON")
+        array = token == b"["
+        self.walk.open(array)
+        self.state = _VALUE_OR_END if array else _KEY_OR_END
+
+    def close(self, token: bytes) -> None:
+        array = token == b"]"
+        stack = self.walk.stack
+        if not stack or stack[-1].array != array or \
+                self.state not in ((_VALUE_OR_END, _COMMA_OR_END) if array else (_KEY_OR_END, _COMMA_OR_END)):
+            raise _unreadable("not valid JSON")
+        self.walk.close()
+        self.state = _COMMA_OR_END if stack else _DONE
+
+    def comma(self, token: bytes) -> None:  # token unused: one signature for every step
+        if self.state != _COMMA_OR_END or not self.walk.stack:
+            raise _unreadable("not valid JSON")
+        self.state = _VALUE if self.walk.stack[-1].array else _KEY
+
+    def colon(self, token: bytes) -> None:  # token unused: one signature for every step
+        if self.state != _COLON:
+            raise _unreadable("not valid JSON")
+        self.state = _VALUE
+
+    def finish(self, body: bytes, end: int) -> None:
+        """After the last token: one whole object, then blanks only."""
+        tail = _GAP.fullmatch(body, end)
+        if self.state != _DONE or tail is None or tail.group(1) is not None:
+            raise _unreadable("not a JSON object" if self.state == _VALUE else "not valid JSON")

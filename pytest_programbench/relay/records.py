@@ -214,18 +214,30 @@ def request_fields(body: bytes) -> tuple[str | None, bool | None]:
             expect_key, key = True, None
         elif token == b":":
             if key == b'"stream"':
-                literal = body[match.end():match.end() + 16].lstrip()
-                stream = True if literal.startswith(b"true") else False if literal.startswith(b"false") else None
+                stream = _boolean_at(body, match.end())
             expect_key = False
         elif expect_key:
             key = token
         elif key == b'"model"' and token.startswith(b'"'):
-            try:
-                value = json.loads(token[:FIELD_MAX * 8] + (b'"' if len(token) > FIELD_MAX * 8 else b""))
-            except ValueError:
-                value = None
-            model = clip_text(value) if isinstance(value, str) else None
-            if len(token) > FIELD_MAX * 8:
-                model = f"{(model or '')[:FIELD_MAX]}...[{len(token) - 2} bytes]"
+            model = _model_text(token)
             key = None
     return model, stream
+
+
+def _boolean_at(body: bytes, end: int) -> bool | None:
+    """The literal ``true`` or ``false`` after a colon at ``end`` (blanks skipped), ``None`` for anything else."""
+    literal = body[end:end + 16].lstrip()
+    return True if literal.startswith(b"true") else False if literal.startswith(b"false") else None
+
+
+def _model_text(token: bytes) -> str | None:
+    """The model's string token decoded and clipped; a very long one decoded from its head and said so; ``None``
+    for a token that does not decode."""
+    try:
+        value = json.loads(token[:FIELD_MAX * 8] + (b'"' if len(token) > FIELD_MAX * 8 else b""))
+    except ValueError:
+        value = None
+    model = clip_text(value) if isinstance(value, str) else None
+    if len(token) > FIELD_MAX * 8:
+        model = f"{(model or '')[:FIELD_MAX]}...[{len(token) - 2} bytes]"
+    return model

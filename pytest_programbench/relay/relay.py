@@ -169,6 +169,28 @@ def relay_env(base_url: str, prefix: str = "", *, injects_key: bool = False) -> 
 
 
 
+def _response_headers(response: httpx.Response, *, bodyless: bool, close: bool) -> list[tuple[bytes, bytes]]:
+    """The upstream's response headers as the agent gets them: hop-by-hop ones (and those its Connection names)
+    dropped, except a bodyless answer's Content-Length; the body's length when known; ``Connection: close`` when
+    the handler closes."""
+    raw = response.headers.raw
+    named = {token.strip().lower() for name, value in raw if name.lower() == b"connection"
+             for token in value.decode("latin-1").split(",")}
+    headers: list[tuple[bytes, bytes]] = []
+    for name, value in raw:
+        lowered = name.decode("latin-1").lower()
+        dropped = lowered in RESPONSE_DROP or lowered in named
+        if dropped and not (bodyless and lowered == "content-length"):  # HEAD keeps its length
+            continue
+        headers.append((name, value))
+    length = content_length(response.headers)
+    if not bodyless and length is not None:
+        headers.append((b"Content-Length", b"%d" % length))
+    if close:
+        headers.append((b"Connection", b"close"))
+    return headers
+
+
 class ModelRelay:
     """Forwards HTTP requests to one upstream URL only, streaming, metering tokens. See the module doc.
 
@@ -612,6 +634,37 @@ class ModelRelay:
         return headers
 
     def _forward(self, handler: Handler, exchange: Exchange) -> None:
+        path, body = self._admit(handler, exchange)
+        upstream = self._upstream
+        if upstream is None or self._closed:
+            raise Refusal(503, "the relay is closing")
+        spend = self._spend
+        rate = self._rate if isinstance(upstream, UpstreamClient) else None  # a replayed answer costs nothing
+        metered = spend is not None or rate is not None
+        if metered:
+            # An answer's cost is known after its last byte went out, when the agent may already have sent its next
+            # request: this task's answers still being metered are waited for (briefly) before the check (and before
+            # the next takes a --pb-model-tpm token).
+            with self._metering:
+                self._metering.wait_for(lambda: self._unmetered == 0, timeout=2.0)
+        self._check_budget(spend)
+        try:
+            response = upstream.send(handler.command, path, self._headers(handler, body), body, exchange.attempts)
+        except Refusal:
+            if exchange.attempts.gave_up:  # no answer within the whole budget
+                self._note_outage("no answer (unreachable)")
+            raise
+        writer = self._replay_writer
+        exchange.captured = bytearray() if writer is not None and writer.room > 0 else None
+        self._respond_metered(handler, exchange, response, upstream, rate=rate, spend=spend)
+        if writer is not None:
+            captured = exchange.captured
+            writer.add(handler.command, path, body, exchange.status, response.headers,
+                       response=None if captured is None or exchange.stream_broken else bytes(captured))
+
+    def _admit(self, handler: Handler, exchange: Exchange) -> tuple[str, bytes]:
+        """The request's upstream path and body, read once the cleanroom let its path and headers through, and
+        then its body (refused with a :class:`Refusal` otherwise)."""
         if handler.command == "CONNECT":
             raise Refusal(405, f"CONNECT is not supported: the relay forwards only to {self.upstream.url}")
         path = self._target(handler.path)
@@ -626,31 +679,22 @@ class ModelRelay:
         exchange.model, exchange.stream = request_fields(body)  # scanned, not parsed: bounded memory
         if call is not None:
             check_body(call, body)
-        upstream = self._upstream
-        if upstream is None or self._closed:
-            raise Refusal(503, "the relay is closing")
-        spend = self._spend
-        rate = self._rate if isinstance(upstream, UpstreamClient) else None  # a replayed answer costs nothing
-        metered = spend is not None or rate is not None
-        if metered:
-            # An answer's cost is known after its last byte went out, when the agent may already have sent its next
-            # request: this task's answers still being metered are waited for (briefly) before the check (and before
-            # the next takes a --pb-model-tpm token).
-            with self._metering:
-                self._metering.wait_for(lambda: self._unmetered == 0, timeout=2.0)
+        return path, body
+
+    def _check_budget(self, spend: SpendLedger | None) -> None:
+        """Refuses the request (402) once the run's model budget is spent."""
         if spend is not None and spend.exhausted():
             with self._lock:
                 self._budget_refused += 1
             raise Refusal(402, f"the run's model budget is spent: ${spend.total():.4f} of --pb-budget "
                                f"${spend.budget:g} (no request is forwarded past x{HARD_FACTOR:g})")
-        try:
-            response = upstream.send(handler.command, path, self._headers(handler, body), body, exchange.attempts)
-        except Refusal:
-            if exchange.attempts.gave_up:  # no answer within the whole budget
-                self._note_outage("no answer (unreachable)")
-            raise
-        writer = self._replay_writer
-        exchange.captured = bytearray() if writer is not None and writer.room > 0 else None
+
+    def _respond_metered(self, handler: Handler, exchange: Exchange, response: httpx.Response,
+                         upstream: UpstreamClient | ReplayUpstream, *, rate: RunRateLimit | None,
+                         spend: SpendLedger | None) -> None:
+        """:meth:`_respond`, then the answer's usage charged to the rate limit and the spend ledger, counted as
+        unmetered until it is."""
+        metered = spend is not None or rate is not None
         if metered:
             with self._metering:
                 self._unmetered += 1
@@ -666,10 +710,6 @@ class ModelRelay:
                 with self._metering:
                     self._unmetered -= 1
                     self._metering.notify_all()
-        if writer is not None:
-            captured = exchange.captured
-            writer.add(handler.command, path, body, exchange.status, response.headers,
-                       response=None if captured is None or exchange.stream_broken else bytes(captured))
 
     def over_budget(self) -> str | None:
         """Why requests were refused for the run's budget (the task is an error of it), ``None`` when none was."""
@@ -700,21 +740,7 @@ class ModelRelay:
         elif exchange.attempts.gave_up:
             self._note_outage(f"{status}")
         bodyless = handler.command == "HEAD" or status in (204, 304)
-        raw = response.headers.raw
-        named = {token.strip().lower() for name, value in raw if name.lower() == b"connection"
-                 for token in value.decode("latin-1").split(",")}
-        headers: list[tuple[bytes, bytes]] = []
-        for name, value in raw:
-            lowered = name.decode("latin-1").lower()
-            dropped = lowered in RESPONSE_DROP or lowered in named
-            if dropped and not (bodyless and lowered == "content-length"):  # HEAD keeps its length
-                continue
-            headers.append((name, value))
-        length = content_length(response.headers)
-        if not bodyless and length is not None:
-            headers.append((b"Content-Length", b"%d" % length))
-        if handler.close_connection:
-            headers.append((b"Connection", b"close"))
+        headers = _response_headers(response, bodyless=bodyless, close=handler.close_connection)
         # h11 frames the body: the length when known, else chunked to HTTP/1.1 and close-delimited to HTTP/1.0.
         handler.start_response(status, headers, response.reason_phrase.encode("latin-1"))
         if bodyless:
@@ -723,8 +749,17 @@ class ModelRelay:
             response.read()  # nothing, but lets the connection be reused
             return
         tap = UsageTap(response.headers.get("Content-Type") or "", response.headers.get("Content-Encoding") or "")
+        self._stream_body(handler, exchange, response, tap)
+        if exchange.first_byte_s is None:
+            exchange.mark_first_byte()
+        exchange.usage = tap.finish()
+        exchange.tool_calls = tap.tool_calls
+
+    def _stream_body(self, handler: Handler, exchange: Exchange, response: httpx.Response, tap: UsageTap) -> None:
+        """The answer's raw bytes to the agent as they arrive (no decompression: the client gets the upstream's
+        encoding, the tap inflates), each then read by the usage tap and kept for model-replay.jsonl while it fits;
+        a cut stream or a client gone ends it."""
         write = handler.send_body
-        # Raw bytes as they arrive (no decompression: the client gets the upstream's encoding, the tap inflates).
         chunks = response.iter_raw()
         while True:
             try:
@@ -747,16 +782,16 @@ class ModelRelay:
                 gone = True
             tap.feed(chunk)
             exchange.response_bytes += len(chunk)
-            captured = exchange.captured
-            if captured is not None:  # for model-replay.jsonl, while it fits
-                room = self._replay_writer.room if self._replay_writer is not None else 0
-                if len(captured) + len(chunk) <= room:
-                    captured += chunk
-                else:
-                    exchange.captured = None
+            self._capture(exchange, chunk)
             if gone:
                 break
-        if exchange.first_byte_s is None:
-            exchange.mark_first_byte()
-        exchange.usage = tap.finish()
-        exchange.tool_calls = tap.tool_calls
+
+    def _capture(self, exchange: Exchange, chunk: bytes) -> None:
+        """A chunk kept for model-replay.jsonl while the answer fits the writer's room (then none of it is)."""
+        captured = exchange.captured
+        if captured is not None:
+            room = self._replay_writer.room if self._replay_writer is not None else 0
+            if len(captured) + len(chunk) <= room:
+                captured += chunk
+            else:
+                exchange.captured = None

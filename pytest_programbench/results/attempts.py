@@ -122,29 +122,35 @@ def headline(per_task: Mapping[str, Sequence[Attempt]], *, attempts: int, seed: 
     over_selection = {t: [a.score or 0.0 for a in rows if a.ended] or [0.0] for t, rows in per_task.items()}
     scored = two_level_interval(over_scored, seed=seed, resamples=resamples)
     selection = two_level_interval(over_selection, seed=seed, resamples=resamples)
-    # The spread across attempts: attempt j's mean over the selection (errors 0), its sample standard deviation.
-    attempt_means = []
-    for j in range(attempts):
-        column = [rows[j].score or 0.0 for rows in per_task.values() if len(rows) > j and rows[j].ended]
-        if column and len(column) == len(per_task):  # only complete attempts: a partial one is not comparable
-            attempt_means.append(round(sum(column) / len(column), 6))
+    attempt_means = _attempt_means(per_task, attempts)
     stats = {t: task_statistics(rows) for t, rows in per_task.items()}
-
-    def mean_at_k(name: str) -> dict[str, float]:
-        ks = sorted({k for s in stats.values() for k in s[name]}, key=int)
-        return {k: round(sum(s[name].get(k, 0.0) for s in stats.values()) / len(stats), 6)
-                for k in ks if all(k in s[name] for s in stats.values())} if stats else {}
-
     return {
         "attempts": attempts,
         "mean_over_scored_ci": scored.as_dict() if scored else None,
         "mean_over_selection_ci": selection.as_dict() if selection else None,
         "attempt_means": attempt_means,
         "std_across_attempts": round(_std(attempt_means), 6) if len(attempt_means) > 1 else None,
-        "pass_at_k": mean_at_k("pass_at_k"),
-        "resolved_at_k": mean_at_k("resolved_at_k"),
-        "near_resolved_at_k": mean_at_k("near_resolved_at_k"),
+        "pass_at_k": _mean_at_k(stats, "pass_at_k"),
+        "resolved_at_k": _mean_at_k(stats, "resolved_at_k"),
+        "near_resolved_at_k": _mean_at_k(stats, "near_resolved_at_k"),
     }
+
+
+def _attempt_means(per_task: Mapping[str, Sequence[Attempt]], attempts: int) -> list[float]:
+    """The spread across attempts: attempt j's mean over the selection (errors 0), for each complete attempt."""
+    attempt_means = []
+    for j in range(attempts):
+        column = [rows[j].score or 0.0 for rows in per_task.values() if len(rows) > j and rows[j].ended]
+        if column and len(column) == len(per_task):  # only complete attempts: a partial one is not comparable
+            attempt_means.append(round(sum(column) / len(column), 6))
+    return attempt_means
+
+
+def _mean_at_k(stats: Mapping[str, Mapping[str, Any]], name: str) -> dict[str, float]:
+    """The mean over tasks of each task's ``name`` (pass@k...), for each k every task has."""
+    ks = sorted({k for s in stats.values() for k in s[name]}, key=int)
+    return {k: round(sum(s[name].get(k, 0.0) for s in stats.values()) / len(stats), 6)
+            for k in ks if all(k in s[name] for s in stats.values())} if stats else {}
 
 
 def mean_numbers(values: Sequence[Mapping[str, Any]]) -> dict[str, float]:

@@ -429,54 +429,17 @@ def compare(base: ComparedRun, new: ComparedRun, *, ledger: FlakyTests | None = 
         base_scores, new_scores = base.scores(), new.scores()
     else:
         base_scores, new_scores = leaderboard_scores(base, ignore), leaderboard_scores(new, ignore)
-    paired = sorted(set(base_scores) & set(new_scores))
     how = method(base, new)
-    over = None if how["text"] == ONE_ATTEMPT else "tasks both runs scored (each task's mean over its attempts)"
-    difference = paired_difference(base_scores, new_scores, over=over)
-    permutation = paired_permutation_test(base_scores, new_scores)
-    tasks: dict[str, dict[str, Any]] = {}
-    for iid in sorted(set(base.tasks) & set(new.tasks)):
-        b, n = base.tasks[iid], new.tasks[iid]
-        struck = set((ignore or {}).get(iid, ()))
-        changed = flips(_statuses(base, iid, struck), _statuses(new, iid, struck), iid, ledger)
-        tasks[iid] = {
-            "base": {"outcome": b.get("outcome"), "score": b.get("score"), "compared": base_scores.get(iid),
-                     **both_scores(b)},
-            "new": {"outcome": n.get("outcome"), "score": n.get("score"), "compared": new_scores.get(iid),
-                    **both_scores(n)},
-            "paired": iid in base_scores and iid in new_scores,
-            "delta": _delta(base_scores.get(iid), new_scores.get(iid)),
-            "scope": "official" if base.scoped(iid) and new.scoped(iid) else "all",
-            **changed,
-            "tokens_delta": _delta(_tokens(b), _tokens(n), 0),
-            "cost_delta": _delta(b.get("cost_usd"), n.get("cost_usd")),
-            **{f"{phase}_seconds_delta": _delta(_seconds(b, phase), _seconds(n, phase), 3) for phase in PHASES},
-            "coverage": coverage.compare_task(b.get("coverage"), n.get("coverage")),  # did it explore more?
-        }
+    tasks = {iid: _task_row(base, new, iid, base_scores, new_scores, ignore=ignore, ledger=ledger)
+             for iid in sorted(set(base.tasks) & set(new.tasks))}
     base_info, new_info = side_info(base), side_info(new)
-    totals = {
-        key: {"base": base_info["tokens"].get(key), "new": new_info["tokens"].get(key),
-              "delta": _delta(base_info["tokens"].get(key), new_info["tokens"].get(key)),
-              "missing": [side for side, run in (("base", base), ("new", new)) if LACKING[key] in run.lacks]}
-        for key in ("input_tokens", "output_tokens", "total_tokens", "cost_usd")
-    }
-    for phase in PHASES:
-        key = f"{phase}_seconds"
-        totals[key] = {"base": base_info[key], "new": new_info[key], "delta": _delta(base_info[key], new_info[key], 3),
-                       "missing": [side for side, run in (("base", base), ("new", new)) if LACKING[key] in run.lacks]}
     entry = foreign_runs.ENTRY.name in (base.kind, new.kind)
     result: dict[str, Any] = {
         "base": base_info, "new": new_info, "method": how,
         # which score each side is compared by: its own (its --pb-score; a foreign run's official), or the
         # leaderboard's (--pb-registry-ignore: per-test maps with the registry's struck tests left out)
         "compared_by": "leaderboard" if ignore is not None else "own",
-        "paired": {
-            "tasks": len(paired),
-            "mean_base": round(sum(base_scores[t] for t in paired) / len(paired), 6) if paired else None,
-            "mean_new": round(sum(new_scores[t] for t in paired) / len(paired), 6) if paired else None,
-            "difference": difference.as_dict() if difference else None,
-            "permutation_test": permutation.as_dict() if permutation else None,
-        },
+        "paired": _paired_means(base_scores, new_scores, how),
         "tasks": tasks,
         "only_in_base": sorted(set(base.tasks) - set(new.tasks)),
         "only_in_new": sorted(set(new.tasks) - set(base.tasks)),
@@ -485,7 +448,7 @@ def compare(base: ComparedRun, new: ComparedRun, *, ledger: FlakyTests | None = 
             "pass_to_fail": sum(len(r["pass_to_fail"]) for r in tasks.values()),
             "fail_to_pass": sum(len(r["fail_to_pass"]) for r in tasks.values()),
         },
-        "totals": totals,
+        "totals": _totals(base, new, base_info, new_info),
         "scores": by_basis(base, new),
         "coverage": coverage.compare_runs({iid: row["coverage"] for iid, row in tasks.items()},
                                           (row.get("coverage") for row in base.tasks.values()),
@@ -499,10 +462,80 @@ def compare(base: ComparedRun, new: ComparedRun, *, ledger: FlakyTests | None = 
     return result
 
 
+def _paired_means(base_scores: Mapping[str, float], new_scores: Mapping[str, float],
+                  how: Mapping[str, Any]) -> dict[str, Any]:
+    """compare.json's ``paired``: the tasks both runs scored, both means, the difference and the permutation test."""
+    paired = sorted(set(base_scores) & set(new_scores))
+    over = None if how["text"] == ONE_ATTEMPT else "tasks both runs scored (each task's mean over its attempts)"
+    difference = paired_difference(base_scores, new_scores, over=over)
+    permutation = paired_permutation_test(base_scores, new_scores)
+    return {
+        "tasks": len(paired),
+        "mean_base": round(sum(base_scores[t] for t in paired) / len(paired), 6) if paired else None,
+        "mean_new": round(sum(new_scores[t] for t in paired) / len(paired), 6) if paired else None,
+        "difference": difference.as_dict() if difference else None,
+        "permutation_test": permutation.as_dict() if permutation else None,
+    }
+
+
+def _task_row(base: ComparedRun, new: ComparedRun, iid: str, base_scores: Mapping[str, float],
+              new_scores: Mapping[str, float], *, ignore: Mapping[str, Sequence[str]] | None,
+              ledger: FlakyTests | None) -> dict[str, Any]:
+    """One task's row of compare.json: each side's scores, the delta, the flipped tests and the deltas of use."""
+    b, n = base.tasks[iid], new.tasks[iid]
+    struck = set((ignore or {}).get(iid, ()))
+    changed = flips(_statuses(base, iid, struck), _statuses(new, iid, struck), iid, ledger)
+    return {
+        "base": {"outcome": b.get("outcome"), "score": b.get("score"), "compared": base_scores.get(iid),
+                 **both_scores(b)},
+        "new": {"outcome": n.get("outcome"), "score": n.get("score"), "compared": new_scores.get(iid),
+                **both_scores(n)},
+        "paired": iid in base_scores and iid in new_scores,
+        "delta": _delta(base_scores.get(iid), new_scores.get(iid)),
+        "scope": "official" if base.scoped(iid) and new.scoped(iid) else "all",
+        **changed,
+        "tokens_delta": _delta(_tokens(b), _tokens(n), 0),
+        "cost_delta": _delta(b.get("cost_usd"), n.get("cost_usd")),
+        **{f"{phase}_seconds_delta": _delta(_seconds(b, phase), _seconds(n, phase), 3) for phase in PHASES},
+        "coverage": coverage.compare_task(b.get("coverage"), n.get("coverage")),  # did it explore more?
+    }
+
+
+def _totals(base: ComparedRun, new: ComparedRun, base_info: Mapping[str, Any],
+            new_info: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """compare.json's ``totals``: tokens, cost and each phase's seconds on both sides, with the sides lacking them."""
+    def missing(key: str) -> list[str]:
+        return [side for side, run in (("base", base), ("new", new)) if LACKING[key] in run.lacks]
+
+    totals = {
+        key: {"base": base_info["tokens"].get(key), "new": new_info["tokens"].get(key),
+              "delta": _delta(base_info["tokens"].get(key), new_info["tokens"].get(key)),
+              "missing": missing(key)}
+        for key in ("input_tokens", "output_tokens", "total_tokens", "cost_usd")
+    }
+    for phase in PHASES:
+        key = f"{phase}_seconds"
+        totals[key] = {"base": base_info[key], "new": new_info[key], "delta": _delta(base_info[key], new_info[key], 3),
+                       "missing": missing(key)}
+    return totals
+
+
 def terminal_lines(result: Mapping[str, Any]) -> list[str]:
-    paired = result["paired"]
     lines = [f"new  {result['new']['run_dir']}", f"base {result['base']['run_dir']}", *side_lines(result)]
-    how = result["method"]
+    lines.extend(_paired_lines(result))
+    lines.extend(_task_lines(result))
+    lines.extend(leaderboard_lines(result.get("leaderboard")))
+    lines.append(_totals_line(result["totals"]))
+    explored = coverage.compare_line(result["coverage"]) if result.get("coverage") else None
+    if explored is not None:
+        lines.append(explored)
+    return lines
+
+
+def _paired_lines(result: Mapping[str, Any]) -> list[str]:
+    """The method, the paired means with the difference's interval, both scores' means and the permutation test."""
+    paired, how = result["paired"], result["method"]
+    lines = []
     if how["text"] == OVER_ATTEMPTS:
         lines.append(f"attempts per task: base {how['attempts']['base']}, new {how['attempts']['new']}: {how['text']}")
     if paired["difference"] is not None:
@@ -513,13 +546,19 @@ def terminal_lines(result: Mapping[str, Any]) -> list[str]:
     lines.extend(basis_lines(result.get("scores")))
     test = paired["permutation_test"]
     if test is not None:
-        how = f"exact over {test['resamples']} sign patterns" if test["exact"] else f"{test['resamples']} resamples"
-        lines.append(f"permutation test: p = {test['p_value']:.4f} (two-sided, paired, {how})")
+        resampled = (f"exact over {test['resamples']} sign patterns" if test["exact"]
+                     else f"{test['resamples']} resamples")
+        lines.append(f"permutation test: p = {test['p_value']:.4f} (two-sided, paired, {resampled})")
+    return lines
+
+
+def _task_lines(result: Mapping[str, Any]) -> list[str]:
+    """Better and worse tasks and flipped tests counted, a line per changed or unpaired task, the one-sided ones."""
     tasks = result["tasks"]
     worse = sum(1 for r in tasks.values() if (r["delta"] or 0) < 0)
     better = sum(1 for r in tasks.values() if (r["delta"] or 0) > 0)
-    lines.append(f"tasks: {better} better, {worse} worse, {len(tasks) - better - worse} unchanged or unpaired; "
-                 f"tests: {result['flips']['pass_to_fail']} pass->fail, {result['flips']['fail_to_pass']} fail->pass")
+    lines = [f"tasks: {better} better, {worse} worse, {len(tasks) - better - worse} unchanged or unpaired; "
+             f"tests: {result['flips']['pass_to_fail']} pass->fail, {result['flips']['fail_to_pass']} fail->pass"]
     for iid, row in tasks.items():
         if row["delta"] or row["pass_to_fail"] or row["fail_to_pass"] or not row["paired"]:
             score = (f"{row['base']['compared']:.4f} -> {row['new']['compared']:.4f}" if row["paired"] else
@@ -530,8 +569,11 @@ def terminal_lines(result: Mapping[str, Any]) -> list[str]:
     for side in ("only_in_base", "only_in_new"):
         if result[side]:
             lines.append(f"{side.replace('_', ' ')}: {', '.join(result[side])}")
-    lines.extend(leaderboard_lines(result.get("leaderboard")))
-    totals = result["totals"]
+    return lines
+
+
+def _totals_line(totals: Mapping[str, Any]) -> str:
+    """Tokens, cost and each phase's time, base -> new."""
     tokens, cost = shown(totals["total_tokens"], "{}"), totals["cost_usd"]
     times = "; ".join(f"{phase} {shown(totals[phase + '_seconds'], '{:.1f} s')['base']} -> "
                       f"{shown(totals[phase + '_seconds'], '{:.1f} s')['new']}" for phase in PHASES)
@@ -539,11 +581,7 @@ def terminal_lines(result: Mapping[str, Any]) -> list[str]:
     cost_text = ("unknown (no --pb-token-price)" if cost["base"] is None and cost["new"] is None and not missing
                  else " -> ".join(foreign_runs.NOT_IN_RUN if side in missing else "unknown" if cost[side] is None
                                   else f"${cost[side]:,.4f}" for side in ("base", "new")))
-    lines.append(f"tokens {tokens['base']} -> {tokens['new']}; cost {cost_text}; {times}")
-    explored = coverage.compare_line(result["coverage"]) if result.get("coverage") else None
-    if explored is not None:
-        lines.append(explored)
-    return lines
+    return f"tokens {tokens['base']} -> {tokens['new']}; cost {cost_text}; {times}"
 
 
 def shown(total: Mapping[str, Any], form: str) -> dict[str, str]:

@@ -23,7 +23,7 @@ import hashlib
 import io
 import json
 import tarfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,15 +149,7 @@ def task_entry(results: Sequence[Any], instance: dict[str, Any], flags: Sequence
     names = [f"{b}/{t}" for b in branches for t in instance["branches"][b].get("tests", [])
              if f"{b}/{t}" not in ignored]
     tallies = {name: TestTally() for name in names}
-    scores = []
-    for result in results:
-        scoped = result.for_branches(branches).without_ignored(ignored) if result is not None else None
-        by_name = {t.full_name: t for t in scoped.test_results} if scoped is not None else {}
-        scores.append(scoped.score if scoped is not None else 0.0)
-        for name, tally in tallies.items():
-            test = by_name.get(name)
-            tally.add(test.status if test is not None else "not_run",
-                      _message(test) if test is not None else "no result in this run")
+    scores = [_tally_run(result, branches, ignored, tallies) for result in results]
     n = len(results)
     impossible = [name for name, t in tallies.items() if t.passes == 0]
     flaky = [name for name, t in tallies.items() if 0 < t.passes < n]
@@ -166,13 +158,6 @@ def task_entry(results: Sequence[Any], instance: dict[str, Any], flags: Sequence
         return [{"test": name, "passes": tallies[name].passes, "runs": n, "messages": tallies[name].messages}
                 for name in names_]
 
-    ignore_lists: dict[str, dict[str, Any]] = {}
-    for name in [*impossible, *flaky]:
-        branch, _, test = name.partition("/")
-        note = (f"the reference passed it in {tallies[name].passes} of {n} gold runs "
-                f"({'impossible' if name in impossible else 'flaky'}; pytest-programbench --pb-gold)")
-        ignore_lists.setdefault(branch, {"ignored_tests": []})["ignored_tests"].append(
-            {"name": test, "reasons": [{"id": REASON, "note": note}]})
     return {
         "runs": n,
         "ceiling": round(sum(scores) / n, 6) if n else None,
@@ -181,8 +166,34 @@ def task_entry(results: Sequence[Any], instance: dict[str, Any], flags: Sequence
         "tests": {name: {"passes": t.passes, "runs": t.runs} for name, t in tallies.items()},
         "impossible": listed(impossible),
         "flaky": listed(flaky),
-        "ignore_lists": ignore_lists,
+        "ignore_lists": _ignore_lists(tallies, impossible, flaky, n),
     }
+
+
+def _tally_run(result: Any, branches: Sequence[str], ignored: Collection[str],
+               tallies: Mapping[str, TestTally]) -> float:
+    """One gold run's result added to each scored test's tally (a test it lacks, or a run without a result, counts
+    as not run); its official score (0.0 without a result)."""
+    scoped = result.for_branches(branches).without_ignored(ignored) if result is not None else None
+    by_name = {t.full_name: t for t in scoped.test_results} if scoped is not None else {}
+    for name, tally in tallies.items():
+        test = by_name.get(name)
+        tally.add(test.status if test is not None else "not_run",
+                  _message(test) if test is not None else "no result in this run")
+    return scoped.score if scoped is not None else 0.0
+
+
+def _ignore_lists(tallies: Mapping[str, TestTally], impossible: Sequence[str], flaky: Sequence[str],
+                  n: int) -> dict[str, dict[str, Any]]:
+    """The impossible and flaky tests as the task's ignore lists would hold them, per branch, each with its note."""
+    ignore_lists: dict[str, dict[str, Any]] = {}
+    for name in [*impossible, *flaky]:
+        branch, _, test = name.partition("/")
+        note = (f"the reference passed it in {tallies[name].passes} of {n} gold runs "
+                f"({'impossible' if name in impossible else 'flaky'}; pytest-programbench --pb-gold)")
+        ignore_lists.setdefault(branch, {"ignored_tests": []})["ignored_tests"].append(
+            {"name": test, "reasons": [{"id": REASON, "note": note}]})
+    return ignore_lists
 
 
 def build_ledger(run_dir: Path, instances: Mapping[str, dict[str, Any]], runs: int,

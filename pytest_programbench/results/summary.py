@@ -190,6 +190,37 @@ def token_totals(records: Iterable[TaskRecord]) -> dict[str, Any]:
     return totals
 
 
+def _mean_row(iid: str, recs: list[TaskRecord]) -> TaskRecord:
+    """A task's row over its attempts (``RunSummary.task_rows``): the mean score over the scored ones, passed when
+    every scored attempt passed (error when none scored but one errored), every other number its mean over the
+    attempts that have it."""
+    scored = [r for r in recs if r.scored]
+    first = recs[0]
+    costs = [r.cost_usd for r in recs if r.cost_usd is not None]
+    ended = [r for r in recs if r.outcome]
+    return TaskRecord(
+        iid, first.language, first.difficulty, first.overridden, _mean_outcome(recs, scored),
+        sum(r.score or 0.0 for r in scored) / len(scored) if scored else None,
+        {**gold_properties(recs), **basis_properties(scored), **_mean_tests(scored)},
+        reasons=[x for r in recs for x in r.reasons],
+        duration=sum(r.duration for r in ended) / len(ended) if ended else 0.0,
+        meta=mean_meta([r.meta for r in ended]),
+        cost_usd=round(sum(costs) / len(costs), 6) if costs else None)
+
+
+def _mean_outcome(recs: list[TaskRecord], scored: list[TaskRecord]) -> str:
+    """Passed when every scored attempt passed, else failed; without one scored, error when one errored."""
+    if scored:
+        return PASSED if all(r.outcome == PASSED for r in scored) else FAILED
+    return ERROR if any(r.outcome == ERROR for r in recs) else ""
+
+
+def _mean_tests(scored: list[TaskRecord]) -> dict[str, float]:
+    """The tests passed and scored, each its mean over the scored attempts that have it."""
+    return mean_numbers([{k: r.properties[k] for k in ("n_passed", "n_tests") if k in r.properties}
+                         for r in scored])
+
+
 class RunSummary:
     def __init__(self, path: Path, header: dict[str, Any], records: Iterable[TaskRecord], *,
                  meta_loader: Callable[[str], Mapping[str, Any] | None] | None = None,
@@ -288,27 +319,7 @@ class RunSummary:
         have it, so a row reads as one attempt's does (results/attempts.py ``mean_meta``)."""
         if self.attempts == 1:
             return list(self.records.values())
-        rows = []
-        for iid, recs in self.by_task().items():
-            scored = [r for r in recs if r.scored]
-            first = recs[0]
-            if scored:
-                outcome = PASSED if all(r.outcome == PASSED for r in scored) else FAILED
-            else:
-                outcome = ERROR if any(r.outcome == ERROR for r in recs) else ""
-            costs = [r.cost_usd for r in recs if r.cost_usd is not None]
-            ended = [r for r in recs if r.outcome]
-            tests = mean_numbers([{k: r.properties[k] for k in ("n_passed", "n_tests") if k in r.properties}
-                                  for r in scored])
-            rows.append(TaskRecord(
-                iid, first.language, first.difficulty, first.overridden, outcome,
-                sum(r.score or 0.0 for r in scored) / len(scored) if scored else None,
-                {**gold_properties(recs), **basis_properties(scored), **tests},
-                reasons=[x for r in recs for x in r.reasons],
-                duration=sum(r.duration for r in ended) / len(ended) if ended else 0.0,
-                meta=mean_meta([r.meta for r in ended]),
-                cost_usd=round(sum(costs) / len(costs), 6) if costs else None))
-        return rows
+        return [_mean_row(iid, recs) for iid, recs in self.by_task().items()]
 
     def attempt_results(self) -> dict[str, list[Any]]:
         """Per task its attempts' results, for results/attempts.py."""

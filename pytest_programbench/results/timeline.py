@@ -242,17 +242,9 @@ def build(task_dir: Path, *, events_max: int, progress: Sequence[Mapping[str, An
     if not phases and not events:
         return None
     events.sort(key=lambda e: e.at)  # stable: a call's second-resolution time keeps the file's order within it
-    starts = [p["at"] for p in phases] + [e.at for e in events[:1]]
-    start = min(starts)
-    end = max([p["at"] + p["seconds"] for p in phases] + [e.at + (e.seconds or 0.0) for e in events[-1:]])
-    span = max(end - start, 1e-3)
+    start, span = _extent(phases, events)
     width = window(max((e.at for e in events), default=start) - start + 1)
-    buckets: dict[int, list[Event]] = {}
-    for event in events:
-        buckets.setdefault(int((event.at - start) // width), []).append(event)
-    keys = sorted(buckets)
-    shown = shares([len(buckets[k]) for k in keys], max(0, events_max))
-    groups = [_group(k, width, buckets[k], n, start) for k, n in zip(keys, shown, strict=True)]
+    groups, shown = _groups(events, start=start, width=width, events_max=events_max)
     requests = [e for e in events if e.kind == "request"]
     calls = [e for e in events if e.kind == "call"]
     return {
@@ -261,12 +253,35 @@ def build(task_dir: Path, *, events_max: int, progress: Sequence[Mapping[str, An
                     "left": round(100 * (p["at"] - start) / span, 2),
                     "width": round(max(0.2, 100 * p["seconds"] / span), 2)} for p in phases],
         "groups": groups,
-        "requests": n_requests, "calls": len(calls),
-        "tokens": int(sum(e.tokens for e in requests)), "retries": sum(e.retries for e in requests),
-        "held": round(sum(e.held for e in requests), 1),
-        "failed_requests": sum(e.failed for e in requests), "failed_calls": sum(e.failed for e in calls),
-        "shown": sum(shown), "left_out": len(events) - sum(shown), "events_max": events_max,
+        "requests": n_requests, "calls": len(calls), **_sums(requests, calls),
+        "shown": shown, "left_out": len(events) - shown, "events_max": events_max,
     }
+
+
+def _extent(phases: Sequence[Mapping[str, Any]], events: Sequence[Event]) -> tuple[float, float]:
+    """Where the timeline starts (its first phase or event) and how long it spans (at least a millisecond)."""
+    starts = [p["at"] for p in phases] + [e.at for e in events[:1]]
+    start = min(starts)
+    end = max([p["at"] + p["seconds"] for p in phases] + [e.at + (e.seconds or 0.0) for e in events[-1:]])
+    return start, max(end - start, 1e-3)
+
+
+def _groups(events: Sequence[Event], *, start: float, width: int,
+            events_max: int) -> tuple[list[dict[str, Any]], int]:
+    """The events in windows of ``width`` seconds, ``events_max`` rows shared among them; the rows shown."""
+    buckets: dict[int, list[Event]] = {}
+    for event in events:
+        buckets.setdefault(int((event.at - start) // width), []).append(event)
+    keys = sorted(buckets)
+    shown = shares([len(buckets[k]) for k in keys], max(0, events_max))
+    return [_group(k, width, buckets[k], n, start) for k, n in zip(keys, shown, strict=True)], sum(shown)
+
+
+def _sums(requests: Sequence[Event], calls: Sequence[Event]) -> dict[str, Any]:
+    """Tokens, retries, held seconds and failures of some requests and calls."""
+    return {"tokens": int(sum(e.tokens for e in requests)), "retries": sum(e.retries for e in requests),
+            "held": round(sum(e.held for e in requests), 1),
+            "failed_requests": sum(e.failed for e in requests), "failed_calls": sum(e.failed for e in calls)}
 
 
 def _group(key: int, width: int, events: list[Event], shown: int, start: float) -> dict[str, Any]:
@@ -274,10 +289,7 @@ def _group(key: int, width: int, events: list[Event], shown: int, start: float) 
     calls = [e for e in events if e.kind == "call"]
     return {
         "label": f"{clock(key * width)} to {clock((key + 1) * width)}",
-        "requests": len(requests), "calls": len(calls),
-        "tokens": int(sum(e.tokens for e in requests)), "retries": sum(e.retries for e in requests),
-        "held": round(sum(e.held for e in requests), 1),
-        "failed_requests": sum(e.failed for e in requests), "failed_calls": sum(e.failed for e in calls),
+        "requests": len(requests), "calls": len(calls), **_sums(requests, calls),
         "rows": [e.row(start) for e in events[:shown]],
         "more_requests": sum(e.kind == "request" for e in events[shown:]),
         "more_calls": sum(e.kind == "call" for e in events[shown:]),
