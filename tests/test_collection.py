@@ -403,7 +403,7 @@ def test_item_timeout_is_above_every_clock() -> None:
     re-runs the pipeline up to 1 + --pb-infra-retries times) the agent's clock, compile.sh's, and every branch's
     in every retry round may all run out in full. Stated as lower bounds, not as the formula."""
     from pytest_programbench.core.settings import Settings
-    from pytest_programbench.pytest_layer.session import item_timeout
+    from pytest_programbench.pytest_layer.run_state import item_timeout
     from pytest_programbench.tasks.catalogue import Catalogue
 
     def active(task: Any) -> int:

@@ -35,7 +35,7 @@ from pytest_programbench.evaluation.container_layer import (
     register_committed_image,
     remove_committed_image,
 )
-from pytest_programbench.pytest_layer.session import item_timeout
+from pytest_programbench.pytest_layer.run_state import item_timeout
 from pytest_programbench.tasks.catalogue import load_tasks_dir
 from tests.conftest import Testbed
 from tests.test_evaluate_only import leaked

@@ -264,7 +264,7 @@ def test_the_backstop_counts_every_official_clock() -> None:
 
 def test_item_timeout_covers_the_evaluation_budget() -> None:
     from pytest_programbench.core.settings import Settings
-    from pytest_programbench.pytest_layer.session import item_timeout
+    from pytest_programbench.pytest_layer.run_state import item_timeout
     from pytest_programbench.tasks.catalogue import load_tasks_dir
 
     task = {t.instance_id: t for t in load_tasks_dir(Path(__file__).parent.parent / "testbed" / "tasks")}[RPN]

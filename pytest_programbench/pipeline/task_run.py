@@ -21,30 +21,46 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from docker.errors import NotFound
+from programbench.utils.load_data import get_active_branches, get_ignored_tests
+
+from pytest_programbench.agents.agent import AgentResult, AgentRunner, AgentSpec
 from pytest_programbench.core.cache import cache_root
 from pytest_programbench.core.task_key import ATTEMPT, GOLD, TaskKey
+from pytest_programbench.engine import disk
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.engine.images import ImageError, ensure_image
+from pytest_programbench.evaluation import evaluation
+from pytest_programbench.evaluation.corrected import recomputed_fields
 from pytest_programbench.pipeline.model_relay import TaskRelay
 from pytest_programbench.pipeline.room import run_dir_need
+from pytest_programbench.relay.relay import BRIDGE_SCRIPT, SANDBOX_BRIDGE_PORT
+from pytest_programbench.relay.relay_bridge import connect_unix
+from pytest_programbench.relay.relay_tunnel import RelayTunnel
 from pytest_programbench.results import coverage, task_meta, timeline
 from pytest_programbench.results.artifacts import TaskArtifacts
 from pytest_programbench.results.atomic import atomic_copy
 from pytest_programbench.results.gold import GoldError, reference_bytes, require_reference_built, write_submission
 from pytest_programbench.results.task_meta import TaskMeta
 from pytest_programbench.results.verdict import InfrastructureError, TaskOutcome
+from pytest_programbench.sandbox.sandbox import (
+    Sandbox,
+    SandboxError,
+    SubmissionTooLarge,
+    SubmissionUnpackable,
+    sandbox_storage_need,
+)
+from pytest_programbench.tasks.blobs import BlobError, resolve_blobs
 from pytest_programbench.tasks.catalogue import CatalogueError, Task
 
 if TYPE_CHECKING:
-    from pytest_programbench.agents.agent import AgentResult
     from pytest_programbench.engine.engines import EngineLease
     from pytest_programbench.engine.images import ResolvedImage
     from pytest_programbench.engine.protocol import DockerEngine
     from pytest_programbench.evaluation.evaluation import EvaluationOutcome
     from pytest_programbench.pipeline.run_context import RunContext
     from pytest_programbench.relay.relay import ModelRelay
-    from pytest_programbench.relay.relay_tunnel import RelayTunnel
-    from pytest_programbench.sandbox.sandbox import Sandbox
     from pytest_programbench.tasks.blobs import BlobSet
 
 log = logging.getLogger("pytest_programbench")
@@ -150,9 +166,6 @@ class TaskRun:
     def lease_engine(self) -> Any:
         """This attempt's engine client: --pb-docker-host's least busy one that is up (one the task failed on
         before only when no other is), else the environment's; the run directory's and engine's room checked."""
-        from pytest_programbench.engine import disk
-        from pytest_programbench.sandbox.sandbox import sandbox_storage_need
-
         pool = self.session.engines
         self.lease, self.engine = None, None
         if pool is not None:
@@ -206,10 +219,6 @@ class TaskRun:
 
     def resolve_blobs(self) -> BlobSet:
         """Resolved before any agent or evaluation time is spent: a failure here is fast and an error."""
-        from programbench.utils.load_data import get_active_branches
-
-        from pytest_programbench.tasks.blobs import BlobError, resolve_blobs
-
         instance = self.instance()
         with self.phase("blobs"):
             try:
@@ -220,8 +229,6 @@ class TaskRun:
         return blobs
 
     def ensure_image(self) -> ResolvedImage:
-        from pytest_programbench.engine.images import ImageError, ensure_image
-
         with self.phase("image"):
             try:
                 image = ensure_image(self.task, tag=self.settings.image_tag, pull=self.settings.pull,
@@ -261,8 +268,6 @@ class TaskRun:
         data = dict(recorded)
         data["notes"] = [*data.get("notes", []), f"result reused from the resumed run {previous.get('run_id')}"]
         if data.get("score_corrected") is None and data.get("tests"):  # recorded before the corrected score was
-            from pytest_programbench.evaluation.corrected import recomputed_fields
-
             data.update(recomputed_fields(self.artifacts.eval_json, self.instance()))
         return TaskOutcome(**data)
 
@@ -270,8 +275,6 @@ class TaskRun:
 
     def open_sandbox(self, image: ResolvedImage, *, tunnel_to: ModelRelay | None = None) -> Sandbox:
         """Only the sandbox itself failing is infrastructure."""
-        from pytest_programbench.sandbox.sandbox import Sandbox, SandboxError
-
         with self.phase("sandbox"):
             sandbox = Sandbox.for_task(self.task, self.settings, self.labels, image_id=image.id,
                                        engine=self.engine_client(), remote=self._engine_is_remote())
@@ -308,8 +311,6 @@ class TaskRun:
 
     def write_prompt(self, sandbox: Sandbox, *, on_host: bool) -> str:
         """The prompt (task docs + rules, the prompt hook applied), written to the sandbox's prompt file."""
-        from pytest_programbench.agents.agent import AgentRunner, AgentSpec
-
         spec = self.session.agent_spec or AgentSpec("command", on_host=on_host)
         runner = AgentRunner(dataclasses.replace(spec, on_host=on_host), self.task, self.settings,
                              log_path=self.artifacts.agent_log, config=self.session.config)
@@ -319,9 +320,6 @@ class TaskRun:
         """``agent.run(sandbox, prompt)``, then the window's end (``Sandbox.end_agent_window``: the sandbox frozen
         and stopped); once that found the sandbox alive, or brought down by the agent itself (its memory limit's
         OOM killer), the run counts and is never repeated."""
-        from pytest_programbench.agents.agent import AgentResult
-        from pytest_programbench.sandbox.sandbox import SandboxError
-
         # The configured agent's --pb-agent label, else (a conftest.py's own agent) its class.
         self.meta["agent"] = {"spec": getattr(agent, "label", None) or type(agent).__name__}
         try:
@@ -374,8 +372,6 @@ class TaskRun:
 
     def pack(self, sandbox: Sandbox) -> Path | None:
         """``/workspace/src`` as submission.tar.gz; too large or unpackable: the agent's doing, scored 0 (None)."""
-        from pytest_programbench.sandbox.sandbox import SandboxError, SubmissionTooLarge, SubmissionUnpackable
-
         with self.phase("pack"):
             try:
                 size = self._pack(sandbox)
@@ -393,8 +389,6 @@ class TaskRun:
 
     def _pack(self, sandbox: Sandbox) -> int:
         """Pack ``/workspace/src``; an engine failure is retried in place (``--pb-infra-retries``), never the agent."""
-        from pytest_programbench.sandbox.sandbox import SandboxError
-
         failures: list[str] = []
         while True:
             try:
@@ -451,18 +445,12 @@ class TaskRun:
     @staticmethod
     def _open_tunnel(sandbox: Sandbox, relay: ModelRelay) -> RelayTunnel:
         """The relay reaches an in-sandbox agent through an exec stream: no bind mount, any engine."""
-        from pytest_programbench.relay.relay import BRIDGE_SCRIPT, SANDBOX_BRIDGE_PORT
-        from pytest_programbench.relay.relay_bridge import connect_unix
-        from pytest_programbench.relay.relay_tunnel import RelayTunnel
-
         socket_path = str(relay.socket_path)
         return RelayTunnel(sandbox.engine.api, sandbox.id, lambda: connect_unix(socket_path)).open(
             SANDBOX_BRIDGE_PORT, script=BRIDGE_SCRIPT.read_bytes())
 
     def require_present(self, sandbox: Sandbox) -> None:
         """After the window the sandbox is stopped, its files still there: one that disappeared lost them."""
-        from docker.errors import NotFound
-
         try:
             sandbox.engine.api.inspect_container(sandbox.id)
         except NotFound:
@@ -473,9 +461,6 @@ class TaskRun:
 
     def evaluate(self, submission: Path, image: ResolvedImage, blobs: BlobSet) -> EvaluationOutcome:
         """The official evaluation; the official result goes to <id>.eval.json."""
-        from pytest_programbench.engine import disk
-        from pytest_programbench.evaluation import evaluation
-
         with self.phase("evaluation"):
             result = evaluation.evaluate(
                 self.task, submission, blobs=blobs, image=image.id, labels=self.labels,
@@ -516,8 +501,6 @@ class TaskRun:
         return outcome
 
     def no_submission(self) -> TaskOutcome:
-        from programbench.utils.load_data import get_active_branches, get_ignored_tests
-
         instance = self.instance()
         ignored = get_ignored_tests(instance)
         n_tests = sum(
@@ -551,8 +534,6 @@ class TaskRun:
 
 def scored_tests(result: EvaluationOutcome, instance: dict[str, Any]) -> dict[str, str]:
     """Per-test statuses of exactly the tests the official score counts (active branches, ignored tests out)."""
-    from programbench.utils.load_data import get_active_branches, get_ignored_tests
-
     if result.result is None:
         return {}
     scoped = result.result.for_branches(get_active_branches(instance)).without_ignored(get_ignored_tests(instance))

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from pytest_programbench.engine.protocol import DockerEngine
     from pytest_programbench.evaluation.evaluation import EvaluationOutcome
     from pytest_programbench.pipeline.task_run import TaskRun
-    from pytest_programbench.pytest_layer.session import ProgramBenchSession
+    from pytest_programbench.pytest_layer.run_state import RunState
     from pytest_programbench.relay.relay import ModelRelay
     from pytest_programbench.results.verdict import TaskOutcome
     from pytest_programbench.sandbox.sandbox import Sandbox
@@ -68,7 +68,7 @@ class ConfiguredAgent:
         self.label = spec.label
 
     def run(self, sandbox: Sandbox, prompt: str) -> AgentResult:
-        from pytest_programbench.agents.agent import AgentRunner
+        from pytest_programbench.agents.agent import AgentRunner  # lazy: keeps the entry point light
 
         run = self.task_run
         session = run.session
@@ -115,7 +115,7 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
 
 
 def _is_item(node: Any) -> bool:
-    from pytest_programbench.pytest_layer.items import ProgramBenchItem
+    from pytest_programbench.pytest_layer.items import ProgramBenchItem  # lazy: keeps the entry point light
 
     return isinstance(node, ProgramBenchItem)
 
@@ -124,7 +124,7 @@ def _is_item(node: Any) -> bool:
 
 
 @pytest.fixture(scope="session")
-def pb_session(request: pytest.FixtureRequest) -> ProgramBenchSession:
+def pb_session(request: pytest.FixtureRequest) -> RunState:
     """The run (session scope): settings (``.settings``), run identity and directory (``.identity``), the task
     catalogue (``.catalogue``) and selection (``.selection``), the configured agent (``.agent_spec``)."""
     session = request.config.stash.get(SESSION, None)
@@ -137,7 +137,7 @@ def pb_session(request: pytest.FixtureRequest) -> ProgramBenchSession:
 
 
 @pytest.fixture
-def pb_task(request: pytest.FixtureRequest, pb_session: ProgramBenchSession) -> Task:
+def pb_task(request: pytest.FixtureRequest, pb_session: RunState) -> Task:
     """The task (``Task``: ``instance_id``, ``language``, ``difficulty``, ``load_instance()``): the benchmark item's
     own, or for a user's test one task of the selection (``@pytest.mark.programbench_tasks`` narrows it)."""
     if _is_item(request.node):
@@ -150,11 +150,11 @@ def pb_task(request: pytest.FixtureRequest, pb_session: ProgramBenchSession) -> 
 
 
 @pytest.fixture
-def pb_run(request: pytest.FixtureRequest, pb_session: ProgramBenchSession, pb_task: Task) -> TaskRun:
+def pb_run(request: pytest.FixtureRequest, pb_session: RunState, pb_task: Task) -> TaskRun:
     """The task's run record (``pipeline.TaskRun``): its files (``.artifacts``), ``pb-meta.json`` (``.meta``), and
     what an attempt finished that a retry must not repeat (``.agent_result``, ``.submission``). The benchmark item's
     outlives its attempts; a user's test gets its own, with files under ``<run dir>/tests/<test>/``."""
-    from pytest_programbench.pipeline.task_run import TaskRun
+    from pytest_programbench.pipeline.task_run import TaskRun  # lazy: keeps the entry point light
 
     if _is_item(request.node):
         run: TaskRun = request.node.task_run
@@ -188,7 +188,7 @@ def pb_image(pb_run: TaskRun, pb_blobs: BlobSet) -> ResolvedImage:
 
 
 @pytest.fixture
-def pb_agent(pb_session: ProgramBenchSession, pb_run: TaskRun) -> Agent:
+def pb_agent(pb_session: RunState, pb_run: TaskRun) -> Agent:
     """The agent: an object with ``run(sandbox, prompt) -> result``. Built in: ``--pb-agent`` (a command or a
     preset). Override it with a Python agent (``on_host = True`` if it talks to a ``--pb-model-endpoint`` relay
     from the host; ``run`` may return an ``AgentResult`` or an object with ``exit_code``)."""
@@ -204,7 +204,7 @@ def _agent_on_host(request: pytest.FixtureRequest) -> bool:
 
 
 @pytest.fixture
-def pb_relay(request: pytest.FixtureRequest, pb_session: ProgramBenchSession,
+def pb_relay(request: pytest.FixtureRequest, pb_session: RunState,
              pb_run: TaskRun) -> Iterator[ModelRelay | None]:
     """``--pb-model-endpoint``: the model relay, the agent's only way out (``None`` without the option); its
     records in ``model-requests.jsonl``, its usage in the outcome's tokens. Closed after the sandbox."""
@@ -238,7 +238,7 @@ def pb_agent_run(pb_run: TaskRun, pb_agent: Agent, pb_sandbox: Sandbox) -> Agent
 
 
 @pytest.fixture
-def pb_submission(request: pytest.FixtureRequest, pb_session: ProgramBenchSession, pb_run: TaskRun) -> Path | None:
+def pb_submission(request: pytest.FixtureRequest, pb_session: RunState, pb_run: TaskRun) -> Path | None:
     """The submission (``submission.tar.gz`` in the task's run directory; ``None``: nothing to evaluate, scored 0).
     Built in: with ``--pb-submissions`` the given archive (evaluate-only), else the agent's ``/workspace/src``
     packed after ``pb_agent_run`` (which ends the agent's window: sandbox and relay closed). Override it to

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,14 +11,14 @@ import pytest
 
 from pytest_programbench.agents.command_check import AGENT_COMMAND_MISSING, AgentCommandMissing
 from pytest_programbench.core.task_key import ATTEMPT, GOLD, TaskKey
+from pytest_programbench.pipeline.task_run import TaskRun
 from pytest_programbench.pytest_layer.markers import SUITE, difficulty_marker, language_marker
 from pytest_programbench.pytest_layer.stash import SESSION
-from pytest_programbench.results.verdict import TaskOutcome
-from pytest_programbench.tasks.catalogue import Task
+from pytest_programbench.results.verdict import InfrastructureError, TaskOutcome, VerdictFailure, assert_verdict
+from pytest_programbench.tasks.catalogue import CatalogueError, Task
 
 if TYPE_CHECKING:
-    from pytest_programbench.pipeline.task_run import TaskRun
-    from pytest_programbench.pytest_layer.session import ProgramBenchSession
+    from pytest_programbench.pytest_layer.run_state import RunState
 
 
 HARNESS_LOG = "harness.log"  # in a task's directory: what pytest captured of the harness's logging, per phase
@@ -67,7 +68,7 @@ class ProgramBenchItem(pytest.Function):
         self._attempt_fixtures: list[tuple[Any, Any]] = []
 
     @property
-    def pb_session(self) -> ProgramBenchSession:
+    def pb_session(self) -> RunState:
         """The opted-in session's state (items exist only when the session opted in)."""
         return self.config.stash[SESSION]
 
@@ -81,8 +82,6 @@ class ProgramBenchItem(pytest.Function):
     def task_run(self) -> TaskRun:
         """The task's run record (``pb_run``): one per item, kept across infrastructure retries."""
         if self._task_run is None:
-            from pytest_programbench.pipeline.task_run import TaskRun
-
             self._task_run = TaskRun(self.pb_session, self.task, key=self.key)
         return self._task_run
 
@@ -92,8 +91,6 @@ class ProgramBenchItem(pytest.Function):
 
     def setup(self) -> None:
         """Fill the fixtures; infrastructure errors are retried (``--pb-infra-retries``), never agent failures."""
-        from pytest_programbench.results.verdict import InfrastructureError
-
         session = self.pb_session
         # Said for errors too (setup), so they come first; plain strings for xdist.
         self.user_properties.extend([("language", self.task.language), ("difficulty", self.task.difficulty),
@@ -136,8 +133,6 @@ class ProgramBenchItem(pytest.Function):
     def _end_attempt(self) -> None:
         """Finalise this attempt's function-scoped fixtures, last set up first (sandbox, relay, engine lease), and
         start the next attempt with a fresh request; session-scoped fixtures stay."""
-        import logging
-
         fixtures, self._attempt_fixtures = self._attempt_fixtures, []
         for fixturedef, request in reversed(fixtures):
             try:
@@ -148,8 +143,6 @@ class ProgramBenchItem(pytest.Function):
         self._initrequest()
 
     def runtest(self) -> None:
-        from pytest_programbench.results.verdict import assert_verdict
-
         settings = self.pb_session.settings
         assert self.outcome is not None, "setup ran the pipeline"
         self._gold_ledger_properties()
@@ -175,8 +168,6 @@ class ProgramBenchItem(pytest.Function):
         ceiling = ledger.ceiling(iid)
         self.user_properties.append(("gold_ceiling", "" if ceiling is None else ceiling))
         if self.pb_session.settings.ignore_flaky:
-            from pytest_programbench.tasks.catalogue import CatalogueError
-
             try:
                 value = ledger.score_without_unreliable(iid, self.task_dir / f"{iid}.eval.json",
                                                         self.task.load_instance())
@@ -197,13 +188,9 @@ class ProgramBenchItem(pytest.Function):
             with (self.task_dir / HARNESS_LOG).open("a", encoding="utf-8", errors="backslashreplace") as handle:
                 handle.write(f"-- {report.when} --\n{text.rstrip()}\n")
         except OSError as exc:  # the log is a convenience: never a reason to fail the report
-            import logging
-
             logging.getLogger("pytest_programbench").debug("%s: %s", self.task_dir / HARNESS_LOG, exc)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]) -> str | Any:  # type: ignore[override]
-        from pytest_programbench.results.verdict import InfrastructureError, VerdictFailure
-
         # Our own verdicts and infrastructure errors are messages, not tracebacks.
         if isinstance(excinfo.value, VerdictFailure | InfrastructureError):
             return str(excinfo.value)
@@ -211,5 +198,5 @@ class ProgramBenchItem(pytest.Function):
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         # No domain here: pytest's progress lines would turn the dots of an instance id into "::". The failure
-        # header gets the task id from ProgramBenchSession.pytest_runtest_logreport instead.
+        # header gets the task id from RunState.pytest_runtest_logreport instead.
         return self.path, None, ""

@@ -15,8 +15,13 @@ import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from docker.errors import DockerException, ImageNotFound
+from programbench.constants import HF_REPO_ID, HF_REVISION
+from programbench.utils.load_data import get_active_branches
+
+from pytest_programbench.agents.agent import AgentEnvError, agent_env
 from pytest_programbench.agents.command_check import (
     COMMAND_CHECK_TIMEOUT,
     checkable_word,
@@ -24,7 +29,13 @@ from pytest_programbench.agents.command_check import (
     command_word,
 )
 from pytest_programbench.core import environment
+from pytest_programbench.engine import backpressure, disk, docker_engine
 from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.engine.images import image_ref
+from pytest_programbench.pipeline.room import run_dir_need
+from pytest_programbench.relay.relay import RelayConfigError, Upstream
+from pytest_programbench.sandbox.sandbox import Sandbox, SandboxError, sandbox_storage_need
+from pytest_programbench.tasks.catalogue import CatalogueError
 from pytest_programbench.text.sizes import human
 
 if TYPE_CHECKING:
@@ -84,8 +95,6 @@ def run_preflight(settings: Settings, tasks: Sequence[Task], agent_spec: AgentSp
     check_inputs(report, settings, env)
     check_blobs(report, tasks, settings.blob_dir, env)
     check_model(report, settings, env)
-    from pytest_programbench.engine import backpressure
-
     try:
         engine = engines.client()
     except EngineUnavailable as exc:
@@ -108,8 +117,6 @@ def run_preflight(settings: Settings, tasks: Sequence[Task], agent_spec: AgentSp
 
 def check_inputs(report: PreflightReport, settings: Settings, env: Mapping[str, str]) -> None:
     """What a run refuses at start-up (usage errors), listed together instead of one at a time."""
-    from pytest_programbench.agents.agent import AgentEnvError, agent_env
-
     for spec in settings.agent_env:
         try:
             agent_env((spec,), env)
@@ -130,8 +137,6 @@ def check_model(report: PreflightReport, settings: Settings, env: Mapping[str, s
     """The endpoint answers a TCP connection (what the relay will open for each request)."""
     if not settings.model_endpoint:
         return
-    from pytest_programbench.relay.relay import RelayConfigError, Upstream
-
     try:
         upstream = Upstream.parse(settings.model_endpoint)
     except RelayConfigError as exc:
@@ -153,10 +158,6 @@ def check_model(report: PreflightReport, settings: Settings, env: Mapping[str, s
 def check_blobs(report: PreflightReport, tasks: Iterable[Task], blob_dir: str | None,
                 env: Mapping[str, str]) -> None:
     """Where each task's archives would come from, in the pipeline's order; nothing is hashed or downloaded."""
-    from programbench.utils.load_data import get_active_branches
-
-    from pytest_programbench.tasks.catalogue import CatalogueError
-
     listing: _HubListing | None = None
     for task in tasks:
         try:
@@ -191,8 +192,6 @@ class _HubListing:
     """The Hugging Face dataset's files: the local cache, plus one listing of the repository when online."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
-        from programbench.constants import HF_REPO_ID, HF_REVISION
-
         self.repo = HF_REPO_ID
         self.revision = HF_REVISION or None
         self.offline = environment.HF_HUB_OFFLINE.true(env)
@@ -201,7 +200,7 @@ class _HubListing:
                             if self.offline else f"not in the dataset {HF_REPO_ID}")
         if not self.offline:
             try:
-                from huggingface_hub import HfApi
+                from huggingface_hub import HfApi  # lazy: the Hub's client only when archives come from it
 
                 self.remote = set(HfApi().list_repo_files(self.repo, repo_type="dataset", revision=self.revision))
             except Exception as exc:  # unreachable hub: only the cache counts
@@ -209,7 +208,7 @@ class _HubListing:
                                     f"listed ({type(exc).__name__}: {exc}); pass --pb-blob-dir")
 
     def has(self, filename: str) -> bool:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # lazy: the Hub's client only when archives come from it
 
         cached = try_to_load_from_cache(self.repo, filename, repo_type="dataset", revision=self.revision)
         if isinstance(cached, str):
@@ -225,10 +224,6 @@ def check_images(report: PreflightReport, engine: DockerEngine, tasks: Iterable[
     """Per task: present, else pullable (the registry's manifest, not the layers), else buildable.
 
     Returns the image ids of the tasks whose image is present, and how many images a run would pull or build."""
-    from docker.errors import DockerException, ImageNotFound
-
-    from pytest_programbench.engine.images import image_ref
-
     present: dict[str, str] = {}
     to_fetch = 0
     for task in tasks:
@@ -262,11 +257,8 @@ def check_images(report: PreflightReport, engine: DockerEngine, tasks: Iterable[
     return present, to_fetch
 
 
-def check_disk(report: PreflightReport, engine: DockerEngine, run_dir: Path, *, images_to_fetch: int, agent: bool) -> None:
-    from pytest_programbench.engine import disk
-    from pytest_programbench.pipeline.room import run_dir_need
-    from pytest_programbench.sandbox.sandbox import sandbox_storage_need
-
+def check_disk(report: PreflightReport, engine: DockerEngine, run_dir: Path, *, images_to_fetch: int,
+               agent: bool) -> None:
     root = disk.docker_root(engine.api)
     if root is not None:
         need = disk.run_need() + images_to_fetch * disk.image_need()
@@ -278,8 +270,6 @@ def check_disk(report: PreflightReport, engine: DockerEngine, run_dir: Path, *, 
 
 
 def _space(report: PreflightReport, what: str, path: Path, need: int, why: str) -> None:
-    from pytest_programbench.engine import disk
-
     space = disk.free_space(path)
     ok = space.free >= need
     report.add("disk", f"{what} {path}", ok,
@@ -290,7 +280,8 @@ def _space(report: PreflightReport, what: str, path: Path, need: int, why: str) 
 
 
 def check_agent(report: PreflightReport, spec: AgentSpec, settings: Settings, *, tasks: Sequence[Task],
-                present: Mapping[str, str], identity: RunIdentity, env: Mapping[str, str], engine: DockerEngine) -> None:
+                present: Mapping[str, str], identity: RunIdentity, env: Mapping[str, str],
+                engine: DockerEngine) -> None:
     """The agent's command is found where it will run: the host, or a sample sandbox (after the set-up command)."""
     if spec.kind != "command":
         report.add("agent", spec.label, True, "a preset")
@@ -318,10 +309,6 @@ def check_agent(report: PreflightReport, spec: AgentSpec, settings: Settings, *,
 
 def _command_in_sandbox(word: str, settings: Settings, task: Task, *, image_id: str, identity: RunIdentity,
                         env: Mapping[str, str], engine: DockerEngine) -> tuple[str, str, bool, str]:
-    from pytest_programbench.agents.agent import AgentEnvError, agent_env
-    from pytest_programbench.engine import docker_engine
-    from pytest_programbench.sandbox.sandbox import Sandbox, SandboxError
-
     subject = f"{word} (in the sandbox of {task.instance_id})"
     try:
         extra = agent_env(settings.agent_env, env)

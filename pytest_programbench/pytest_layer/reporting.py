@@ -7,35 +7,35 @@ from __future__ import annotations
 import logging
 import xml.etree.ElementTree as ET
 from collections import Counter
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from _pytest.junitxml import bin_xml_escape
+from _pytest.junitxml import bin_xml_escape, xml_key
+from programbench.utils.load_data import get_active_branches, get_ignored_tests
 
 from pytest_programbench.core.task_key import TaskKey
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.pytest_layer import keyword_hint
 from pytest_programbench.pytest_layer.invocation import is_worker
+from pytest_programbench.pytest_layer.run_record import command
+from pytest_programbench.pytest_layer.run_state import RunState, agent_label
+from pytest_programbench.results.compare import write
+from pytest_programbench.results.gold import build_ledger, ledger_lines, write_ledger
+from pytest_programbench.results.package import PackageError, package
+from pytest_programbench.results.registry import leaderboard
+from pytest_programbench.results.report import TaskScope, write_report
+from pytest_programbench.results.verdict import tail_lines
+from pytest_programbench.sandbox.proxy_build import ProxyBuildError, build_client
+from pytest_programbench.sandbox.sandbox import storage_limit, storage_quota
 from pytest_programbench.tasks.catalogue import CatalogueError
 from pytest_programbench.text.printable import PrintableRecords, printable
 
 if TYPE_CHECKING:
-    from pytest_programbench.agents.agent import AgentSpec
-    from pytest_programbench.pytest_layer.session import ProgramBenchSession
     from pytest_programbench.results.summary import RunSummary
 
 log = logging.getLogger(__name__)
-
-
-def agent_label(spec: AgentSpec, width: int = 80) -> str:
-    """What the header calls the agent: a preset by name (a CLI preset with its version), a command as typed."""
-    if spec.kind == "cli":
-        return f"{spec.label} (preset)"
-    if spec.kind != "command":
-        return spec.label
-    text = " ".join(spec.command.split())
-    return repr(text if len(text) <= width else text[:width - 3] + "...")
 
 
 def junit_headline(summary: RunSummary) -> dict[str, str]:
@@ -60,15 +60,13 @@ def junit_headline(summary: RunSummary) -> dict[str, str]:
 
 def _junit_xml(config: pytest.Config) -> Any:
     """pytest's JUnit writer when ``--junitxml`` is on (its node reporters are how a test case gets content)."""
-    from _pytest.junitxml import xml_key
-
     return config.stash.get(xml_key, None)
 
 
 class SessionReporting:
     """A plugin object beside the session: its hooks report, ``finish`` writes the end-of-run files."""
 
-    def __init__(self, pb: ProgramBenchSession) -> None:
+    def __init__(self, pb: RunState) -> None:
         self.pb = pb  # the opted-in session whose state this reads
         self.report_path: Path | None = None
         self.min_mean_failed = ""
@@ -95,10 +93,6 @@ class SessionReporting:
                 handler.addFilter(PrintableRecords())
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
-        from importlib.metadata import version
-
-        import programbench  # noqa: F401 - the version comes from its metadata
-
         per_language = Counter(t.language for t in self.pb.selection.tasks)
         languages = ", ".join(f"{lang} {n}" for lang, n in sorted(per_language.items(), key=lambda kv: -kv[1]))
         lines = [
@@ -133,8 +127,6 @@ class SessionReporting:
 
     def _storage_label(self) -> str:
         """Whether the engine can limit a sandbox's writable layer: said up front where it cannot."""
-        from pytest_programbench.sandbox.sandbox import storage_limit, storage_quota
-
         limit = storage_limit()
         if not limit:
             return "no size limit asked (PB_SANDBOX_STORAGE=0)"
@@ -145,8 +137,6 @@ class SessionReporting:
 
     def _proxy_client_label(self) -> str:
         """Built (or found in its cache) once here, so a fallback to the slow Python client is visible up front."""
-        from pytest_programbench.sandbox.proxy_build import ProxyBuildError, build_client
-
         try:
             return build_client().label
         except (ProxyBuildError, OSError) as exc:
@@ -161,8 +151,6 @@ class SessionReporting:
         xml = _junit_xml(self.pb.config)
         if xml is None:
             return
-        from pytest_programbench.results.verdict import tail_lines
-
         tail = tail_lines(key.task_dir(self.pb.identity.path) / "agent.log")
         if tail:
             out = ET.Element("system-out")
@@ -207,8 +195,6 @@ class SessionReporting:
         terminalreporter.write_line(f"run directory: {self.pb.identity.run_dir}")
         headline = self.pb.summary.headline()
         if exitstatus == pytest.ExitCode.INTERRUPTED or headline.get("errors") or headline.get("not_run"):
-            from pytest_programbench.pytest_layer.run_record import command
-
             terminalreporter.write_line("to resume (finished tasks are kept): "
                                         + command(config.invocation_params.args, self.pb.identity.path), bold=True)
         if self.report_path is not None:
@@ -224,14 +210,10 @@ class SessionReporting:
 
     def _write_report(self) -> None:
         """report.html next to summary.json; a page that cannot be written is said, never fails the run."""
-        from pytest_programbench.results.report import TaskScope, write_report
-
         assert self.pb.summary is not None
         by_id = {t.instance_id: t for t in self.pb.selection.tasks}
 
         def scope(instance_id: str) -> TaskScope | None:
-            from programbench.utils.load_data import get_active_branches, get_ignored_tests
-
             task = by_id.get(instance_id)
             try:
                 instance = task.load_instance() if task is not None else None
@@ -262,8 +244,6 @@ class SessionReporting:
         terminal, summary.json and report.html (``leaderboard``); said, never fails the run."""
         if not self.pb.settings.registry_ignore or self.pb.summary is None:
             return
-        from pytest_programbench.results.registry import leaderboard
-
         summary = self.pb.summary
         try:
             board = leaderboard(self.pb.identity.path, Path(self.pb.settings.registry_ignore))
@@ -279,8 +259,6 @@ class SessionReporting:
         """--pb-gold: gold-ledger.json from the gold runs' official results; said, never fails the run."""
         if not self.pb.settings.gold:
             return
-        from pytest_programbench.results.gold import build_ledger, ledger_lines, write_ledger
-
         try:
             instances = {t.instance_id: t.load_instance() for t in self.pb.selection.tasks}
             clocks = ("cpus", "memory", "branch_workers", "branch_retries", "compile_timeout", "test_timeout", "strict")
@@ -296,8 +274,6 @@ class SessionReporting:
         """--pb-compare BASE (compare.json/html; --pb-max-regression gates the exit status), then --pb-package (last:
         it splits each eval.json the official way). Neither changes a score; a failure of either is said."""
         if self.pb.settings.compare:
-            from pytest_programbench.results.compare import write
-
             try:
                 written = write(Path(self.pb.settings.compare[0]), self.pb.identity.path, ledger=self.pb.ledger,
                                 max_regression=self.pb.settings.max_regression,
@@ -313,8 +289,6 @@ class SessionReporting:
             if self.end_failed and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.pb.settings.package:
-            from pytest_programbench.results.package import PackageError, package
-
             try:
                 packaged = package(self.pb.identity.path)
             except PackageError as exc:

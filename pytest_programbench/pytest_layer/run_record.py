@@ -24,7 +24,6 @@ import pytest
 from pytest_programbench.core.run_identity import RUN_MARKER, RunIdentity, fingerprint, read_record, recorded_settings
 from pytest_programbench.core.settings import Settings
 from pytest_programbench.pytest_layer import options
-from pytest_programbench.pytest_layer.stash import WORKERINPUT_RESUMED_SETTINGS
 
 
 def new_identity(base: Path, *, output: str | None, resume: str | None) -> RunIdentity:
@@ -69,6 +68,10 @@ def check_resumable(identity: RunIdentity, settings: Settings) -> None:
 
 # ------------------------------------------------------------------------------ resuming: settings and command
 
+# What the controller hands every xdist worker in ``workerinput`` (plain data): the run's identity, and when the run is
+# resumed the settings it ran with (so workers collect the same selection).
+WORKERINPUT_IDENTITY = "pytest_programbench_run"
+WORKERINPUT_RESUMED_SETTINGS = "pytest_programbench_resumed_settings"
 # Where the run is, and whether this session only checks it: never taken from the record.
 NOT_REUSED = frozenset({"resume", "output", "preflight"})
 

@@ -1,26 +1,52 @@
-"""The run's state before anything runs, checked once as plain data: the session's settings (from the options and a
-resumed run's record), its selection of tasks and its identity, each combination the user cannot mean refused by a
-named check (as pytest-timeout's ``_validate_*``), so a mistake is a usage error before any agent time is spent."""
+"""The run's state apart from the session's hooks (``RunState``), made once before anything runs: the settings (from
+the options and a resumed run's record), the selection of tasks and the identity, each combination the user cannot
+mean refused by a named check (as pytest-timeout's ``_validate_*``), so a mistake is a usage error before any agent
+time is spent; then the agent, the engines, the summary."""
 
 from __future__ import annotations
 
+import logging
 import os
+import shlex
+from importlib.metadata import version
 from pathlib import Path
+from typing import TYPE_CHECKING, Self
 
 import pytest
 
-from pytest_programbench.agents.agent import AgentEnvError, agent_env
-from pytest_programbench.core.run_identity import RunIdentity
+from pytest_programbench.agents import mini_swe_agent
+from pytest_programbench.agents.agent import AgentEnvError, AgentSpec, agent_env
+from pytest_programbench.core.run_identity import RunIdentity, public_settings
 from pytest_programbench.core.settings import Settings
 from pytest_programbench.core.task_key import SUITE_NAME, TaskKey
+from pytest_programbench.engine import docker_engine
+from pytest_programbench.engine.backpressure import Backpressure
+from pytest_programbench.engine.docker_engine import EngineRun, Engines
+from pytest_programbench.engine.engines import EnginePool, parse_docker_hosts
+from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.evaluation.container_layer import evaluation_budget
+from pytest_programbench.pytest_layer import options
 from pytest_programbench.pytest_layer.invocation import is_listing, is_worker, named_tasks
-from pytest_programbench.pytest_layer.run_record import check_resumable, new_identity
-from pytest_programbench.pytest_layer.stash import WORKERINPUT_IDENTITY
+from pytest_programbench.pytest_layer.markers import register_languages
+from pytest_programbench.pytest_layer.run_record import WORKERINPUT_IDENTITY, check_resumable, for_session, new_identity
 from pytest_programbench.pytest_layer.warned_at import ProgramBenchWarning, option_place, warn_at
 from pytest_programbench.relay.relay import RelayConfigError, Upstream
+from pytest_programbench.relay.spend import SPEND_DIR, RunBudget
+from pytest_programbench.results.artifacts import TaskArtifacts
 from pytest_programbench.results.compare import CompareError, check_run
-from pytest_programbench.tasks.catalogue import Catalogue, CatalogueError
+from pytest_programbench.results.gold import Ledger, LedgerError
+from pytest_programbench.results.package import masked_command
+from pytest_programbench.results.summary import RunSummary, TaskRecord
+from pytest_programbench.tasks.catalogue import Catalogue, CatalogueError, Task
 from pytest_programbench.tasks.selection import Selection, select
+from pytest_programbench.tasks.submissions import SubmissionsDir
+
+if TYPE_CHECKING:
+    from pytest_programbench.pytest_layer.preflight import PreflightReport
+    from pytest_programbench.results.progress import Publisher
+
+log = logging.getLogger(__name__)
+
 
 NOTHING_TO_RUN = (
     "the ProgramBench suite is selected but there is nothing to run: pass --pb-agent CMD to run an agent, or "
@@ -31,6 +57,16 @@ AGENT_AND_SUBMISSIONS = (
     "--pb-agent and --pb-submissions exclude each other: --pb-submissions evaluates existing submissions without "
     "running an agent; drop one of them"
 )
+
+
+def agent_label(spec: AgentSpec, width: int = 80) -> str:
+    """What the header calls the agent: a preset by name (a CLI preset with its version), a command as typed."""
+    if spec.kind == "cli":
+        return f"{spec.label} (preset)"
+    if spec.kind != "command":
+        return spec.label
+    text = " ".join(spec.command.split())
+    return repr(text if len(text) <= width else text[:width - 3] + "...")
 
 
 def load_selection(config: pytest.Config, settings: Settings) -> tuple[Catalogue, Selection]:
@@ -154,3 +190,142 @@ def identity_for(config: pytest.Config, settings: Settings) -> RunIdentity:
     if identity.resumed:
         check_resumable(identity, settings)
     return identity
+
+
+# Slack above the sum of an item's own clocks for container start-up, image and blob work, packing.
+TIMEOUT_MARGIN = 600
+
+
+def item_timeout(task: Task, settings: Settings) -> int:
+    """Every clock the item may legitimately wait on, plus a margin: the outer backstop must never fire first.
+    The evaluation's part counts every step's own clock (the official's per-step timeouts included), so a
+    submission that makes every step run to its clock still ends by those clocks, scored."""
+    try:
+        branches = max(1, sum(1 for info in task.load_instance()["branches"].values() if not info.get("ignored")))
+    except CatalogueError:
+        branches = 1  # the pipeline reports the malformed tests.json itself
+    # Held model requests give the clock back, up to its cap.
+    agent = settings.agent_timeout + int(settings.agent_clock_cap) if settings.agent else 0
+    evaluation = evaluation_budget(compile_timeout=settings.compile_timeout, test_timeout=settings.test_timeout,
+                                   branches=branches, branch_workers=settings.branch_workers,
+                                   branch_retries=settings.branch_retries, audit=settings.audit_hidden_tests)
+    # The setup re-runs the pipeline once per infrastructure attempt (--pb-infra-retries): each may use every clock.
+    return (1 + settings.infra_retries) * (agent + evaluation) + TIMEOUT_MARGIN
+
+
+class RunState:
+    """The opted-in session's state, apart from its hooks (``session.ProgramBenchSession`` adds those): settings,
+    selection, identity, agent, engines, summary. Its companions (reporting, stops, xdist, scheduling, progress, the
+    items and fixtures) are typed against it."""
+
+    def __init__(self, config: pytest.Config, settings: Settings, catalogue: Catalogue,
+                 selection: Selection, identity: RunIdentity) -> None:
+        self.config = config
+        self.settings = settings
+        self.catalogue = catalogue
+        self.selection = selection
+        self.identity = identity
+        self.collect_only = is_listing(config)  # --co, --fixtures, --markers...: nothing runs, no run directory
+        self.explicit_paths = config.args_source == pytest.Config.ArgsSource.ARGS
+        self.worker_id: str = getattr(config, "workerinput", {}).get("workerid", "controller")
+        # This process's engines: owner labels on everything it creates, the cross-worker cap on heavy engine calls
+        # (listing only: nothing runs, nothing is labelled or capped). Clients are made at first use, per process.
+        run = (EngineRun(None, Backpressure(0)) if self.collect_only
+               else EngineRun.for_run(identity, concurrency=settings.docker_concurrency))
+        self.docker_engines = Engines(run)
+        self.summary: RunSummary | None = None
+        self.progress: Publisher | None = None  # this process's phase publisher (--pb-progress)
+        self.pytest_session: pytest.Session | None = None
+        self.preflight: PreflightReport | None = None
+        self.agent_spec: AgentSpec | None = None
+        self.agent_command_checked = False  # by this process's first agent run (agents/command_check.py)
+        if settings.agent and not settings.submissions:
+            self.agent_spec = AgentSpec.parse(settings.agent, on_host=settings.agent_on_host)
+            if not self.collect_only:
+                validate_agent_inputs(settings)
+            if self.agent_spec.kind == "mini-swe-agent" and not self.collect_only:
+                mini_swe_agent.preflight(settings)
+        self.ledger: Ledger | None = None  # --pb-gold-ledger
+        if settings.gold_ledger:
+            try:
+                self.ledger = Ledger.load(Path(settings.gold_ledger))
+            except LedgerError as exc:
+                raise pytest.UsageError(f"--pb-gold-ledger: {exc}") from None
+        self.engines: EnginePool | None = None  # --pb-docker-host: tasks spread over these engines
+        if settings.docker_hosts:
+            self.engines = EnginePool.for_run(parse_docker_hosts(settings.docker_hosts), identity.run_id,
+                                              sandbox_cpus=settings.sandbox_cpus, engines=self.docker_engines)
+        self.submissions: SubmissionsDir | None = None
+        self.without_submission: list[str] = []
+        if settings.submissions:
+            self.submissions = SubmissionsDir(Path(settings.submissions), catalogue)
+            if not settings.require_all:
+                self.without_submission = [t.instance_id for t in selection.tasks
+                                           if not self.submissions.has(t.instance_id)]
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Self:
+        # --pb-resume DIR alone: the run's recorded settings, under what the user gave explicitly.
+        settings = for_session(config, options.parse(config))
+        catalogue, selection = load_selection(config, settings)
+        validate(config, settings)
+        register_languages(config, {t.language for t in catalogue})
+        warn_thread_timeout(config)
+        return cls(config, settings, catalogue, selection, identity_for(config, settings))
+
+    def start_summary(self, node_ids: list[str]) -> None:
+        if self.summary is not None or self.collect_only or is_worker(self.config):
+            return
+        by_id = {t.instance_id: t for t in self.selection.tasks}
+        keys = [k for k in map(TaskKey.of_nodeid, node_ids) if k is not None and k.instance_id in by_id]
+        self.summary = RunSummary(
+            self.identity.path / "summary.json",
+            {
+                "run_id": self.identity.run_id,
+                "run_dir": self.identity.run_dir,
+                "plugin_version": version("pytest-programbench"),
+                "programbench_version": version("programbench"),
+                "agent": agent_label(self.agent_spec) if self.agent_spec is not None else None,
+                "started": self.identity.started,
+                "command": shlex.join(masked_command(self.config.invocation_params.args)),
+                "settings": public_settings(self.settings),
+            },
+            [TaskRecord(k.instance_id, by_id[k.instance_id].language, by_id[k.instance_id].difficulty,
+                        by_id[k.instance_id].overridden, key=k.name, attempt=k.n) for k in keys],
+            meta_loader=lambda name: TaskArtifacts(TaskKey.parse(name).run_root(self.identity.path),
+                                                   TaskKey.parse(name).instance_id).read_meta(),
+            token_price=self.settings.token_price,
+            before_write=lambda data: self.config.hook.pytest_programbench_summary(summary=data, config=self.config),
+            attempts=self.settings.gold or self.settings.attempts,
+            budget=None if self.settings.budget is None else RunBudget(self.identity.path / SPEND_DIR,
+                                                                         self.settings.budget),
+        )
+        self.summary.write()
+
+    def deselected_lines(self) -> list[str]:
+        """What the header says of selected tasks that have no submission (--pb-submissions without
+        --pb-require-all)."""
+        if not self.without_submission:
+            return []
+        shown = ", ".join(self.without_submission[:20])
+        more = f" (+{len(self.without_submission) - 20} more)" if len(self.without_submission) > 20 else ""
+        return [f"programbench: {len(self.without_submission)} selected tasks have no submission in "
+                f"{self.settings.submissions} and were deselected: {shown}{more}"]
+
+    def engine_urls(self, *, up_only: bool = False) -> list[str | None]:
+        """Every engine this run may use (``None``: the environment's); ``up_only``: not those marked down."""
+        if self.engines is None:
+            return [None]
+        pool = self.engines
+        return [spec.url for spec in pool.specs if not up_only or pool.down_reason(spec) is None]
+
+    def forget_task_containers(self, instance_id: str) -> None:
+        """Remove what an aborted attempt left behind, before the task runs again (on every engine of the run);
+        ``instance_id`` is the item's name (its containers' task label: one attempt's, not its siblings')."""
+        for url in self.engine_urls(up_only=True):  # a down engine's leftovers: reaped when it is used again
+            try:
+                docker_engine.sweep(self.identity.run_id, task=instance_id, engine=self.docker_engines.client(url))
+            except EngineUnavailable as exc:  # the item's own error already says so
+                log.debug("could not remove the containers of %s on %s: %s", instance_id, url or "default", exc)
+            except Exception as exc:  # the session-end sweep and the reaper remain
+                log.warning("could not remove the containers of %s: %s", instance_id, exc)

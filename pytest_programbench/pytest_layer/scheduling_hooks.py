@@ -25,11 +25,11 @@ from pytest_programbench.scheduling.estimates import (
 from pytest_programbench.scheduling.longest_first import LongestFirstScheduling
 
 if TYPE_CHECKING:
-    from pytest_programbench.pytest_layer.session import ProgramBenchSession
+    from pytest_programbench.pytest_layer.run_state import RunState
 
 
 class SchedulingPlugin:
-    def __init__(self, session: ProgramBenchSession) -> None:
+    def __init__(self, session: RunState) -> None:
         self.session = session
         self.config = session.config
         self._estimates: Estimates | None = None

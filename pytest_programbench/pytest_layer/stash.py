@@ -8,9 +8,9 @@ import pytest
 
 if TYPE_CHECKING:
     from pytest_programbench.engine.docker_engine import Engines
-    from pytest_programbench.pytest_layer.session import ProgramBenchSession
+    from pytest_programbench.pytest_layer.run_state import RunState
 
-    SessionKey = pytest.StashKey[ProgramBenchSession]
+    SessionKey = pytest.StashKey[RunState]
     EnginesKey = pytest.StashKey[Engines]
 
 # The opted-in session's state; absent when the session did not opt in (then there are no ProgramBench items).
@@ -20,8 +20,3 @@ SESSION: SessionKey = pytest.StashKey()
 ENGINES: EnginesKey = pytest.StashKey()
 # Set when the plugin chose --dist worksteal for a -n given without --dist (the report header says so).
 WORKSTEAL_DEFAULTED = pytest.StashKey[bool]()
-
-# What the controller hands every xdist worker in ``workerinput`` (plain data): the run's identity, and when the run is
-# resumed the settings it ran with (so workers collect the same selection).
-WORKERINPUT_IDENTITY = "pytest_programbench_run"
-WORKERINPUT_RESUMED_SETTINGS = "pytest_programbench_resumed_settings"

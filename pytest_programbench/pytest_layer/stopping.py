@@ -12,9 +12,11 @@ import pytest
 
 from pytest_programbench.agents.command_check import AGENT_COMMAND_MISSING
 from pytest_programbench.core.task_key import TaskKey
+from pytest_programbench.relay.relay import MODEL_REJECTED
+from pytest_programbench.results.verdict import AGENT_NOT_RUN
 
 if TYPE_CHECKING:
-    from pytest_programbench.pytest_layer.session import ProgramBenchSession
+    from pytest_programbench.pytest_layer.run_state import RunState
 
 # Tasks whose agent all exited 127/126 (never ran) before the session stops; --pb-keep-going turns it off.
 STOP_AFTER_AGENT_NOT_RUN = 3
@@ -25,7 +27,7 @@ STOP_AFTER_MODEL_REJECTED = 2
 class EarlyStops:
     """Watches finished reports (a plugin object, registered with the session) and stops the run early."""
 
-    def __init__(self, pb: ProgramBenchSession) -> None:
+    def __init__(self, pb: RunState) -> None:
         self.pb = pb  # the opted-in session whose state this reads
         self.settings = pb.settings
         # The agent's exit statuses of the first tasks, while none of them ran (127/126): see _watch_agent_exit.
@@ -77,8 +79,6 @@ class EarlyStops:
 
     def _watch_model_rejected(self, instance_id: str, properties: list[tuple[str, object]]) -> None:
         """Stop the session when the model API rejected the key on the first tasks: every task would do the same."""
-        from pytest_programbench.relay.relay import MODEL_REJECTED
-
         if self.settings.keep_going or self.stop_reason or self.scored_any:
             return
         reasons = [str(value) for name, value in properties
@@ -95,8 +95,6 @@ class EarlyStops:
 
     def _watch_agent_exit(self, instance_id: str, agent_exit: Any) -> None:
         """Stop the session when the first tasks' agents all exited 127/126: every other task would do the same."""
-        from pytest_programbench.results.verdict import AGENT_NOT_RUN
-
         if self.settings.keep_going or self.pb.agent_spec is None or agent_exit in (None, "") or self.stop_reason:
             return
         if agent_exit not in AGENT_NOT_RUN:

@@ -11,15 +11,15 @@ import pytest
 
 from pytest_programbench.core.run_identity import public_settings
 from pytest_programbench.core.task_key import TaskKey
-from pytest_programbench.pytest_layer.stash import WORKERINPUT_IDENTITY, WORKERINPUT_RESUMED_SETTINGS
+from pytest_programbench.pytest_layer.run_record import WORKERINPUT_IDENTITY, WORKERINPUT_RESUMED_SETTINGS
 
 if TYPE_CHECKING:
-    from pytest_programbench.pytest_layer.session import ProgramBenchSession
+    from pytest_programbench.pytest_layer.run_state import RunState
 
 log = logging.getLogger(__name__)
 
 class XdistHooks:
-    def __init__(self, pb: ProgramBenchSession) -> None:
+    def __init__(self, pb: RunState) -> None:
         self.pb = pb  # the opted-in session whose state this reads
         self.crashes: dict[str, list[str]] = {}
 
@@ -58,7 +58,7 @@ class XdistHooks:
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         if self.pb.summary is None:  # the first worker's list: the controller collects nothing, so say it here, once
             reporter = self.pb.config.pluginmanager.get_plugin("terminalreporter")
-            for line in self.pb.pytest_report_collectionfinish(self.pb.config):
+            for line in self.pb.deselected_lines():
                 if reporter is not None:
                     reporter.write_line(line)
         self.pb.start_summary(ids)
