@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
+from docker.errors import APIError, NotFound
+
 from pytest_programbench.engine.archive_out import Archive, Member, first_member
 from pytest_programbench.engine.exec_stream import ExecStream
 from pytest_programbench.engine.tar_in import TarIn
@@ -224,8 +226,6 @@ class Container:
     def remove(self) -> bool:
         """``docker rm -f -v``; True when it is gone (also when it was already, or its removal is under way).
         Other engine errors propagate (a 409 of another kind among them: the caller decides)."""
-        from docker.errors import APIError, NotFound
-
         try:
             self.api.remove_container(self.id, force=True, v=True)
         except NotFound:

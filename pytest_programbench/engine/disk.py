@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from docker.errors import APIError, NotFound
+
 from pytest_programbench.core import environment
 from pytest_programbench.engine.errors import DiskSpaceError
 from pytest_programbench.engine.facts import NOT_ASKED, facts
@@ -125,8 +127,6 @@ def prune_images(image_ids: Iterable[str], *, engine: DockerEngine) -> PruneRepo
 
     An image some container still uses, or that is already gone, is reported, not an error.
     """
-    from docker.errors import APIError, NotFound
-
     api = engine.api
     report = PruneReport()
     for image_id in dict.fromkeys(image_ids):

@@ -49,6 +49,7 @@ from urllib.parse import urlsplit
 
 import requests.exceptions
 import tenacity
+from docker.errors import APIError, DockerException, NotFound
 
 from pytest_programbench import RUN_LABEL, TASK_LABEL, WORKER_LABEL
 from pytest_programbench.core.environment import (
@@ -61,6 +62,7 @@ from pytest_programbench.core.environment import (
 )
 from pytest_programbench.engine import disk
 from pytest_programbench.engine.backpressure import Backpressure
+from pytest_programbench.engine.engine_api import open_client
 from pytest_programbench.engine.errors import EngineConnectionError, EngineRestarted, EngineUnavailable
 from pytest_programbench.engine.facts import EngineFacts
 from pytest_programbench.engine.ownership import EXPIRES_LABEL, OWNER_LABEL, Owner, RunLike, boot_id
@@ -276,8 +278,6 @@ class RetryPolicy:
         """``call()``, tried again on transient failures. ``rewind`` makes its input sendable again (False: it
         cannot be, so the failure stands); ``on_repeat`` may turn an API error of a repeat into a result (the
         first attempt did it: an adopted container, a removal that finds nothing)."""
-        from docker.errors import APIError
-
         attempts = 0
         timeouts = server_failures = 0
         reason = ""
@@ -384,10 +384,6 @@ class Engine:
         down = self.health.down_reason()
         if down is not None:
             raise EngineUnavailable(down)
-        from docker.errors import DockerException
-
-        from pytest_programbench.engine.engine_api import open_client
-
         self._ready = False
         self.health.contacts += 1
         candidate: docker.DockerClient | None = None
@@ -486,8 +482,6 @@ class Engine:
 
     def container_bound(self, name: str, container: Any, call: Callable[[], T]) -> T:
         """A call on a container's live state: never retried; a 404/409 after a restart is EngineRestarted."""
-        from docker.errors import APIError
-
         container_id = str(container.get("Id") if isinstance(container, dict) else container)
         try:
             result = call()
@@ -499,8 +493,6 @@ class Engine:
         return result
 
     def exec_bound(self, name: str, exec_id: Any, call: Callable[[], T]) -> T:
-        from docker.errors import APIError
-
         key = str(exec_id.get("Id") if isinstance(exec_id, dict) else exec_id)
         try:
             return call()
@@ -510,8 +502,6 @@ class Engine:
 
     def _adopter(self, api: Any, params: dict[str, Any]) -> Callable[[Any], Any]:
         """A create retried after its first attempt may have happened: adopt the container of that name."""
-        from docker.errors import APIError
-
         def adopt(exc: Any) -> Any:
             name = params.get("name")
             if _status(exc) != 409 or not name:
@@ -776,8 +766,6 @@ class SweepReport:
 def sweep(run_id: str, *, engine: DockerEngine, task: str | None = None) -> SweepReport:
     """Remove every container, then every image, labelled with this run (optionally one task only) from ``engine``
     (a client)."""
-    from docker.errors import APIError, NotFound
-
     report = SweepReport()
     api = engine.api
     filters = [f"{RUN_LABEL}={run_id}"]

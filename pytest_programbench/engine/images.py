@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from docker.errors import APIError, BuildError, DockerException, ImageNotFound
+from docker.utils.build import tar
 from filelock import FileLock
 
 from pytest_programbench.core.cache import cache_root
@@ -48,8 +50,6 @@ def image_ref(task: Task, tag: str) -> str:
 
 
 def _local_id(engine: docker.DockerClient, ref: str) -> str | None:
-    from docker.errors import ImageNotFound
-
     try:
         return str(engine.api.inspect_image(ref)["Id"])
     except ImageNotFound:
@@ -58,8 +58,6 @@ def _local_id(engine: docker.DockerClient, ref: str) -> str | None:
 
 def _pull(engine: docker.DockerClient, ref: str) -> str:
     """Pull ``ref``; returns an error text, empty on success."""
-    from docker.errors import APIError
-
     repository, _, tag = ref.rpartition(":")
     try:
         for event in engine.api.pull(repository, tag=tag, stream=True, decode=True):
@@ -80,9 +78,6 @@ def _dockerignore(context: Path) -> list[str]:
 
 def _build(engine: docker.DockerClient, task: Task, ref: str, labels: Mapping[str, str]) -> str:
     """Build ``ref`` from the task's Dockerfile with no network; returns the image id."""
-    from docker.errors import APIError, BuildError
-    from docker.utils.build import tar
-
     dockerfile = task.dockerfile
     assert dockerfile is not None
     context = dockerfile.parent
@@ -138,8 +133,6 @@ def ensure_image(
 
     ``labels`` go on a built image (the run's labels make the controller's sweep remove it at session end).
     """
-    from docker.errors import DockerException
-
     if pull not in {"never", "missing"}:
         raise ValueError(f"pull must be 'never' or 'missing', not {pull!r}")
     ref = image_ref(task, tag)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from docker.errors import APIError, NotFound
 from requests.exceptions import RequestException
 
 from pytest_programbench import RUN_LABEL
@@ -188,8 +189,6 @@ def _run_objects(engine: DockerEngine, report: ReapReport, runs: Iterable[str] |
                  ) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]] | None:
     """The engine's API client, and the containers and images of any run (of ``runs`` only, when given); None when
     the engine cannot list them (said in ``report``)."""
-    from docker.errors import APIError  # lazy: docker-py, kept out of collection
-
     try:
         api = engine.api
         containers = api.containers(all=True, filters={"label": RUN_LABEL})
@@ -224,8 +223,6 @@ def _judge(current_run: str | None, records: Mapping[str, Owner], here: _Here, n
 def _remove_containers(api: Any, containers: list[dict[str, Any]], judge: Callable[[Mapping[str, Any]], bool],
                        report: ReapReport) -> None:
     """Force-remove the dead runs' containers (with their volumes); stop at the engine going away."""
-    from docker.errors import APIError, NotFound  # lazy: docker-py, kept out of collection
-
     for info in containers:
         if not judge(info):
             continue
@@ -244,8 +241,6 @@ def _remove_containers(api: Any, containers: list[dict[str, Any]], judge: Callab
 
 def _remove_image(api: Any, info: Mapping[str, Any], report: ReapReport) -> bool:
     """Untag, then delete, without force; an image any container still uses (a live run's) stays."""
-    from docker.errors import APIError, NotFound  # lazy: docker-py, kept out of collection
-
     image_id = str(info["Id"])
     try:
         users = api.containers(all=True, filters={"ancestor": image_id})

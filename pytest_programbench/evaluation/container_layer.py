@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import logging
 import os
 import shlex
@@ -44,12 +45,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
+import programbench
 import requests.exceptions
+from docker.errors import APIError, NotFound
 from programbench.constants import DOCKER_CP_TIMEOUT, DOCKER_EXECUTABLE, DOCKER_RUN_TIMEOUT, WORKSPACE_DIR
 from programbench.eval import eval as official_eval
 from programbench.eval.eval import EvaluationResult, Evaluator
@@ -71,9 +74,11 @@ from pytest_programbench.engine.archive_out import (
 )
 from pytest_programbench.engine.container import Container, ExecReader, OutputCap, decode_for_display
 from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.engine.facts import facts
 from pytest_programbench.engine.tar_in import TarIn
 from pytest_programbench.evaluation import harness_material
 from pytest_programbench.evaluation.step_batch import Step, StepResult, collect, driver_argv, new_nonce
+from pytest_programbench.sandbox.sandbox import StorageQuota, storage_quota
 
 if TYPE_CHECKING:
     import docker
@@ -163,10 +168,6 @@ AUDITED_SOURCES: dict[str, tuple[str, str]] = {
 
 def audit_official_sources() -> list[str]:
     """One message per installed official source file that differs from the audited one."""
-    import hashlib
-
-    import programbench
-
     root = Path(programbench.__file__).parent
     problems = []
     for rel, (digest, recheck) in AUDITED_SOURCES.items():
@@ -234,8 +235,6 @@ class Reaper:
     """Removes containers and images in the background, in submission order; ``drain`` waits for all of it."""
 
     def __init__(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pb-reaper")
         self._pending: list[Any] = []
         self._lock = threading.Lock()
@@ -338,16 +337,11 @@ def storage_limit_option(api: Any, size: int) -> dict[str, str] | None:
     driver enforces one (overlay2 on xfs with pquota, btrfs, zfs, devicemapper); None otherwise or for 0."""
     if size <= 0:
         return None
-    from pytest_programbench.sandbox.sandbox import storage_quota
-
     return {"size": str(size)} if storage_quota(api).supported else None
 
 
 def storage_refused(api: Any, exc: Exception) -> None:
     """The driver looked able but refused (overlay2 on xfs without pquota): remembered on the client, said once."""
-    from pytest_programbench.engine.facts import facts
-    from pytest_programbench.sandbox.sandbox import StorageQuota
-
     reason = f"the engine refused a size limit: {_api_error_text(exc)}"
     log.warning("evaluation containers' storage cannot be limited: %s (see docs/security.md)", reason)
     facts(api).storage_quota = StorageQuota(False, reason)
@@ -464,8 +458,6 @@ class SdkContainerEnvironment:
     @contextlib.contextmanager
     def _as_docker_run(self) -> Iterator[None]:
         """Creating or starting fails as the official's ``docker run`` would (the container removed first)."""
-        from docker.errors import APIError
-
         try:
             yield
         except APIError as exc:
@@ -559,8 +551,6 @@ class SdkContainerEnvironment:
         stdin: bool = False,
     ) -> tuple[str, ExecReader] | dict[str, Any]:
         """Create and start an exec; a failed start is reported like the CLI would (exit 1, daemon message)."""
-        from docker.errors import APIError, NotFound
-
         try:
             return self.box.start_exec(cmd, stdin=stdin, environment=environment, workdir=workdir)
         except NotFound as exc:
@@ -577,8 +567,6 @@ class SdkContainerEnvironment:
 
     def _exit_code(self, exec_id: str) -> int:
         """The exec's exit status once the daemon recorded it (the CLI's ``getExecExitStatus``)."""
-        from docker.errors import APIError
-
         try:
             return self.box.exit_code(exec_id, wait=EXIT_POLL_SECONDS)
         except APIError as exc:
@@ -633,8 +621,6 @@ class SdkContainerEnvironment:
 
     def pause(self) -> bool:
         """Freeze every process of the container (the cgroup freezer); False when the engine refused."""
-        from docker.errors import APIError
-
         try:
             self._api.pause(self.container_id)
         except APIError as exc:
@@ -644,8 +630,6 @@ class SdkContainerEnvironment:
         return True
 
     def unpause(self) -> None:
-        from docker.errors import APIError
-
         try:
             self._api.unpause(self.container_id)
         except APIError as exc:
@@ -653,8 +637,6 @@ class SdkContainerEnvironment:
         self.paused = False
 
     def _host_kill(self) -> None:
-        from docker.errors import APIError
-
         with contextlib.suppress(APIError):
             self.box.kill()
 
@@ -662,8 +644,6 @@ class SdkContainerEnvironment:
 
     def copy_in(self, local_path: Path, container_path: str) -> None:
         """A file like ``docker cp`` (owned by root, mode kept); a directory streamed into the container's tar."""
-        from docker.errors import APIError
-
         if local_path.is_dir():
             with _dir_tar(local_path) as archive:
                 self._stream_tar_in(container_path, archive, compressed=False)
@@ -838,8 +818,6 @@ class SdkContainerEnvironment:
     def put_files(self, directory: str, files: Mapping[str, bytes], *, mode: int = 0o644,
                   subdir: str = "") -> None:
         """Harness files (not submission data) into an existing directory (optionally a new subdir), root-owned."""
-        from docker.errors import APIError
-
         archive = TarIn()
         if subdir:
             archive.directory(subdir, 0o755)
@@ -857,8 +835,6 @@ class SdkContainerEnvironment:
         """What ``docker cp`` of ``container_path`` would bring out: ``(0, Member)`` (its bytes only for a regular
         file within ``max_bytes``), or ``(returncode, message)`` like ``docker cp`` failing. Streamed, never whole:
         at most ``max_bytes`` plus the archive's headers are read, however big the file claims to be."""
-        from docker.errors import APIError, NotFound
-
         try:
             member = self.box.first_member(container_path, timeout=timeout, max_bytes=max_bytes)
         except NotFound:
@@ -945,8 +921,6 @@ class SdkContainerEnvironment:
                 self.unpause()
 
     def _commit(self, image_ref: str) -> str:
-        from docker.errors import APIError
-
         repository, _, tag = image_ref.rpartition(":")
         if not repository or "/" in tag:
             repository, tag = image_ref, "latest"
@@ -1032,8 +1006,6 @@ def register_committed_image(image_ref: str, engine: docker.DockerClient,
 
 def remove_committed_image(image_ref: str) -> bool:
     """Remove an image this layer committed (True), or leave it to the caller (False)."""
-    from docker.errors import APIError, NotFound
-
     with _committed_lock:
         entry = _committed.pop(image_ref, None)
     if entry is None:
@@ -1185,8 +1157,6 @@ class SdkEvaluator(Evaluator):
     branch_phase_word = "branch"
 
     def __init__(self, *, layer: LayerConfig, **official_kwargs: Any) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         super().__init__(**official_kwargs)
         install_remove_image_dispatch()
         self.layer = layer

@@ -44,6 +44,7 @@ from programbench.utils.load_data import get_active_branches, get_ignored_branch
 
 from pytest_programbench.core import environment
 from pytest_programbench.core.settings import cores
+from pytest_programbench.engine import disk
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.evaluation import harness_material, integrity, results_check, step_batch
@@ -665,8 +666,6 @@ def _require_disk(workdir: Path, engine: docker.DockerClient, *, branches: int) 
     """Before the compile container: the engine's data root has ``PB_DISK_RUN_NEED`` free and the task's directory
     room for eval.json (every attempt's results text). Hours may have passed since the check before the agent, and
     another task's submission may have filled the disk since: then this is an error, never this task's 0."""
-    from pytest_programbench.engine import disk
-
     root = disk.docker_root(engine.api)
     if root is not None:
         disk.require(root, disk.run_need(), "evaluate a submission", label="the Docker data root")

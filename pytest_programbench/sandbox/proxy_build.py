@@ -30,6 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from docker.errors import DockerException
+from filelock import FileLock
+
 from pytest_programbench.core import environment
 from pytest_programbench.core.cache import cache_dir as plugin_cache_dir
 from pytest_programbench.engine.protocol import DockerEngine
@@ -153,8 +156,6 @@ def _compile_on_host(output: Path, arch: str) -> str:
 
 def _compile_in_container(output: Path, engine: DockerEngine, image: str, labels: Labels | None) -> str:
     """Compile inside a throw-away container of ``image`` (no network); returns a description."""
-    from docker.errors import DockerException
-
     name = f"pb-proxy-build-{uuid.uuid4().hex[:10]}"
     label_dict = labels.as_dict() if labels is not None else {}
     container = None
@@ -212,8 +213,6 @@ def build_client(*, cache_dir: Path | None = None, engine: DockerEngine | None =
     cached = _cached(target, arch)
     if cached is not None:
         return cached
-    from filelock import FileLock
-
     cache.mkdir(parents=True, exist_ok=True)
     with FileLock(str(cache / "build.lock"), timeout=BUILDER_TIMEOUT * 2):
         cached = _cached(target, arch)

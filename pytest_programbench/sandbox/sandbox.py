@@ -34,6 +34,10 @@ from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+import requests.exceptions
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.types import Mount
+
 from pytest_programbench.core.environment import SANDBOX_STORAGE
 from pytest_programbench.engine.archive_out import CappedStream, TooLarge
 from pytest_programbench.engine.container import Container, ExecReader, OutputCap, Sinks
@@ -408,8 +412,6 @@ class Sandbox:
             return self
         if self._closed:
             raise SandboxError("a closed sandbox cannot be restarted")
-        from docker.errors import DockerException, ImageNotFound
-
         try:
             try:
                 image = self.engine.images.get(self.image)
@@ -436,8 +438,6 @@ class Sandbox:
         return self
 
     def _create(self) -> None:
-        from docker.errors import APIError
-
         limit = storage_limit()
         quota = storage_quota(self.engine.api) if limit else StorageQuota(False, "disabled (PB_SANDBOX_STORAGE=0)")
         options: dict[str, Any] = {"storage_opt": {"size": str(limit)}} if quota.supported else {}
@@ -459,8 +459,6 @@ class Sandbox:
         self.storage_quota = quota
 
     def _create_container(self, options: dict[str, Any]) -> None:
-        from docker.errors import APIError
-
         shm_size, sysctls = ipc_limits(self.memory)
         try:
             self._create_bounded(dict(options, shm_size=shm_size, sysctls=sysctls))
@@ -478,8 +476,6 @@ class Sandbox:
             self._create_bounded(dict(options, shm_size=shm_size))
 
     def _create_bounded(self, options: dict[str, Any]) -> None:
-        from docker.types import Mount
-
         container = self.engine.containers.create(
             self._image_id,
             **options,
@@ -553,8 +549,6 @@ class Sandbox:
         self._container = None
         if container_id is None:
             return
-        from docker.errors import APIError
-
         try:
             Container(self.engine.api, container_id).remove()
         except APIError as exc:
@@ -615,8 +609,6 @@ class Sandbox:
             argv = ["timeout", "-k", str(EXEC_KILL_GRACE), str(max(1, int(timeout + extension_cap))), *argv]
         environment = dict(self.agent_env()) if user == "agent" and self._layout is not None else {}
         environment.update(env or {})
-        from docker.errors import APIError
-
         try:
             return self._exec(argv, timeout=timeout, user=user, workdir=workdir, environment=environment,
                               output=output, stdin=stdin, max_output=max_output, use_timeout=use_timeout,
@@ -748,8 +740,6 @@ class Sandbox:
         return self._window_end
 
     def _end_window(self) -> WindowEnd:
-        from docker.errors import APIError, NotFound
-
         api = self.engine.api
         state = self._state()
         if state is None:
@@ -801,8 +791,6 @@ class Sandbox:
         """``docker pause``, tried FREEZE_ATTEMPTS times: cgroup v1's freezer gives up on a cgroup whose processes
         keep forking ("unable to freeze") where v2's does not. Unfrozen, the kill that follows is still complete
         (the pid namespace goes with its init); only the count is then approximate."""
-        from docker.errors import APIError
-
         for attempt in range(FREEZE_ATTEMPTS):
             try:
                 self.engine.api.pause(self.id)
@@ -817,8 +805,6 @@ class Sandbox:
 
     def _state(self) -> dict[str, Any] | None:
         """The container's ``State`` (None: it is gone)."""
-        from docker.errors import NotFound
-
         try:
             return dict(self.engine.api.inspect_container(self.id)["State"])
         except NotFound:
@@ -866,8 +852,6 @@ class Sandbox:
         :class:`SubmissionUnpackable`; the engine failing :class:`SandboxError`. Every path leaves no file behind
         and closes the archive stream (an open one holds the engine's lock on the container).
         """
-        from docker.errors import DockerException
-
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.with_name(dest.name + ".partial")
         try:
@@ -926,8 +910,6 @@ class Sandbox:
 
     def read_file(self, path: str, *, max_bytes: int = 256 << 20) -> bytes:
         """One file's bytes, read as root (e.g. the proxy's call log); at most ``max_bytes``, else SandboxError."""
-        from docker.errors import DockerException, NotFound
-
         try:
             with self._archive(path) as (stream, _stat), \
                     tarfile.open(fileobj=CappedStream(stream, max_bytes + TAR_OVERHEAD), mode="r|") as tar:
@@ -1066,8 +1048,6 @@ def merge_call_records(data: bytes) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------- helpers
 def _engine_trouble(exc: BaseException) -> bool:
     """Whether the engine connection failed somewhere in ``exc``'s causes (never the agent's doing)."""
-    import requests.exceptions
-
     seen: list[BaseException] = []
     current: BaseException | None = exc
     while current is not None and len(seen) < 20 and not any(current is s for s in seen):

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from filelock import FileLock
+from programbench.constants import HF_REPO_ID, HF_REVISION
 
 from pytest_programbench.core import environment
 from pytest_programbench.core.cache import cache_root
@@ -211,12 +212,10 @@ def _from_task_dir(task: Task, branches: Sequence[str], cache: Path) -> BlobSet 
 
 
 def _from_huggingface(task: Task, branches: Sequence[str], cache: Path, environ: Mapping[str, str]) -> BlobSet:
-    from programbench.constants import HF_REPO_ID, HF_REVISION
-
     offline = environment.HF_HUB_OFFLINE.true(environ)
     try:
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
+        from huggingface_hub import hf_hub_download  # lazy: huggingface_hub, for Hub archives only
+        from huggingface_hub.errors import LocalEntryNotFoundError  # lazy: huggingface_hub, for Hub archives only
     except ImportError as exc:
         raise BlobError(f"{task.instance_id}: huggingface_hub is not installed ({exc})") from exc
     locks = cache / "hf-locks"

@@ -10,7 +10,7 @@ import copy
 import functools
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,7 @@ class Task:
 
 
 def _task_from_config(config: Mapping[str, Any], task_dir: Path, *, packaged: bool) -> Task:
-    from programbench.constants import image_name_from_instance_id
+    from programbench.constants import image_name_from_instance_id  # lazy: programbench, kept out of the entry point
 
     yaml_path = task_dir / "task.yaml"
     language = config.get("language")
@@ -129,8 +129,8 @@ def load_tasks_dir(root: Path) -> list[Task]:
 
 @functools.cache
 def _packaged_instances() -> tuple[dict[str, Any], ...]:
-    from programbench.constants import TASKS_DIR
-    from programbench.utils.load_data import load_all_instances
+    from programbench.constants import TASKS_DIR  # lazy: programbench, kept out of the entry point
+    from programbench.utils.load_data import load_all_instances  # lazy: programbench, kept out of the entry point
 
     return tuple(load_all_instances(TASKS_DIR, include_tests=False))
 
@@ -143,7 +143,7 @@ def packaged_instances() -> list[dict[str, Any]]:
 
 
 def load_packaged() -> list[Task]:
-    from programbench.constants import TASKS_DIR
+    from programbench.constants import TASKS_DIR  # lazy: programbench, kept out of the entry point
 
     return [_task_from_config(i, TASKS_DIR / i["instance_id"], packaged=True) for i in packaged_instances()]
 
@@ -163,7 +163,7 @@ class Catalogue:
             for task in load_tasks_dir(Path(root)):
                 replaced = by_id.get(task.instance_id)
                 overridden = replaced is not None and replaced.packaged
-                by_id[task.instance_id] = _replace(task, overridden=True) if overridden else task
+                by_id[task.instance_id] = replace(task, overridden=True) if overridden else task
         return cls(tuple(sorted(by_id.values(), key=lambda t: t.instance_id)))
 
     @property
@@ -175,9 +175,3 @@ class Catalogue:
 
     def __len__(self) -> int:
         return len(self.tasks)
-
-
-def _replace(task: Task, **changes: Any) -> Task:
-    from dataclasses import replace
-
-    return replace(task, **changes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from programbench.constants import TASKS_DIR
 
 from pytest_programbench.tasks.catalogue import Catalogue
 
@@ -28,8 +29,6 @@ class SubmissionsDir:
         if not present:  # a wrong folder: a run of nothing would follow (a run directory, an empty report, exit 5)
             raise pytest.UsageError(f"--pb-submissions: {root} holds no <id>/{ARCHIVE}: expected one folder per "
                                     f"task, named by its instance id, holding the task's {ARCHIVE}")
-        from programbench.constants import TASKS_DIR
-
         # Packaged fixtures left out of this selection are still tasks: only warn about ids nobody knows.
         known = {t.instance_id for t in catalogue} | {d.name for d in TASKS_DIR.iterdir() if d.is_dir()}
         self.ids = frozenset(i for i in present if i in known)
