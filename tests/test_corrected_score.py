@@ -1,4 +1,4 @@
-"""The corrected score beside the official one (evaluation/corrected.py), and ``--pb-score``.
+"""The corrected score beside the official one (results/corrected.py), and ``--pb-score``.
 
 The official scorer compares tests.json names with JUnit names literally (upstream ProgramBench issue #56, PR #61):
 where tests.json lists a test without the ``eval.`` prefix the JUnit name carries, the test counts twice. Two tasks
@@ -30,7 +30,7 @@ from programbench.utils.load_data import (
     load_all_instances,
 )
 
-from pytest_programbench.evaluation.corrected import UPSTREAM, canonical_xml, corrected_score
+from pytest_programbench.results.corrected import UPSTREAM, canonical_xml, corrected_score
 from pytest_programbench.tasks.catalogue import Catalogue
 from tests.conftest import Testbed
 

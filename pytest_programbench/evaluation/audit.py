@@ -55,8 +55,8 @@ from pytest_programbench.evaluation.container_layer import (
     StepHooks,
     _is_connection_failure,
 )
-from pytest_programbench.evaluation.corrected import canonical_full, safe_corrected_score
 from pytest_programbench.evaluation.integrity import READS_HIDDEN_TESTS, IntegrityFlag
+from pytest_programbench.results.corrected import canonical_full, safe_corrected_score
 from pytest_programbench.text.printable import printable
 
 log = logging.getLogger(__name__)

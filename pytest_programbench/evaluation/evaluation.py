@@ -64,7 +64,6 @@ from pytest_programbench.evaluation.container_layer import (
     _is_connection_failure,
     prefetch_enabled,
 )
-from pytest_programbench.evaluation.corrected import CorrectedScore, safe_corrected_score
 from pytest_programbench.evaluation.harness_material import WHEEL_DIR_PREFIX
 from pytest_programbench.evaluation.install_cache import (
     DIFF_PRUNE,
@@ -84,6 +83,7 @@ from pytest_programbench.evaluation.rerunfailures import (
     install_cache_dir,
     pip_environment,
 )
+from pytest_programbench.results.corrected import CorrectedScore, safe_corrected_score
 from pytest_programbench.tasks.blobs import BlobSet
 from pytest_programbench.tasks.catalogue import CatalogueError, Task
 

@@ -32,7 +32,6 @@ from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.images import ImageError, ensure_image
 from pytest_programbench.evaluation import evaluation
-from pytest_programbench.evaluation.corrected import recomputed_fields
 from pytest_programbench.pipeline.model_relay import TaskRelay
 from pytest_programbench.pipeline.room import run_dir_need
 from pytest_programbench.relay.relay import BRIDGE_SCRIPT, SANDBOX_BRIDGE_PORT
@@ -41,6 +40,7 @@ from pytest_programbench.relay.relay_tunnel import RelayTunnel
 from pytest_programbench.results import coverage, task_meta, timeline
 from pytest_programbench.results.artifacts import TaskArtifacts
 from pytest_programbench.results.atomic import atomic_copy
+from pytest_programbench.results.corrected import recomputed_fields
 from pytest_programbench.results.gold import GoldError, reference_bytes, require_reference_built, write_submission
 from pytest_programbench.results.task_meta import TaskMeta
 from pytest_programbench.results.verdict import InfrastructureError, TaskOutcome

@@ -14,7 +14,7 @@ Three kinds of directory, told apart by their files (:func:`detect`):
 Read with the official's own models and scoring: ``EvaluationResult.model_validate_json``, then
 ``for_branches(active).without_ignored(ignored)`` with the task's active branches and ignored tests from the
 catalogue, its ``score``; an entry's per-test map as ``compile_leaderboard`` reads it (``score_from_tests``, the
-registry's ``_instance_score``). The corrected score (evaluation/corrected.py) where a result keeps its JUnit log.
+registry's ``_instance_score``). The corrected score (results/corrected.py) where a result keeps its JUnit log.
 What a kind does not hold (times, tokens, trajectories; an entry without eval.json files has no corrected score) is
 listed in ``lacks`` and shown as "not in this run", never filled in.
 """
@@ -34,8 +34,8 @@ from programbench.submission import score_from_tests
 from programbench.utils.load_data import get_active_branches, get_ignored_tests
 
 from pytest_programbench.core.run_identity import RUN_MARKER
-from pytest_programbench.evaluation.corrected import safe_corrected_score
 from pytest_programbench.results import registry
+from pytest_programbench.results.corrected import safe_corrected_score
 from pytest_programbench.results.report import TaskScope, write_report
 from pytest_programbench.results.summary import FAILED, PASSED, RunSummary, TaskRecord
 from pytest_programbench.tasks.catalogue import Catalogue, CatalogueError, Task

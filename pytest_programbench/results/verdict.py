@@ -1,6 +1,6 @@
 """Step 8 of the pipeline: the verdict. An item passes when its score reaches ``--pb-min-score`` and no integrity
 flag is raised (unless ``--pb-allow-flags``); the score is the official one, or under ``--pb-score corrected`` the
-corrected one (evaluation/corrected.py), and both are always reported. Its JUnit properties are plain builtins (xdist
+corrected one (results/corrected.py), and both are always reported. Its JUnit properties are plain builtins (xdist
 ships them)."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class TaskOutcome:
     tests: Mapping[str, str] = field(default_factory=dict)  # "<branch>/<name>" -> status, scored tests only
     tokens: Mapping[str, int | float | None] | None = None  # the model relay's counts (None: no relay)
     notes: Sequence[str] = ()
-    # The corrected score (evaluation/corrected.py): the official scoring with test names compared canonically. None:
+    # The corrected score (results/corrected.py): the official scoring with test names compared canonically. None:
     # not computed (no official result, a run of an older version): the official stands for it.
     score_corrected: float | None = None
     n_passed_corrected: int | None = None
