@@ -52,16 +52,16 @@ def pytest_cmdline_main_compare(config: pytest.Config) -> int | None:  # pytest 
     """``--pb-compare BASE,NEW``: two finished runs compared from their files; ``--pb-report DIR``: report.html for a
     foreign run. Nothing is collected or run."""
     if config.getoption(options.BY_DEST["pb_report"].dest, None) is not None:
-        from pytest_programbench.pytest_layer import front_doors  # lazy: the entry point stays light (Jinja2, scipy)
+        from pytest_programbench.pytest_layer.front_doors import report_foreign_run  # lazy: Jinja2, scipy
 
-        return front_doors.report_foreign_run(config)
+        return report_foreign_run(config)
     opt = options.BY_DEST["pb_compare"]
     raw = config.getoption(opt.dest, None)
     if raw is None or len(opt.parse(raw)["compare"]) < 2:
         return None
-    from pytest_programbench.pytest_layer import front_doors  # lazy: the entry point stays light (Jinja2, scipy)
+    from pytest_programbench.pytest_layer.front_doors import compare_finished_runs  # lazy: Jinja2, scipy
 
-    return front_doors.compare_finished_runs(config)
+    return compare_finished_runs(config)
 
 
 @pytest.hookimpl(trylast=True)
@@ -73,14 +73,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if not opted_in(config):
         return
     # lazy: a session that opts in imports the pipeline and its wings (docker, programbench, rich); others never do
-    from pytest_programbench.pytest_layer import scheduling_hooks
-    from pytest_programbench.pytest_layer import session as pb_session
+    # (``from <module> import <name>``: a module's attribute of the package could be an earlier in-process run's)
+    from pytest_programbench.pytest_layer.scheduling_hooks import SchedulingPlugin
+    from pytest_programbench.pytest_layer.session import ProgramBenchSession
 
-    session = pb_session.ProgramBenchSession.from_config(config)
+    session = ProgramBenchSession.from_config(config)
     config.stash[SESSION] = session
     session.register(config.pluginmanager, SESSION_PLUGIN)
     # the order tasks start in
-    config.pluginmanager.register(scheduling_hooks.SchedulingPlugin(session), SCHEDULING_PLUGIN)
+    config.pluginmanager.register(SchedulingPlugin(session), SCHEDULING_PLUGIN)
 
 
 def opted_in(config: pytest.Config) -> bool:
