@@ -22,16 +22,17 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
+from filelock import FileLock
 
 from pytest_programbench.core.cache import cache_dir as plugin_cache_dir
 from pytest_programbench.core.environment import AGENT_CACHE, NPM
+from pytest_programbench.core.presets import DEFAULT_VERSIONS, parse_preset
 from pytest_programbench.engine.tar_in import TarIn
-
-if TYPE_CHECKING:
-    from pytest_programbench.sandbox.sandbox import Sandbox
+from pytest_programbench.relay.relay import PLACEHOLDER_KEY
+from pytest_programbench.sandbox.sandbox import Sandbox, SandboxError
 
 INSTALL_TIMEOUT = 1800.0
 SANDBOX_ROOT = "/opt/pb-agent"  # root-owned, read-only for the agent
@@ -186,25 +187,22 @@ def _opencode(ctx: InvocationContext) -> Invocation:
 
 
 PRESETS: dict[str, CliPreset] = {
-    "codex": CliPreset("codex", "@openai/codex", "0.169.0", "OpenAI Responses (streamed)", "gpt-5-codex",
-                       _codex_builds, _codex),
-    "claude-code": CliPreset("claude-code", "@anthropic-ai/claude-code", "2.1.197", "Anthropic Messages (streamed)",
-                             "claude-sonnet-4-5", _claude_builds, _claude),
-    "opencode": CliPreset("opencode", "opencode-ai", "1.18.33", "OpenAI Chat Completions (streamed, usage)",
-                          "gpt-5", _opencode_builds, _opencode),
+    "codex": CliPreset("codex", "@openai/codex", DEFAULT_VERSIONS["codex"], "OpenAI Responses (streamed)",
+                       "gpt-5-codex", _codex_builds, _codex),
+    "claude-code": CliPreset("claude-code", "@anthropic-ai/claude-code", DEFAULT_VERSIONS["claude-code"],
+                             "Anthropic Messages (streamed)", "claude-sonnet-4-5", _claude_builds, _claude),
+    "opencode": CliPreset("opencode", "opencode-ai", DEFAULT_VERSIONS["opencode"],
+                          "OpenAI Chat Completions (streamed, usage)", "gpt-5", _opencode_builds, _opencode),
 }
 
 
 def parse(value: str) -> tuple[CliPreset, str] | None:
     """``NAME[@VERSION]`` of a CLI preset, else ``None`` (an ordinary command)."""
-    name, sep, version = value.strip().partition("@")
-    preset = PRESETS.get(name)
-    if preset is None:
-        return None
-    version = version.strip() if sep else preset.default_version
-    if not version or any(c.isspace() or c in "/\\" for c in version):
-        raise pytest.UsageError(f"--pb-agent {value}: expected {name}@VERSION with an npm version")
-    return preset, version
+    try:
+        parsed = parse_preset(value)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--pb-agent {value}: {exc}") from None
+    return None if parsed is None else (PRESETS[parsed[0]], parsed[1])
 
 
 # -- install on the host -----------------------------------------------------------------------------------------
@@ -245,8 +243,6 @@ class Installed:
 
 def ensure_installed(preset: CliPreset, version: str, *, cache: Path | None = None) -> Installed:
     """The preset from the cache, else installed now with npm (a file lock: concurrent workers install once)."""
-    from filelock import FileLock
-
     directory = (cache or cache_dir()) / f"{preset.name}-{version}"
     manifest = directory / "manifest.json"
     loaded = _load(preset, version, directory, manifest)
@@ -399,8 +395,6 @@ def _put_home_files(sandbox: Sandbox, files: Mapping[str, bytes]) -> None:
 
 def environment(invocation: Invocation, installed: Installed, relay_env: Mapping[str, str]) -> dict[str, str]:
     """The CLI's env: its bin dir first on PATH, a placeholder key (the relay adds the real one), its settings."""
-    from pytest_programbench.relay.relay import PLACEHOLDER_KEY
-
     env = {"PATH": f"{installed.bin_dir}:{SYSTEM_PATH}", "NO_COLOR": "1", "TERM": "dumb", "CI": "1",
            "OPENAI_API_KEY": PLACEHOLDER_KEY, "ANTHROPIC_API_KEY": PLACEHOLDER_KEY}
     env.update(relay_env)
@@ -410,8 +404,6 @@ def environment(invocation: Invocation, installed: Installed, relay_env: Mapping
 
 def save_transcript(sandbox: Sandbox, invocation: Invocation, dest_dir: Path) -> Path | None:
     """Copy the CLI's own transcript out of the sandbox (after the agent's window, before packing)."""
-    from pytest_programbench.sandbox.sandbox import SandboxError
-
     path = invocation.transcript
     try:
         if path.endswith("/"):  # a directory: its newest JSON-lines file (the sandbox is stopped by now)

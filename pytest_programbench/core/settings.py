@@ -5,7 +5,8 @@ from any floor. The options that fill it, with their parsers, are the pytest lay
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
 
 # --pb-score: which score decides the verdict.
 SCORE_BASES = ("official", "corrected")
@@ -103,3 +104,9 @@ class Settings:
         if not self.agent or not self.model_endpoint:
             return 0.0
         return float(max(self.agent_timeout, self.model_retry_budget))
+
+
+def default(name: str) -> Any:
+    """A setting's default, as an unset option gives it: the one place it is written (``Settings``)."""
+    spec = next(f for f in fields(Settings) if f.name == name)
+    return spec.default_factory() if spec.default_factory is not MISSING else spec.default

@@ -29,7 +29,6 @@ import logging
 import shutil
 import subprocess
 import tarfile
-import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping
@@ -43,7 +42,8 @@ from programbench.exceptions import EvalStepError
 from programbench.utils.load_data import get_active_branches, get_ignored_branches, get_ignored_tests
 
 from pytest_programbench.core import environment
-from pytest_programbench.core.settings import cores
+from pytest_programbench.core.memo import Memo
+from pytest_programbench.core.settings import default
 from pytest_programbench.engine import disk
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
@@ -116,14 +116,15 @@ def eval_storage_limit() -> int:
 class EvalSettings:
     """The evaluation knobs, plain and frozen (built from the plugin's Settings)."""
 
-    cpus: int = field(default_factory=lambda: min(10, cores()))
-    memory: int | None = None
-    branch_workers: int = 1
-    branch_retries: int = 1
-    compile_timeout: int = 900
-    test_timeout: int = 3600
-    strict: bool = False
-    image_tag: str = "task_cleanroom_v6"
+    # The knobs an option sets take its default from Settings, where it is written once.
+    cpus: int = field(default_factory=lambda: default("cpus"))
+    memory: int | None = field(default_factory=lambda: default("memory"))
+    branch_workers: int = field(default_factory=lambda: default("branch_workers"))
+    branch_retries: int = field(default_factory=lambda: default("branch_retries"))
+    compile_timeout: int = field(default_factory=lambda: default("compile_timeout"))
+    test_timeout: int = field(default_factory=lambda: default("test_timeout"))
+    strict: bool = field(default_factory=lambda: default("strict"))
+    image_tag: str = field(default_factory=lambda: default("image_tag"))
     reruns: bool = True  # provide pytest-rerunfailures 16.4 offline (False: the install step fails, reruns off)
     output_cap: int = DEFAULT_OUTPUT_CAP
     cache_dir: str | None = None
@@ -134,7 +135,7 @@ class EvalSettings:
     # The audit of the hidden tests (evaluation/audit.py) for a task whose score reaches audit_threshold. Off for a
     # direct call; a session's --pb-audit-hidden-tests (on by default) sets it.
     audit: bool = False
-    audit_threshold: float = 1.0
+    audit_threshold: float = field(default_factory=lambda: default("min_score"))
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> EvalSettings:
@@ -294,8 +295,8 @@ def _scan_archive(tar: tarfile.TarFile) -> integrity.FlagScan:
 
 # --------------------------------------------------------------------------------------------- harness probes
 
-_reference_hashes: dict[str, str | None] = {}
-_reference_lock = threading.Lock()
+# The reference's sha256 per image (its bytes never change under one image id).
+_reference_hashes: Memo[str, str | None] = Memo()
 STOPPED_NOTE = ("compile.sh left {n} process(es) running; they were stopped when it ended, before the integrity "
                 "check (the official lets them run until the image is committed)")
 
@@ -550,14 +551,11 @@ class _Probe:
         self.neutralised = list(dict.fromkeys([*self.neutralised, *paths]))
 
     def _reference_hash(self, env: SdkContainerEnvironment) -> str | None:
-        with _reference_lock:
-            if self.image in _reference_hashes:
-                return _reference_hashes[self.image]
-        rc, payload = env.read_file("/workspace/executable", timeout=120)
-        value = hashlib.sha256(payload).hexdigest() if rc == 0 and isinstance(payload, bytes) else None
-        with _reference_lock:
-            _reference_hashes[self.image] = value
-        return value
+        def read() -> str | None:
+            rc, payload = env.read_file("/workspace/executable", timeout=120)
+            return hashlib.sha256(payload).hexdigest() if rc == 0 and isinstance(payload, bytes) else None
+
+        return _reference_hashes.get(self.image, read)
 
 
 def _read(env: SdkContainerEnvironment, rel: str) -> bytes | None:

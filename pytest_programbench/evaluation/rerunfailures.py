@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from filelock import FileLock
 
 from pytest_programbench.core import environment
 from pytest_programbench.core.cache import cache_root
+from pytest_programbench.core.memo import Memo
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +113,7 @@ def download_wheels(dest: Path, *, timeout: float = DOWNLOAD_TIMEOUT) -> tuple[s
     return validate_wheel_dir(dest)
 
 
-_memo: dict[Path, RerunWheels] = {}
-_memo_lock = threading.Lock()
+_wheels: Memo[Path, RerunWheels] = Memo()  # per cache directory: checked or downloaded once per process
 
 
 def ensure_wheels(cache_dir: Path | None = None, *, environ: Mapping[str, str] | None = None,
@@ -131,12 +130,7 @@ def ensure_wheels(cache_dir: Path | None = None, *, environ: Mapping[str, str] |
         except (OSError, ValueError) as exc:
             return RerunWheels(None, reason=f"${environment.WHEELS.name}: {exc}")
     root = (cache_dir or cache_root(environ)) / f"rerunfailures-{PINNED_VERSION}"
-    with _memo_lock:
-        if root in _memo:
-            return _memo[root]
-        result = _ensure_locked(root, timeout)
-        _memo[root] = result
-        return result
+    return _wheels.get(root, lambda: _ensure_locked(root, timeout))
 
 
 def _ensure_locked(root: Path, timeout: float) -> RerunWheels:
@@ -192,5 +186,4 @@ def install_cache_dir(environ: Mapping[str, str] | None = None) -> Path | None:
 
 
 def reset_memo() -> None:
-    with _memo_lock:
-        _memo.clear()
+    _wheels.clear()

@@ -32,6 +32,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import yaml
+from programbench.package import package_run
+
+from pytest_programbench.core.presets import parse_preset
 from pytest_programbench.core.run_identity import RUN_MARKER
 from pytest_programbench.results import pb_stats, registry
 from pytest_programbench.results.atomic import atomic_write_text
@@ -93,10 +97,11 @@ def agent_with_version(agent: str | None) -> str | None:
             return f"mini-swe-agent@{version('mini-swe-agent')}"
         except PackageNotFoundError:
             return agent
-    from pytest_programbench.agents import agent_presets
-
-    parsed = agent_presets.parse(agent)
-    return f"{parsed[0].name}@{parsed[1]}" if parsed is not None else agent
+    try:
+        parsed = parse_preset(agent)
+    except ValueError:  # checked when the run started: a record that says otherwise is kept as it is
+        return agent
+    return f"{parsed[0]}@{parsed[1]}" if parsed is not None else agent
 
 
 def _iso(timestamp: Any) -> str | None:
@@ -176,8 +181,6 @@ def fill_manifest(run_dir: Path, packaged: Sequence[str], headline: Mapping[str,
                   ) -> tuple[dict[str, Any], list[str]]:
     """submission.yaml's TODO system fields from the run's record (edited in place, so the official file's comments
     and an author's values stay), plus a ``harness`` block; returns what was filled and what is left TODO."""
-    import yaml
-
     record = json.loads((run_dir / RUN_MARKER).read_text())
     settings = record.get("settings") or {}
     try:
@@ -227,8 +230,6 @@ def fill_manifest(run_dir: Path, packaged: Sequence[str], headline: Mapping[str,
 
 def package(run_dir: Path) -> Packaged:
     """Package ``run_dir`` in place: the official ``package_run``, then the manifest, trajectories and stats."""
-    from programbench.package import package_run
-
     run_dir = run_dir.resolve()
     try:
         official = package_run(run_dir)

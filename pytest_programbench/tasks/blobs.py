@@ -23,7 +23,6 @@ import shutil
 import stat
 import tarfile
 import tempfile
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from programbench.constants import HF_REPO_ID, HF_REVISION
 
 from pytest_programbench.core import environment
 from pytest_programbench.core.cache import cache_root
+from pytest_programbench.core.memo import Memo
 from pytest_programbench.tasks.catalogue import Task
 
 # What the test bed's packer leaves out of a branch tree (bytecode, caches, stale results).
@@ -62,22 +62,19 @@ class BlobSet:
         return tuple(self.sha256)
 
 
-_hash_memo: dict[tuple[str, int, int, int], str] = {}
-_hash_lock = threading.Lock()
+_hashes: Memo[tuple[str, int, int, int], str] = Memo()
 
 
 def sha256_file(path: Path) -> str:
     """sha256 of a file, memoised by (path, size, mtime, inode) so repeated items do not re-read big archives."""
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
-    with _hash_lock:
-        if key in _hash_memo:
-            return _hash_memo[key]
-    with path.open("rb") as f:
-        value = hashlib.file_digest(f, "sha256").hexdigest()
-    with _hash_lock:
-        _hash_memo[key] = value
-    return value
+
+    def digest() -> str:
+        with path.open("rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+
+    return _hashes.get(key, digest)
 
 
 def _check_archive(path: Path, branch: str) -> None:
