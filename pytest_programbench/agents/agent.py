@@ -14,6 +14,7 @@ import os
 import shlex
 import signal
 import subprocess
+import tarfile
 import threading
 import time
 import uuid
@@ -22,8 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
 import pytest
 
+from pytest_programbench.agents.agent_presets import (
+    Installed,
+    Invocation,
+    PresetError,
+    install_for_spec,
+    prepare,
+    save_transcript,
+)
+from pytest_programbench.agents.agent_presets import environment as preset_environment
 from pytest_programbench.agents.command_check import (
     COMMAND_CHECK_TIMEOUT,
     NOT_EXECUTABLE,
@@ -33,13 +44,16 @@ from pytest_programbench.agents.command_check import (
     command_probe,
     missing_message,
 )
+from pytest_programbench.agents.mini_swe_agent import run_mini_swe_agent
 from pytest_programbench.agents.prompt import PromptContext, render_prompt
 from pytest_programbench.engine import docker_engine
+from pytest_programbench.engine.tar_in import TarIn
+from pytest_programbench.results.verdict import InfrastructureError
 from pytest_programbench.sandbox.agent_log import CappedLog, pump
 from pytest_programbench.sandbox.layout import BINARY_PATH, DOCS_DIR, PROMPT_PATH, SRC_DIR
+from pytest_programbench.sandbox.sandbox import SandboxError
 
 if TYPE_CHECKING:
-    from pytest_programbench.agents.agent_presets import Installed, Invocation
     from pytest_programbench.core.settings import Settings
     from pytest_programbench.sandbox.sandbox import Sandbox
     from pytest_programbench.tasks.catalogue import Task
@@ -73,8 +87,6 @@ class AgentSpec:
             return cls("replay", replay_dir=directory.resolve())
         if text == "mini-swe-agent":
             return cls("mini-swe-agent", on_host=True)
-        from pytest_programbench.agents.agent_presets import install_for_spec
-
         installed = install_for_spec(text)  # codex / claude-code / opencode[@VERSION]: installed once per machine
         if installed is not None:
             return cls("cli", command=f"{installed.preset.name}@{installed.version}", cli=installed)
@@ -129,10 +141,6 @@ def agent_env(specs: tuple[str, ...], environ: Mapping[str, str] | None = None) 
 
 def put_tree(sandbox: Sandbox, source: Path, dest: str) -> None:
     """Copy a host directory's contents into the sandbox, owned by the agent (symlinks kept as links)."""
-    import tarfile
-
-    from pytest_programbench.engine.tar_in import TarIn
-
     layout = sandbox.layout
 
     def as_agent(info: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -155,8 +163,6 @@ def kill_window_processes(window: str, *, group: int | None = None, rounds: int 
     were not in process group ``group``: members of the group the caller just killed may still be dying when the
     scan reads them (under load), and they were never detached.
     """
-    import psutil
-
     killed: list[int] = []
     for _ in range(rounds):
         found = []
@@ -227,8 +233,6 @@ class AgentRunner:
         return env
 
     def write_prompt(self, sandbox: Sandbox) -> str:
-        from pytest_programbench.sandbox.sandbox import SandboxError
-
         readme = ""
         for name in sandbox.layout.docs:
             if Path(name).name.lower().startswith("readme"):
@@ -267,8 +271,6 @@ class AgentRunner:
         if self.spec.kind in ("reference", "replay"):
             exit_code, timed_out = self._replay(sandbox, timeout, notes)
         elif self.spec.kind == "mini-swe-agent":
-            from pytest_programbench.agents.mini_swe_agent import run_mini_swe_agent
-
             exit_code, timed_out = run_mini_swe_agent(
                 sandbox, task=self.task, settings=self.settings, prompt=prompt, env=self.environment(sandbox),
                 log_path=self.log_path, timeout=timeout)
@@ -285,8 +287,6 @@ class AgentRunner:
         # packing (from the stopped container). A sandbox the agent brought down itself says so.
         notes += sandbox.end_agent_window().notes()
         if self._invocation is not None:  # the CLI's own transcript, copied out before packing
-            from pytest_programbench.agents.agent_presets import save_transcript
-
             self.transcript = save_transcript(sandbox, self._invocation, self.log_path.parent)
         return AgentResult(exit_code, timed_out, time.monotonic() - started, self.log_path, notes,
                            transcript=self.transcript, clock_extended_s=self.given_back())
@@ -349,9 +349,6 @@ class AgentRunner:
 
     def _cli(self, sandbox: Sandbox, timeout: float, notes: list[str]) -> tuple[int | None, bool]:
         """codex / claude-code / opencode: the native build copied in, configured headless, run as the agent."""
-        from pytest_programbench.agents.agent_presets import PresetError, environment, prepare
-        from pytest_programbench.results.verdict import InfrastructureError
-
         assert self.spec.cli is not None
         relay = dict(self.extra_env)
         try:
@@ -364,7 +361,7 @@ class AgentRunner:
         if not relay:
             notes.append("no --pb-model-endpoint: the CLI has no model to talk to")
             self._log(notes[-1])
-        env = environment(invocation, self.spec.cli, relay)
+        env = preset_environment(invocation, self.spec.cli, relay)
         env.update(self.environment(sandbox))  # the task's variables and --pb-agent-env win
         result = sandbox.exec(invocation.command, user="agent", timeout=timeout, env=env, output=self.log_path,
                               extension=self.given_back, extension_cap=self.clock_cap)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jinja2
+
 from pytest_programbench.sandbox.layout import BINARY_PATH, DOCS_DIR, SRC_DIR
 from pytest_programbench.tasks.catalogue import Task
 
@@ -29,8 +31,6 @@ class PromptTemplateError(Exception):
 
 
 def render_prompt(context: PromptContext, template: Path | None = None) -> str:
-    import jinja2
-
     path = template or DEFAULT_TEMPLATE
     try:
         source = path.read_text()

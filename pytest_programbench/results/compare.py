@@ -25,9 +25,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
+
+import jinja2
+from programbench.utils.load_data import get_active_branches, get_ignored_tests
 
 from pytest_programbench.core.run_identity import RUN_MARKER
 from pytest_programbench.core.task_key import TaskKey
@@ -39,10 +43,8 @@ from pytest_programbench.results.statistics import (
     paired_difference,
     paired_permutation_test,
 )
+from pytest_programbench.tasks.catalogue import Catalogue, CatalogueError
 from pytest_programbench.text.printable import html_text
-
-if TYPE_CHECKING:
-    pass
 
 COMPARE_JSON = "compare.json"
 COMPARE_HTML = "compare.html"
@@ -218,10 +220,6 @@ class FinishedRun:
 def _scopes(record: Mapping[str, Any], tasks: Mapping[str, Any]) -> dict[str, TaskScope | None]:
     """Active branches and ignored tests of each task, from the catalogue the run used (its recorded tasks dirs);
     a task no longer found keeps every test of its result (said in compare.json as ``scope: all``)."""
-    from programbench.utils.load_data import get_active_branches, get_ignored_tests
-
-    from pytest_programbench.tasks.catalogue import Catalogue, CatalogueError
-
     settings = record.get("settings") or {}
     dirs = [d for d in settings.get("tasks_dirs") or () if Path(d).is_dir()]
     try:
@@ -640,10 +638,6 @@ def basis_lines(scores: Mapping[str, Any] | None) -> list[str]:
 
 
 def render_html(result: Mapping[str, Any]) -> str:
-    from importlib.resources import files
-
-    import jinja2
-
     template = files("pytest_programbench.results").joinpath("templates", "compare.html.j2").read_text()
     # finalize: every printed value made printable (control bytes escaped) before autoescape (markup escaped)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,

@@ -28,6 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from programbench.eval.eval import EvaluationResult
+from programbench.utils.load_data import get_active_branches, get_ignored_tests
+
+from pytest_programbench.engine.archive_out import REGULAR, first_member
+from pytest_programbench.results import task_meta
 from pytest_programbench.results.atomic import atomic_write_text
 
 LEDGER = "gold-ledger.json"
@@ -61,8 +66,6 @@ class GoldError(Exception):
 
 def reference_bytes(api: Any, image_id: str, labels: Mapping[str, str]) -> bytes:
     """``/workspace/executable`` of the task image, from a created (never started) container of it."""
-    from pytest_programbench.engine.archive_out import REGULAR, first_member
-
     container = api.create_container(image_id, command=["true"], labels=dict(labels), network_disabled=True)
     try:
         stream, _stat = api.get_archive(container["Id"], REFERENCE_PATH)
@@ -142,8 +145,6 @@ def _message(test: Any) -> str:
 def task_entry(results: Sequence[Any], instance: dict[str, Any], flags: Sequence[Sequence[str]]) -> dict[str, Any]:
     """One task's ledger entry from its gold runs' official results (``EvaluationResult``; None: that run has none,
     every scored test counts as not passed there)."""
-    from programbench.utils.load_data import get_active_branches, get_ignored_tests
-
     branches = get_active_branches(instance)
     ignored = get_ignored_tests(instance)
     names = [f"{b}/{t}" for b in branches for t in instance["branches"][b].get("tests", [])
@@ -199,10 +200,6 @@ def _ignore_lists(tallies: Mapping[str, TestTally], impossible: Sequence[str], f
 def build_ledger(run_dir: Path, instances: Mapping[str, dict[str, Any]], runs: int,
                  settings: Mapping[str, Any]) -> dict[str, Any]:
     """The ledger of a finished --pb-gold run directory (``gold/<n>/<id>/``), over the runs that were evaluated."""
-    from programbench.eval.eval import EvaluationResult
-
-    from pytest_programbench.results import task_meta
-
     tasks: dict[str, Any] = {}
     for iid, instance in sorted(instances.items()):
         results: list[Any] = []
@@ -287,9 +284,6 @@ class Ledger:
                                  instance: dict[str, Any]) -> float | None:
         """--pb-ignore-flaky: the official score with the ledger's tests added to the task's ignore list
         (``EvaluationResult.for_branches(...).without_ignored(...).score``, the official functions)."""
-        from programbench.eval.eval import EvaluationResult
-        from programbench.utils.load_data import get_active_branches, get_ignored_tests
-
         try:
             result = EvaluationResult.model_validate_json(eval_json.read_text())
         except (OSError, ValueError):

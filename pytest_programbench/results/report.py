@@ -10,8 +10,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
+
+import jinja2
 
 from pytest_programbench.core.task_key import TaskKey
 from pytest_programbench.results import coverage, task_meta, timeline
@@ -255,10 +258,6 @@ def events_budget(tasks: Mapping[str, Any]) -> int:
 
 
 def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope | None]) -> str:
-    from importlib.resources import files
-
-    import jinja2
-
     template = files("pytest_programbench.results").joinpath("templates", "report.html.j2").read_text()
     # finalize: every printed value made printable (control bytes escaped) before autoescape (markup escaped)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,

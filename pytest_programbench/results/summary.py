@@ -21,13 +21,17 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest._code.code import TerminalRepr
 from _pytest._io import TerminalWriter
+from programbench.submission import FIXTURE_PREFIX, aggregate
 
+from pytest_programbench.core.task_key import TaskKey
 from pytest_programbench.results.atomic import atomic_write_text
-from pytest_programbench.results.attempts import mean_meta, mean_numbers
+from pytest_programbench.results.attempts import Attempt, mean_meta, mean_numbers, task_statistics
+from pytest_programbench.results.attempts import headline as attempts_headline
 from pytest_programbench.results.coverage import run_figure
 from pytest_programbench.results.pacing import Pacer
-from pytest_programbench.results.statistics import bounds_text, method_text
+from pytest_programbench.results.statistics import bounds_text, headline_statistics, method_text
 from pytest_programbench.results.tally import Tally
+from pytest_programbench.tasks.catalogue import packaged_instances
 from pytest_programbench.text.printable import sanitise
 
 if TYPE_CHECKING:
@@ -115,10 +119,6 @@ def benchmark_ids() -> frozenset[str]:
     rewritten after every task and every progress tick. From the packaged instances the catalogue read already:
     ``benchmark_instances`` also parses every task's tests.json (0.6 s at each session's start) for ids that do not
     depend on them."""
-    from programbench.submission import FIXTURE_PREFIX
-
-    from pytest_programbench.tasks.catalogue import packaged_instances
-
     ids = (str(i["instance_id"]) for i in packaged_instances())
     return frozenset(i for i in ids if not i.startswith(FIXTURE_PREFIX))
 
@@ -255,8 +255,6 @@ class RunSummary:
             return self._record(report)
 
     def _record(self, report: pytest.TestReport) -> bool:
-        from pytest_programbench.core.task_key import TaskKey
-
         key = TaskKey.of_nodeid(report.nodeid)
         rec = self.records.get(key.name) if key is not None else None
         if rec is None:
@@ -323,8 +321,6 @@ class RunSummary:
 
     def attempt_results(self) -> dict[str, list[Any]]:
         """Per task its attempts' results, for results/attempts.py."""
-        from pytest_programbench.results.attempts import Attempt
-
         return {iid: [Attempt(r.score if r.scored else None, r.outcome == PASSED, ended=bool(r.outcome))
                       for r in recs] for iid, recs in self.by_task().items()}
 
@@ -364,18 +360,12 @@ class RunSummary:
         """95% bootstrap CIs of both headline means (results/statistics.py, scipy, over tasks); with several
         attempts per task a two-level bootstrap (results/attempts.py) and the attempts' numbers."""
         if self.attempts > 1:
-            from pytest_programbench.results.attempts import headline as attempts_headline
-
             return attempts_headline(self.attempt_results(), attempts=self.attempts)
-        from pytest_programbench.results.statistics import headline_statistics
-
         scored = {iid: [r.score or 0.0] for iid, r in self.records.items() if r.scored}
         return headline_statistics(scored, list(self.records))
 
     def official_headline(self) -> dict[str, Any] | None:
         """programbench's own ``aggregate`` when the selection is the whole benchmark (no overridden task)."""
-        from programbench.submission import aggregate
-
         benchmark = benchmark_ids()
         rows = {r.instance_id: r for r in self.task_rows()}
         chosen = {iid for iid, r in rows.items() if not r.overridden}
@@ -428,8 +418,6 @@ class RunSummary:
         if self.attempts == 1:
             return {iid: {**rec.as_dict(), "phase": (self.in_flight.get(iid) or {}).get("phase")}
                     for iid, rec in sorted(self.records.items())}
-        from pytest_programbench.results.attempts import task_statistics
-
         results = self.attempt_results()
         by_task = self.by_task()
         out: dict[str, Any] = {}
