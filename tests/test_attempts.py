@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from pytest_programbench.results.summary import RunSummary, TaskRecord
 from tests.conftest import TESTBED, Testbed
 from tests.test_report import attr_of, chromium, text_of
 
@@ -198,3 +199,29 @@ def test_attempt_node_ids_and_keywords(tmp_path: Path, testbed: Testbed) -> None
     assert listed(f"programbench::{RPN}[attempt-2]") == [f"programbench::{RPN}[attempt-2]"]
     assert listed(f"programbench::{RPN}") == [f"programbench::{RPN}[attempt-{a}]" for a in (1, 2, 3)]
     assert listed("-k", "attempt-3") == sorted(f"programbench::{t}[attempt-3]" for t in (RPN, CATLIKE))
+
+
+def test_a_tasks_row_is_its_mean_over_the_attempts(tmp_path: Path) -> None:
+    """summary.json's row of a task under --pb-attempts (``RunSummary.task_rows``): the score is the mean over the
+    scored attempts (an attempt that errored is left out, not counted as 0); passed when every scored attempt
+    passed, failed when one did not; without one scored, error when one errored, else not run."""
+    attempts = {
+        "pbrow__mixed.0000000": [("passed", 1.0), ("failed", 0.5), ("error", None)],
+        "pbrow__passed.0000000": [("passed", 1.0), ("error", None), ("passed", 1.0)],
+        "pbrow__failed.0000000": [("failed", 0.25), ("failed", 0.5), ("failed", 0.0)],
+        "pbrow__errored.0000000": [("error", None), ("", None), ("error", None)],
+        "pbrow__not_run.0000000": [("", None), ("", None), ("", None)],
+    }
+    records = [TaskRecord(iid, "c", "easy", outcome=outcome, score=score, key=f"{iid}[attempt-{n}]", attempt=n)
+               for iid, runs in attempts.items() for n, (outcome, score) in enumerate(runs, 1)]
+    summary = RunSummary(tmp_path / "summary.json", {"run_id": "x"}, records, attempts=3)
+    rows = {row.instance_id: (row.outcome, row.score) for row in summary.task_rows()}
+    assert rows == {
+        "pbrow__mixed.0000000": ("failed", 0.75),
+        "pbrow__passed.0000000": ("passed", 1.0),
+        "pbrow__failed.0000000": ("failed", 0.25),
+        "pbrow__errored.0000000": ("error", None),
+        "pbrow__not_run.0000000": ("", None),
+    }
+    assert {iid: (row["outcome"], row["score"]) for iid, row in summary.as_dict()["tasks"].items()} == {
+        **{iid: row for iid, row in rows.items() if row[0]}, "pbrow__not_run.0000000": ("not_run", None)}

@@ -22,7 +22,9 @@ import openai
 import pytest
 import yaml
 
-from pytest_programbench.relay.apis import PROVIDER_TOOLS_REQUESTED
+from pytest_programbench.relay.apis import ANTHROPIC as ANTHROPIC_RULES
+from pytest_programbench.relay.apis import CHAT, PROVIDER_TOOLS_REQUESTED, RESPONSES
+from pytest_programbench.relay.body_scan import Finding, scan
 from pytest_programbench.relay.relay import ModelRelay
 from tests import official_catalogue
 from tests.conftest import TESTBED, Testbed
@@ -311,6 +313,47 @@ def test_allowing_server_tools_forwards_everything(tmp_path: Path) -> None:
     assert tally.flag() is None
     assert tally.as_dict() == {"server_tools": "allowed", "refused": 0, "attempts": {}, "other_attempts": 0,
                                "unreadable": 0}
+
+
+# A comma where JSON has none, one per state of the scanner's grammar (body_scan.py): after ``{``, after another
+# comma (object and array), after ``[``, after a key, after a colon, after the whole object. A scanner accepting one
+# reads on as if it were not there, and a lenient parser upstream may read the body otherwise.
+MISPLACED_COMMAS = [
+    b'{, "model": "gpt-5", "input": "x"}',
+    b'{"model": "gpt-5",, "input": "x"}',
+    b'{"model": "gpt-5", "input": "x", "tools": [, {"type": "custom"}]}',
+    b'{"model": "gpt-5", "input": "x", "tools": [{"type": "custom"},, {"type": "custom"}]}',
+    b'{"model", : "gpt-5", "input": "x"}',
+    b'{"model": , "gpt-5", "input": "x"}',
+    b'{"model": "gpt-5", "input": "x"},',
+]
+
+
+@pytest.mark.parametrize("body", MISPLACED_COMMAS)
+def test_a_misplaced_comma_is_unreadable(body: bytes) -> None:
+    with pytest.raises(ValueError):
+        json.loads(body)  # not JSON: the case is what it says
+    for rules in (CHAT, RESPONSES, ANTHROPIC_RULES):
+        assert scan(body, rules) == Finding("unreadable", "not valid JSON")
+
+
+def test_a_tool_whose_type_is_null_has_no_type() -> None:
+    """``"type": null`` in a tools entry is a tool without a type: refused where the API has no such tool (OpenAI),
+    forwarded where it has (Anthropic's client tools), and counted beside a duplicated ``type`` (either order)."""
+
+    def body(tool: bytes) -> bytes:
+        return b'{"model": "m", "input": "x", "tools": [' + tool + b"]}"
+
+    no_type = Finding("tool", "tool (no type)")
+    for tool in (b'{"type": null}', b'{"type": null, "name": "bash"}', b'{"type": null, "type": "function"}',
+                 b'{"type": "function", "type": null}'):
+        assert scan(body(tool), CHAT) == no_type, tool
+        assert scan(body(tool), RESPONSES) == no_type, tool
+    assert scan(body(b'{"type": null, "name": "bash"}'), ANTHROPIC_RULES) is None
+    assert scan(body(b'{"type": null, "type": "custom"}'), ANTHROPIC_RULES) is None
+    assert scan(body(b'{"type": null, "type": "web_search_20250305"}'), ANTHROPIC_RULES) == \
+        Finding("tool", "tool web_search_20250305")
+    assert scan(body(b'{"type": null, "type": "function"}'), ANTHROPIC_RULES) == Finding("tool", "tool function")
 
 
 def test_the_openai_sdk_reads_the_refusal() -> None:
