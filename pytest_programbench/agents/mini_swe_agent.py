@@ -100,7 +100,7 @@ def _import_minisweagent() -> Any:
         os.environ[name] = value
     os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
     try:
-        import minisweagent  # lazy: mini-swe-agent, the [mini] extra
+        import minisweagent  # noqa: PLC0415 - lazy: mini-swe-agent, the [mini] extra
     except ImportError as exc:
         raise MiniSweAgentError(f"--pb-agent mini-swe-agent needs the mini-swe-agent package: {INSTALL_HINT} "
                                 f"({exc})") from exc
@@ -110,7 +110,7 @@ def _import_minisweagent() -> Any:
 def official_config() -> dict[str, Any]:
     """mini-swe-agent's own ``benchmarks/programbench.yaml``, as shipped with the installed package."""
     _import_minisweagent()
-    from minisweagent.config import builtin_config_dir  # lazy: mini-swe-agent, the [mini] extra
+    from minisweagent.config import builtin_config_dir  # noqa: PLC0415 - lazy: mini-swe-agent, the [mini] extra
 
     path = Path(builtin_config_dir) / "benchmarks" / "programbench.yaml"
     data = yaml.safe_load(path.read_text())
@@ -140,7 +140,7 @@ def adapt_instance_template(official: str) -> str:
 
 def build_config(settings: Settings, env: Mapping[str, str], timeout: float) -> dict[str, Any]:
     """The merged config: official, adapted to our sandbox, the user's file, then what this run fixes."""
-    from minisweagent.utils.serialize import recursive_merge  # lazy: mini-swe-agent, the [mini] extra
+    from minisweagent.utils.serialize import recursive_merge  # noqa: PLC0415 - lazy: mini-swe-agent, the [mini] extra
 
     official = official_config()
     agent = dict(official.get("agent") or {})
@@ -236,7 +236,7 @@ class SandboxEnvironment:
 
     def time_exceeded(self) -> Exception:
         """The official ``TimeExceeded`` interruption: the agent adds its exit message and stops."""
-        from minisweagent.exceptions import TimeExceeded  # lazy: mini-swe-agent, the [mini] extra
+        from minisweagent.exceptions import TimeExceeded  # noqa: PLC0415 - lazy: mini-swe-agent, the [mini] extra
 
         return TimeExceeded({"role": "exit", "content": "TimeExceeded",
                              "extra": {"exit_status": "TimeExceeded", "submission": ""}})
@@ -278,12 +278,12 @@ class SandboxEnvironment:
 
     def _check_finished(self, output: dict[str, Any]) -> None:
         """The official sentinel check (raises ``Submitted`` when the output's first line is the sentinel)."""
-        from minisweagent.environments.local import LocalEnvironment  # lazy: mini-swe-agent, the [mini] extra
+        from minisweagent.environments.local import LocalEnvironment  # noqa: PLC0415 - lazy: mini-swe-agent, the [mini] extra
 
         LocalEnvironment._check_finished(self, output)  # type: ignore[arg-type]
 
     def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
-        from minisweagent.utils.serialize import recursive_merge  # lazy: mini-swe-agent, the [mini] extra
+        from minisweagent.utils.serialize import recursive_merge  # noqa: PLC0415 - lazy: mini-swe-agent, the [mini] extra
 
         merged: dict[str, Any] = recursive_merge(self.config.model_dump(), self.uname, kwargs)
         return merged
@@ -370,7 +370,7 @@ class _Outcome:
 
 def _make_agent(model: Any, env: SandboxEnvironment, stream: _StreamLog, instance_id: str,
                 agent_config: dict[str, Any]) -> Any:
-    from minisweagent.run.benchmarks.programbench import ProgramBenchAgent  # lazy: mini-swe-agent, the [mini] extra
+    from minisweagent.run.benchmarks.programbench import ProgramBenchAgent  # noqa: PLC0415 - lazy: mini-swe-agent, the [mini] extra
 
     class _Progress:
         """The official agent reports progress to a batch manager; ours goes to agent.log."""
@@ -426,7 +426,7 @@ def litellm_workarounds(model_kwargs: dict[str, Any]) -> list[str]:
     """
     done: list[str] = []
     try:
-        import litellm.responses.mcp.chat_completions_handler  # noqa: F401  # lazy: litellm, the model client's heavy wing
+        import litellm.responses.mcp.chat_completions_handler  # noqa: F401, PLC0415 - lazy: litellm, the model client's heavy wing
     except ModuleNotFoundError as exc:
         if "_skip_mcp_handler" not in model_kwargs:
             model_kwargs["_skip_mcp_handler"] = True
@@ -522,10 +522,10 @@ def _start_agent(sandbox: Sandbox, *, task: Task, settings: Settings, env: Mappi
                  timeout: float, deadline: float, stop: threading.Event, traj_path: Path) -> Any:
     """The official agent built from the run's config: its model guarded by the deadline, its commands run in the
     sandbox's environment, its trajectory bound for ``traj_path``."""
-    import litellm  # lazy: litellm, the model client's heavy wing (seconds to import)
+    import litellm  # noqa: PLC0415 - lazy: litellm, the model client's heavy wing (seconds to import)
 
     litellm.suppress_debug_info = True
-    from minisweagent.models import get_model  # lazy: mini-swe-agent, the [mini] extra
+    from minisweagent.models import get_model  # noqa: PLC0415 - lazy: mini-swe-agent, the [mini] extra
 
     config = build_config(settings, env, timeout)
     for note in litellm_workarounds(config["model"]["model_kwargs"]):

@@ -68,7 +68,7 @@ class ConfiguredAgent:
         self.label = spec.label
 
     def run(self, sandbox: Sandbox, prompt: str) -> AgentResult:
-        from pytest_programbench.agents.agent import AgentRunner  # lazy: keeps the entry point light
+        from pytest_programbench.agents.agent import AgentRunner  # noqa: PLC0415 - lazy: keeps the entry point light
 
         run = self.task_run
         session = run.session
@@ -115,7 +115,7 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
 
 
 def _is_item(node: Any) -> bool:
-    from pytest_programbench.pytest_layer.items import ProgramBenchItem  # lazy: keeps the entry point light
+    from pytest_programbench.pytest_layer.items import ProgramBenchItem  # noqa: PLC0415 - lazy: keeps the entry point light
 
     return isinstance(node, ProgramBenchItem)
 
@@ -154,7 +154,7 @@ def pb_run(request: pytest.FixtureRequest, pb_session: RunState, pb_task: Task) 
     """The task's run record (``pipeline.TaskRun``): its files (``.artifacts``), ``pb-meta.json`` (``.meta``), and
     what an attempt finished that a retry must not repeat (``.agent_result``, ``.submission``). The benchmark item's
     outlives its attempts; a user's test gets its own, with files under ``<run dir>/tests/<test>/``."""
-    from pytest_programbench.pipeline.task_run import TaskRun  # lazy: keeps the entry point light
+    from pytest_programbench.pipeline.task_run import TaskRun  # noqa: PLC0415 - lazy: keeps the entry point light
 
     if _is_item(request.node):
         run: TaskRun = request.node.task_run

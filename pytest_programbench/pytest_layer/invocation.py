@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from _pytest.config.findpaths import determine_setup
 
 from pytest_programbench.core import environment
 from pytest_programbench.core.task_key import SUITE_NAME
@@ -47,8 +48,6 @@ def settle_rootdir(config: pytest.Config) -> None:
 
     Called once the plugin's options are registered (``pytest_load_initial_conftests``); pytest's own first try took
     ``PYTEST_ADDOPTS`` and the command line, before the ini's ``addopts``, and so does this one."""
-    from _pytest.config.findpaths import determine_setup
-
     args = [*shlex.split(environment.PYTEST_ADDOPTS.raw()), *config.invocation_params.args]
     if not _separate_values(args):
         return

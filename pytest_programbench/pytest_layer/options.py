@@ -211,7 +211,8 @@ def _run_dirs(flag: str, value: Any) -> tuple[str, ...]:
 
 
 def _docker_hosts(flag: str, value: Any) -> tuple[str, ...]:
-    from pytest_programbench.engine.engines import EngineSpecError, parse_docker_hosts
+    # lazy: the entry point imports the options, never the engine (docker, requests)
+    from pytest_programbench.engine.engines import EngineSpecError, parse_docker_hosts  # noqa: PLC0415
 
     values = _raw_seq(flag, value)
     try:

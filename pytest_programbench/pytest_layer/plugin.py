@@ -52,14 +52,14 @@ def pytest_cmdline_main_compare(config: pytest.Config) -> int | None:  # pytest 
     """``--pb-compare BASE,NEW``: two finished runs compared from their files; ``--pb-report DIR``: report.html for a
     foreign run. Nothing is collected or run."""
     if config.getoption(options.BY_DEST["pb_report"].dest, None) is not None:
-        from pytest_programbench.pytest_layer.front_doors import report_foreign_run  # lazy: Jinja2, scipy
+        from pytest_programbench.pytest_layer.front_doors import report_foreign_run  # noqa: PLC0415 - lazy: Jinja2, scipy
 
         return report_foreign_run(config)
     opt = options.BY_DEST["pb_compare"]
     raw = config.getoption(opt.dest, None)
     if raw is None or len(opt.parse(raw)["compare"]) < 2:
         return None
-    from pytest_programbench.pytest_layer.front_doors import compare_finished_runs  # lazy: Jinja2, scipy
+    from pytest_programbench.pytest_layer.front_doors import compare_finished_runs  # noqa: PLC0415 - lazy: Jinja2, scipy
 
     return compare_finished_runs(config)
 
@@ -74,8 +74,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     # lazy: a session that opts in imports the pipeline and its wings (docker, programbench, rich); others never do
     # (``from <module> import <name>``: a module's attribute of the package could be an earlier in-process run's)
-    from pytest_programbench.pytest_layer.scheduling_hooks import SchedulingPlugin
-    from pytest_programbench.pytest_layer.session import ProgramBenchSession
+    from pytest_programbench.pytest_layer.scheduling_hooks import SchedulingPlugin  # noqa: PLC0415
+    from pytest_programbench.pytest_layer.session import ProgramBenchSession  # noqa: PLC0415
 
     session = ProgramBenchSession.from_config(config)
     config.stash[SESSION] = session

@@ -200,7 +200,7 @@ class _HubListing:
                             if self.offline else f"not in the dataset {HF_REPO_ID}")
         if not self.offline:
             try:
-                from huggingface_hub import HfApi  # lazy: the Hub's client only when archives come from it
+                from huggingface_hub import HfApi  # noqa: PLC0415 - lazy: the Hub's client only when archives come from it
 
                 self.remote = set(HfApi().list_repo_files(self.repo, repo_type="dataset", revision=self.revision))
             except Exception as exc:  # unreachable hub: only the cache counts
@@ -208,7 +208,7 @@ class _HubListing:
                                     f"listed ({type(exc).__name__}: {exc}); pass --pb-blob-dir")
 
     def has(self, filename: str) -> bool:
-        from huggingface_hub import try_to_load_from_cache  # lazy: the Hub's client only when archives come from it
+        from huggingface_hub import try_to_load_from_cache  # noqa: PLC0415 - lazy: the Hub's client only when archives come from it
 
         cached = try_to_load_from_cache(self.repo, filename, repo_type="dataset", revision=self.revision)
         if isinstance(cached, str):

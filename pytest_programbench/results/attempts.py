@@ -70,7 +70,7 @@ def _std(values: Sequence[float]) -> float:
 
 @functools.lru_cache(maxsize=32)  # the summary is rewritten after every item: the same samples, the same interval
 def _two_level(samples: tuple[tuple[float, ...], ...], seed: int, resamples: int) -> tuple[float, float]:
-    import numpy as np  # lazy: numpy, a heavy wing; not needed while every attempt scores the same
+    import numpy as np  # noqa: PLC0415 - lazy: numpy, a heavy wing; not needed while every attempt scores the same
 
     lengths = np.asarray([len(s) for s in samples])
     width = int(lengths.max())

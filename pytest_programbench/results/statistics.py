@@ -51,8 +51,8 @@ def _bootstrap_mean(columns: tuple[tuple[float, ...], ...], *, paired: bool, see
     if len(columns) == 2 and len({new - base for base, new in zip(*columns, strict=True)}) == 1:
         same = float(columns[1][0] - columns[0][0])
         return same, same
-    import numpy as np  # lazy: numpy, imported with scipy below
-    from scipy.stats import bootstrap  # lazy: scipy, a heavy wing (~0.7 s); not while every score is the same
+    import numpy as np  # noqa: PLC0415 - lazy: numpy, imported with scipy below
+    from scipy.stats import bootstrap  # noqa: PLC0415 - lazy: scipy, a heavy wing (~0.7 s); not while every score is the same
 
     arrays = tuple(np.asarray(c, dtype=float) for c in columns)
     if len(arrays) == 1:
@@ -112,8 +112,8 @@ class PermutationTest:
 def paired_permutation_test(base: Mapping[str, float], new: Mapping[str, float], *, seed: int = SEED,
                             resamples: int = RESAMPLES) -> PermutationTest | None:
     """Two-sided p-value that the runs' means differ, swapping each task's two scores (exact below 2^n resamples)."""
-    import numpy as np  # lazy: numpy, imported with scipy below
-    from scipy.stats import permutation_test  # lazy: scipy, a heavy wing (~0.7 s); only comparisons test
+    import numpy as np  # noqa: PLC0415 - lazy: numpy, imported with scipy below
+    from scipy.stats import permutation_test  # noqa: PLC0415 - lazy: scipy, a heavy wing (~0.7 s); only comparisons test
 
     common = sorted(set(base) & set(new))
     if len(common) < 2:  # scipy's permutation_test needs two observations per sample

@@ -211,8 +211,8 @@ def _from_task_dir(task: Task, branches: Sequence[str], cache: Path) -> BlobSet 
 def _from_huggingface(task: Task, branches: Sequence[str], cache: Path, environ: Mapping[str, str]) -> BlobSet:
     offline = environment.HF_HUB_OFFLINE.true(environ)
     try:
-        from huggingface_hub import hf_hub_download  # lazy: huggingface_hub, for Hub archives only
-        from huggingface_hub.errors import LocalEntryNotFoundError  # lazy: huggingface_hub, for Hub archives only
+        from huggingface_hub import hf_hub_download  # noqa: PLC0415 - lazy: huggingface_hub, for Hub archives only
+        from huggingface_hub.errors import LocalEntryNotFoundError  # noqa: PLC0415 - lazy: huggingface_hub, for Hub archives only
     except ImportError as exc:
         raise BlobError(f"{task.instance_id}: huggingface_hub is not installed ({exc})") from exc
     locks = cache / "hf-locks"

@@ -80,7 +80,7 @@ class Task:
 
 
 def _task_from_config(config: Mapping[str, Any], task_dir: Path, *, packaged: bool) -> Task:
-    from programbench.constants import image_name_from_instance_id  # lazy: programbench, kept out of the entry point
+    from programbench.constants import image_name_from_instance_id  # noqa: PLC0415 - lazy: programbench, kept out of the entry point
 
     yaml_path = task_dir / "task.yaml"
     language = config.get("language")
@@ -129,8 +129,8 @@ def load_tasks_dir(root: Path) -> list[Task]:
 
 @functools.cache
 def _packaged_instances() -> tuple[dict[str, Any], ...]:
-    from programbench.constants import TASKS_DIR  # lazy: programbench, kept out of the entry point
-    from programbench.utils.load_data import load_all_instances  # lazy: programbench, kept out of the entry point
+    from programbench.constants import TASKS_DIR  # noqa: PLC0415 - lazy: programbench, kept out of the entry point
+    from programbench.utils.load_data import load_all_instances  # noqa: PLC0415 - lazy: programbench, kept out of the entry point
 
     return tuple(load_all_instances(TASKS_DIR, include_tests=False))
 
@@ -143,7 +143,7 @@ def packaged_instances() -> list[dict[str, Any]]:
 
 
 def load_packaged() -> list[Task]:
-    from programbench.constants import TASKS_DIR  # lazy: programbench, kept out of the entry point
+    from programbench.constants import TASKS_DIR  # noqa: PLC0415 - lazy: programbench, kept out of the entry point
 
     return [_task_from_config(i, TASKS_DIR / i["instance_id"], packaged=True) for i in packaged_instances()]
 

@@ -34,7 +34,7 @@ def _fail(code: int, message: str) -> None:
 
 def _rlimits() -> bytes:
     try:
-        import resource
+        import resource  # noqa: PLC0415 - lazy: each call's start-up is the client's overhead
     except ImportError:
         return struct.pack("<QQ", RLIM_INFINITY_WIRE, RLIM_INFINITY_WIRE) * NLIMITS
     out = []
@@ -158,7 +158,7 @@ def _send(sock: socket.socket, header: bytes, fds: list[int], strings: bytes) ->
 
 def _await_reply(sock: socket.socket, pending: list[int], send_error: str) -> tuple[int, int]:
     """Forward signals until the reply comes; its kind and value (its message written to stderr)."""
-    import select
+    import select  # noqa: PLC0415 - lazy: each call's start-up is the client's overhead
 
     reply = b""
     while True:
@@ -200,7 +200,7 @@ def _forward_pending(sock: socket.socket, pending: list[int]) -> None:
 def _die_by(value: int) -> None:
     """Die by the signal that killed the reference (without a core dump); never returns."""
     try:
-        import resource
+        import resource  # noqa: PLC0415 - lazy: each call's start-up is the client's overhead
 
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     except (ImportError, OSError, ValueError):

@@ -38,8 +38,11 @@ import argparse
 import contextlib
 import errno
 import fcntl
+import grp
+import hashlib
 import json
 import os
+import pwd
 import re
 import select
 import shutil
@@ -223,7 +226,7 @@ def _log_error(message: str) -> None:
 def _set_subreaper() -> None:
     """Adopt orphaned descendants so that they are reaped (best effort; needs ctypes)."""
     try:
-        import ctypes
+        import ctypes  # noqa: PLC0415 - lazy: a minimal image may lack it; then no subreaper, best effort
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
@@ -1364,9 +1367,6 @@ def _read_text(path: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- setup
 def _ensure_agent(name: str, uid: int) -> tuple[int, int, str]:
-    import grp
-    import pwd
-
     try:
         entry = pwd.getpwnam(name)
         return entry.pw_uid, entry.pw_gid, entry.pw_dir
@@ -1411,8 +1411,6 @@ def _ensure_agent(name: str, uid: int) -> tuple[int, int, str]:
 
 
 def _uid_taken(uid: int) -> bool:
-    import pwd
-
     try:
         pwd.getpwuid(uid)
         return True
@@ -1421,8 +1419,6 @@ def _uid_taken(uid: int) -> bool:
 
 
 def _group_exists(name: str) -> bool:
-    import grp
-
     try:
         grp.getgrnam(name)
         return True
@@ -1527,8 +1523,6 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _sha256(path: str) -> str:
-    import hashlib
-
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
