@@ -31,9 +31,6 @@ class Variable:
         """The value as set, stripped ("" when unset)."""
         return (os.environ if environ is None else environ).get(self.name, "").strip()
 
-    def text(self, environ: Environ | None = None) -> str:
-        return self.raw(environ) or self.default
-
     def is_set(self, environ: Environ | None = None) -> bool:
         return bool(self.raw(environ))
 
@@ -152,6 +149,7 @@ PYTEST_ADDOPTS = Variable("PYTEST_ADDOPTS", "", "pytest's extra command-line wor
 TERM = Variable("TERM", "", "the terminal's kind (`dumb` and `unknown` get no live view)")
 CC = Variable("CC", "", "the C compiler that builds the static proxy client on the host (else gcc, cc, clang)")
 
+# Every variable above, in the order declared (README's table follows it).
 VARIABLES: tuple[Variable, ...] = tuple(v for v in globals().values() if isinstance(v, Variable))
 # Ours, in README's table; the others' are documented by their owners.
 OURS: tuple[Variable, ...] = tuple(v for v in VARIABLES if v.name.startswith(("PB_", "PYTEST_PROGRAMBENCH_")))
