@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,24 @@ def dead_owner() -> Iterator[FakeOwner]:
     proc = subprocess.Popen(["true"])
     proc.wait()
     yield FakeOwner(Owner(HOST, proc.pid, time.time() - 5, boot_id()))
+
+
+@contextlib.contextmanager
+def doomed_owner() -> Iterator[tuple[FakeOwner, Callable[[], None]]]:
+    """A controller alive while its run's objects are made, and the call that ends it: other sessions on the shared
+    engine reap dead runs when they start, so a run made dead from the outset can be reaped by them mid-set-up."""
+    proc = subprocess.Popen(["sleep", "900"])
+    began = ownership.process_start_time(proc.pid)
+    assert began is not None
+
+    def end() -> None:
+        proc.kill()
+        proc.wait()
+
+    try:
+        yield FakeOwner(Owner(HOST, proc.pid, began + 1.0, boot_id())), end
+    finally:
+        end()
 
 
 def fake_run_id() -> str:
@@ -188,14 +206,15 @@ def cleanup(docker_client: Any) -> Iterator[list[str]]:
 
 def test_dead_runs_are_reaped_live_runs_kept(docker_client: Any, testbed: Testbed, cleanup: list[str]) -> None:
     dead_run, live_run, far_run, expired_run = (fake_run_id() for _ in range(4))
-    with live_owner() as alive, dead_owner() as dead:
+    with live_owner() as alive, doomed_owner() as (dead, end_dead_owner):
         now = time.time()
         far = FakeOwner(Owner("elsewhere", 7, now, "x"))
         dead_c = _container(docker_client, testbed.base_image, {RUN_LABEL: dead_run, **dead.labels()})
         live_c = _container(docker_client, testbed.base_image, {RUN_LABEL: live_run, **alive.labels()})
-        far_c = _container(docker_client, testbed.base_image, {RUN_LABEL: far_run, **far.labels(expires=now + 900)})
+        # Expiry judged at a later clock (``now`` below), so no other session's reaper finds it expired meanwhile.
+        far_c = _container(docker_client, testbed.base_image, {RUN_LABEL: far_run, **far.labels(expires=now + 1800)})
         expired_c = _container(docker_client, testbed.base_image,
-                               {RUN_LABEL: expired_run, **far.labels(expires=now - 1)})
+                               {RUN_LABEL: expired_run, **far.labels(expires=now + 600)})
         cleanup += [dead_c, live_c, far_c, expired_c]
         dead_img = _image(docker_client, dead_c, {RUN_LABEL: dead_run, **dead.labels()},
                           f"pbtest-reaper/{dead_run}:dead")
@@ -203,7 +222,8 @@ def test_dead_runs_are_reaped_live_runs_kept(docker_client: Any, testbed: Testbe
                           f"pbtest-reaper/{live_run}:live")
         cleanup += [dead_img, live_img]
 
-        report = reaper.reap_dead_runs("c0ffee00", engine=docker_client, slot_dirs=False,
+        end_dead_owner()  # the run dies only now, its objects made
+        report = reaper.reap_dead_runs("c0ffee00", engine=docker_client, slot_dirs=False, now=now + 1200,
                                        runs=[dead_run, live_run, far_run, expired_run])
         assert report.errors == []
         assert not _container_exists(docker_client, dead_c)
@@ -219,7 +239,7 @@ def test_dead_runs_are_reaped_live_runs_kept(docker_client: Any, testbed: Testbe
         assert dead_img[:19] in report.images
 
         # Idempotent: nothing more to do, no error.
-        again = reaper.reap_dead_runs("c0ffee00", engine=docker_client, slot_dirs=False,
+        again = reaper.reap_dead_runs("c0ffee00", engine=docker_client, slot_dirs=False, now=now + 1200,
                                       runs=[dead_run, live_run, far_run, expired_run])
         assert (again.containers, again.images, again.errors) == ([], [], [])
 
@@ -243,9 +263,10 @@ def test_a_dead_runs_image_in_use_by_a_live_container_is_kept(docker_client: Any
 
 def test_two_reapers_at_once_are_harmless(docker_client: Any, testbed: Testbed, cleanup: list[str]) -> None:
     runs = [fake_run_id() for _ in range(3)]
-    with dead_owner() as dead:
+    with doomed_owner() as (dead, end_dead_owner):
         ids = [_container(docker_client, testbed.base_image, {RUN_LABEL: run, **dead.labels()}) for run in runs]
         cleanup += ids
+        end_dead_owner()  # the runs die only now, their containers made
         reports: list[reaper.ReapReport] = []
 
         def reap() -> None:
