@@ -208,6 +208,10 @@ def test_compare_usage_errors(pytester: pytest.Pytester, tmp_path: Path) -> None
     result = compare_finished(pytester, "--pb-compare", f"{not_a_run},{other}", "--pb-agent", "true")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--pb-compare BASE,NEW compares two finished runs and runs nothing: --pb-agent*"])
+    result = compare_finished(pytester, "--pb-report", str(not_a_run), "--pb-agent", "true")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--pb-report DIR writes the report of a finished run and runs nothing: --pb-agent "
+                                 "cannot go with it*"])
     result = compare_finished(pytester, "--pb-max-regression", "0.1", "--pb-agent", "true", "--pb-include-fixtures")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--pb-max-regression X needs --pb-compare BASE*"])

@@ -23,16 +23,8 @@ FINISHED_OPTIONS = frozenset({"--pb-compare", "--pb-max-regression", "--pb-gold-
 def compare_finished_runs(config: pytest.Config) -> int:
     """``pytest --pb-compare BASE,NEW [--pb-max-regression X]``: print and write the comparison, exit 1 when the gate
     fails. Runs before pytest configures a session: no collection, agent or engine."""
-    extra = [flag for flag in options.given_on_command_line(config) if flag not in FINISHED_OPTIONS]
-    if extra:
-        raise pytest.UsageError(f"--pb-compare BASE,NEW compares two finished runs and runs nothing: "
-                                f"{', '.join(extra)} cannot go with it (give one directory to compare a run)")
-    values: dict[str, Any] = {}
-    for flag in FINISHED_OPTIONS:
-        opt = next(o for o in options.OPTIONS if o.flag == flag)
-        raw = options.raw_value(config, opt)
-        if raw is not None:
-            values.update(opt.parse(raw))
+    values = _only_options(config, FINISHED_OPTIONS, "--pb-compare BASE,NEW compares two finished runs and runs "
+                           "nothing: {extra} cannot go with it (give one directory to compare a run)")
     base_dir, new_dir = (Path(d) for d in values["compare"])
     try:
         ledger = None
@@ -42,7 +34,8 @@ def compare_finished_runs(config: pytest.Config) -> int:
             except LedgerError as exc:
                 raise compare.CompareError(f"--pb-gold-ledger: {exc}") from None
         written = compare.write(base_dir, new_dir, ledger=ledger, max_regression=values.get("max_regression"),
-                        tasks_dirs=values.get("tasks_dirs") or (), registry_ignore=values.get("registry_ignore"))
+                                tasks_dirs=values.get("tasks_dirs") or (),
+                                registry_ignore=values.get("registry_ignore"))
     except compare.CompareError as exc:
         raise pytest.UsageError(f"--pb-compare: {exc}") from None
     writer = create_terminal_writer(config)
@@ -62,18 +55,11 @@ REPORT_OPTIONS = frozenset({"--pb-report", "--pb-tasks-dir", "--pb-registry-igno
 def report_foreign_run(config: pytest.Config) -> int:
     """``pytest --pb-report DIR``: report.html for a foreign run, before pytest configures a session (nothing is
     collected; no agent or engine)."""
-    extra = [flag for flag in options.given_on_command_line(config) if flag not in REPORT_OPTIONS]
-    if extra:
-        raise pytest.UsageError(f"--pb-report DIR writes the report of a finished run and runs nothing: "
-                                f"{', '.join(extra)} cannot go with it")
-    values: dict[str, Any] = {}
-    for opt in options.OPTIONS:
-        raw = options.raw_value(config, opt) if opt.flag in REPORT_OPTIONS else None
-        if raw is not None:
-            values.update(opt.parse(raw))
+    values = _only_options(config, REPORT_OPTIONS, "--pb-report DIR writes the report of a finished run and runs "
+                           "nothing: {extra} cannot go with it")
     try:
         run, path = foreign_runs.report(Path(values["report"]), tasks_dirs=values.get("tasks_dirs") or (),
-                           ignore_file=values.get("registry_ignore"))
+                                        ignore_file=values.get("registry_ignore"))
     except foreign_runs.ForeignRunError as exc:
         raise pytest.UsageError(f"--pb-report: {exc}") from None
     writer = create_terminal_writer(config)
@@ -84,3 +70,17 @@ def report_foreign_run(config: pytest.Config) -> int:
                  f"{', '.join(run.lacks)}: {foreign_runs.NOT_IN_RUN}", *run.notes, f"report: {path}"):
         writer.line(line)
     return int(pytest.ExitCode.OK)
+
+
+def _only_options(config: pytest.Config, allowed: frozenset[str], refusal: str) -> dict[str, Any]:
+    """The Settings fields of the ``allowed`` options given; any other ``--pb-*`` option asks for a run, which a
+    front door does not do: a usage error, ``refusal`` naming them (``{extra}``)."""
+    extra = [flag for flag in options.given_on_command_line(config) if flag not in allowed]
+    if extra:
+        raise pytest.UsageError(refusal.format(extra=", ".join(extra)))
+    values: dict[str, Any] = {}
+    for opt in options.OPTIONS:
+        raw = options.raw_value(config, opt) if opt.flag in allowed else None
+        if raw is not None:
+            values.update(opt.parse(raw))
+    return values
