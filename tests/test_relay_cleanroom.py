@@ -467,12 +467,16 @@ def test_a_session_refuses_provider_tools_and_flags_the_item(pytester: pytest.Py
     assert not any(b"web_search" in r.body or b"mcp_servers" in r.body for r in upstream.received)
 
     records = [json.loads(line) for line in (run_dir / RPN / "model-requests.jsonl").read_text().splitlines()]
-    refused = [r for r in records if r["cleanroom_refused"]]  # in the agent's order
+    # A record is written when its exchange ends, so a refusal's linger can put it after the agent's next request:
+    # each attempt is matched to one record of its own, in any order.
+    refused = [r for r in records if r["cleanroom_refused"]]
     assert len(refused) == len(ATTEMPTS) == len(records) - len(PLAIN), records
-    for call, record in zip(ATTEMPTS, refused, strict=True):
-        assert (record["method"], record["path"], record["status"]) == (call.method, call.path, 403)
+    for call in ATTEMPTS:
         assert call.refused is not None
-        assert record["cleanroom_refused"].startswith(call.refused), record
+        match = next((r for r in refused if (r["method"], r["path"], r["status"]) == (call.method, call.path, 403)
+                      and r["cleanroom_refused"].startswith(call.refused)), None)
+        assert match is not None, (call.name, refused)
+        refused.remove(match)
 
     task = json.loads((run_dir / "summary.json").read_text())["tasks"][RPN]
     assert task["outcome"] == "failed"
