@@ -6,6 +6,7 @@ pass through, several connections at once stay apart, nothing is bind-mounted, a
 
 from __future__ import annotations
 
+import json
 import socket
 import tempfile
 import threading
@@ -95,6 +96,63 @@ class EchoServer:
         self.server.close()
 
 
+class Refuser:
+    """A relay refusing every request before its body is read: it answers after the first bytes and closes while
+    the client is still sending (as the relay does when its linger after a refusal ends)."""
+
+    ANSWER = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(path))
+        self.server.listen(64)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(self.ANSWER)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+# Run as root inside the sandbox: N clients at once, each sends SIZE bytes (a request body the relay refuses
+# unread), then reads what came back; prints each client's first line.
+SENDERS = f"PORT = {PORT}\n" + r"""
+import json, socket, sys, threading
+n, size = int(sys.argv[1]), int(sys.argv[2])
+got = {}
+def client(k):
+    s = socket.create_connection(("127.0.0.1", PORT), timeout=120)
+    try:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size)
+    except OSError as exc:
+        got.setdefault(k, "send: " + type(exc).__name__)
+    answer = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    except OSError as exc:
+        got.setdefault(k, "recv: " + type(exc).__name__)
+    s.close()
+    got[k] = answer.split(b"\r\n", 1)[0].decode() or got.get(k, "nothing")
+threads = [threading.Thread(target=client, args=(k,)) for k in range(n)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps(got, sort_keys=True))
+"""
+
+
 @pytest.fixture
 def box(testbed: Testbed, engine: Any) -> Iterator[Sandbox]:
     labels = Labels(f"pbtest-tunnel-{uuid.uuid4().hex[:10]}", "controller", "pbfix__rpn.0b5e55e")
@@ -114,7 +172,7 @@ def echo() -> Iterator[EchoServer]:
         server.close()
 
 
-def _open(box: Sandbox, echo: EchoServer) -> RelayTunnel:
+def _open(box: Sandbox, echo: EchoServer | Refuser) -> RelayTunnel:
     return RelayTunnel(box.engine.api, box.id, lambda: connect_unix(str(echo.path))).open(
         PORT, script=BRIDGE_SCRIPT.read_bytes())
 
@@ -157,3 +215,21 @@ def test_closing_the_tunnel_ends_the_bridge(box: Sandbox, echo: EchoServer) -> N
     gone = box.exec(f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {PORT}), timeout=5)\"",
                     timeout=120)
     assert gone.exit_code != 0, "the bridge still listens after close()"
+
+
+def test_an_answer_before_the_relay_closes_reaches_a_client_still_sending(box: Sandbox) -> None:
+    """The relay answers a refused request and closes while the agent is still sending its body: the tunnel stops
+    writing, keeps reading the relay's answer, and drops the agent's remaining bytes, so every client reads its
+    answer instead of a reset (CI once saw a flooding client get nothing under load)."""
+    with tempfile.TemporaryDirectory(prefix="pb-refuser-") as directory:
+        refuser = Refuser(Path(directory) / "relay.sock")
+        tunnel = _open(box, refuser)
+        try:
+            box.put_file(SENDERS.encode(), "/tmp/senders.py", mode=0o644, owner="root")
+            result = box.exec(["python3", "/tmp/senders.py", "16", str(4 << 20)], timeout=300)
+            assert result.exit_code == 0, result.text
+            got = json.loads(result.text.strip().splitlines()[-1])
+            assert got == {str(k): "HTTP/1.1 503 Service Unavailable" for k in range(16)}, got
+        finally:
+            tunnel.close()
+            refuser.close()

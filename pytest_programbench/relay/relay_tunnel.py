@@ -13,6 +13,7 @@ import logging
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,8 @@ BUFFER = 65536
 # channel holding more is not the bridge we started, and is dropped. So the agent's bytes held here are at most
 # MAX_CONNECTIONS * MAX_QUEUED, whatever it sends.
 MAX_QUEUED = WINDOW + BUFFER
+# Seconds an agent's bytes are still taken (and dropped) after the relay stopped reading them (see _pump_downstream).
+DISCARD_S = 60.0
 
 
 class TunnelError(RuntimeError):
@@ -171,21 +174,33 @@ class RelayTunnel:
                          daemon=True).start()
 
     def _pump_downstream(self, channel: int, state: _Channel) -> None:
-        """The agent's bytes to the relay, in order; its half-close after them."""
-        try:
-            while True:
-                data = state.outbox.get()
-                if not data:  # _HALF_CLOSE
-                    state.upstream.shutdown(socket.SHUT_WR)
-                    self._ended_half(channel, "in")
-                    return
-                state.upstream.sendall(data)
-                with state.count_lock:
-                    state.queued -= len(data)
-                self._send(channel, ACK, ACK_PAYLOAD.pack(len(data)))  # the bridge may read that much more
-        except OSError:  # the relay side closed (or the channel was dropped): tell the bridge
-            self._drop(channel)
-            self._send(channel, CLOSE)
+        """The agent's bytes to the relay, in order; its half-close after them.
+
+        A relay that stops reading (it answered a refused request and closed) ends only this direction: its answer
+        is still read by ``_pump_upstream``, and the agent's remaining bytes are acknowledged and dropped for up to
+        ``DISCARD_S``, so the agent finishes sending and reads the answer instead of a reset."""
+        deadline: float | None = None  # set once the relay stopped reading
+        while True:
+            try:
+                data = state.outbox.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except queue.Empty:  # an agent still sending long after the relay closed: end the channel
+                self._drop(channel)
+                self._send(channel, CLOSE)
+                return
+            if not data:  # _HALF_CLOSE
+                if deadline is None:
+                    with contextlib.suppress(OSError):
+                        state.upstream.shutdown(socket.SHUT_WR)
+                self._ended_half(channel, "in")
+                return
+            if deadline is None:
+                try:
+                    state.upstream.sendall(data)
+                except OSError:
+                    deadline = time.monotonic() + DISCARD_S
+            with state.count_lock:
+                state.queued -= len(data)
+            self._send(channel, ACK, ACK_PAYLOAD.pack(len(data)))  # the bridge may read that much more
 
     def _pump_upstream(self, channel: int, upstream: socket.socket) -> None:
         """The relay's answers go back into the sandbox as DATA frames, then EOF (or CLOSE on an error)."""
