@@ -2,7 +2,7 @@
 
 The test plays ``relay_tunnel.py``'s part on the bridge's stdin/stdout with the real frame protocol (``frame`` and
 ``FrameReader``) and echoes what each channel sends, so every property of the bridge is seen from a client's socket:
-bursts beyond the accept backlog, full duplex and half-close, a refused channel, bad ``--listen`` values. The same
+bursts beyond the channel limit, full duplex and half-close, a refused channel, bad ``--listen`` values. The same
 bridge runs in a real sandbox in tests/test_relay_tunnel.py; here it is seconds, not a container.
 """
 
@@ -37,7 +37,7 @@ from pytest_programbench.relay.relay_bridge import (
     frame,
 )
 
-BURST = 300  # more than the bridge's accept backlog (128): none may be dropped
+BURST = 300  # more than the bridge's channel limit (128): the rest wait in the accept backlog, none may be dropped
 DUPLEX_BYTES = 8 << 20  # far more than both pipes' and sockets' buffers: both directions must flow at once
 
 
@@ -142,7 +142,7 @@ def exchange(port: int, payload: bytes, *, timeout: float = 60) -> bytes:
     return bytes(got)
 
 
-def test_a_burst_beyond_the_backlog_loses_no_connection(host: Host) -> None:
+def test_a_burst_beyond_the_channel_limit_loses_no_connection(host: Host) -> None:
     start = threading.Barrier(BURST)
     answers: dict[int, bytes | str] = {}
 

@@ -35,6 +35,9 @@ from collections.abc import Sequence
 
 BUFFER = 65536
 MAX_CONNECTIONS = 128  # channels at once; more clients wait in the listen backlog until one ends
+# Connections the kernel completes and queues for accept (capped by net.core.somaxconn, 4096 by default). Past it a
+# client's handshake waits on SYN retries, which a loaded host can let run out: that client is reset with no answer.
+BACKLOG = 1024
 WINDOW = 256 << 10  # bytes of one channel sent to the host and not yet acknowledged
 CONNECT_TIMEOUT = 10.0
 
@@ -73,7 +76,7 @@ def listen(text: str) -> socket.socket:
     if family == socket.AF_INET6:
         server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     server.bind((host, port))
-    server.listen(128)
+    server.listen(BACKLOG)
     server.setblocking(False)
     return server
 
