@@ -80,10 +80,10 @@ class EchoServer:
             except OSError:
                 return
             self.connections += 1
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     @staticmethod
-    def _echo(conn: socket.socket) -> None:
+    def _handle(conn: socket.socket) -> None:
         with conn:
             while True:
                 data = conn.recv(65536)
@@ -96,31 +96,17 @@ class EchoServer:
         self.server.close()
 
 
-class Refuser:
+class Refuser(EchoServer):
     """A relay refusing every request before its body is read: it answers after the first bytes and closes while
     the client is still sending (as the relay does when its linger after a refusal ends)."""
 
     ANSWER = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(str(path))
-        self.server.listen(64)
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(65536)
-                conn.sendall(self.ANSWER)
-
-    def close(self) -> None:
-        self.server.close()
+    @staticmethod
+    def _handle(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            conn.sendall(Refuser.ANSWER)
 
 
 # Run as root inside the sandbox: N clients at once, each sends SIZE bytes (a request body the relay refuses
@@ -172,7 +158,7 @@ def echo() -> Iterator[EchoServer]:
         server.close()
 
 
-def _open(box: Sandbox, echo: EchoServer | Refuser) -> RelayTunnel:
+def _open(box: Sandbox, echo: EchoServer) -> RelayTunnel:
     return RelayTunnel(box.engine.api, box.id, lambda: connect_unix(str(echo.path))).open(
         PORT, script=BRIDGE_SCRIPT.read_bytes())
 
