@@ -761,6 +761,7 @@ class SweepReport:
     containers: list[str] = field(default_factory=list)
     images: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    volumes: list[str] = field(default_factory=list)
 
 
 def sweep(run_id: str, *, engine: DockerEngine, task: str | None = None) -> SweepReport:
@@ -787,6 +788,16 @@ def sweep(run_id: str, *, engine: DockerEngine, task: str | None = None) -> Swee
             pass
         except APIError as exc:
             report.errors.append(f"image {info['Id'][:19]}: {exc}")
-    if report.containers or report.images:
-        log.info("swept run %s: %d containers, %d images", run_id, len(report.containers), len(report.images))
+    if task is None:  # the grader's volumes (evaluation/harness_material.py) are the run's, not a task's
+        for info in (api.volumes(filters={"label": filters}) or {}).get("Volumes") or []:
+            try:
+                api.remove_volume(info["Name"], force=True)
+                report.volumes.append(str(info["Name"]))
+            except NotFound:
+                pass
+            except APIError as exc:
+                report.errors.append(f"volume {info['Name']}: {exc}")
+    if report.containers or report.images or report.volumes:
+        log.info("swept run %s: %d containers, %d images, %d volumes", run_id, len(report.containers),
+                 len(report.images), len(report.volumes))
     return report

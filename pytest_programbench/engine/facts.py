@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 NOT_ASKED = object()
@@ -24,6 +24,9 @@ class EngineFacts:
 
     storage_quota: object | None = None
     docker_root: object = NOT_ASKED  # a Path, None (not on this machine) or NOT_ASKED
+    # The grader's read-only volumes made on this engine (evaluation/harness_material.py): (run, content) -> name.
+    grader_volumes: dict[tuple[str, str], str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _facts: weakref.WeakKeyDictionary[Any, EngineFacts] = weakref.WeakKeyDictionary()

@@ -44,7 +44,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -387,6 +387,7 @@ class SdkContainerEnvironment:
         reaper: Reaper | None = None,
         network_mode: str = "default",
         storage: int = 0,
+        mounts: Sequence[harness_material.GraderMount] = (),
     ) -> None:
 
         self.cwd = cwd
@@ -413,6 +414,8 @@ class SdkContainerEnvironment:
         self.reaper: Reaper | None = reaper
         self.before_image_removal: Callable[[], None] | None = reaper.drain if reaper is not None else None
         self._name = f"{name_prefix}-{uuid.uuid4().hex[:12]}"
+        # The grader's read-only volumes, mounted at creation: in place before any command runs here.
+        self.mounts = tuple(mounts)
         # Validates run_args; the official passes --init on its command line in any case.
         _parse_run_args(list(run_args or []))
         env_dict = {"PYTEST_XDIST_AUTO_NUM_WORKERS": str(cpus), **(env or {})}
@@ -425,6 +428,7 @@ class SdkContainerEnvironment:
                 pids_limit=PIDS_LIMIT,
                 mem_limit=memory,
                 storage_opt=storage_opt,
+                mounts=[m.mount() for m in self.mounts] or None,
             )
             created = self._api.create_container(
                 image,
@@ -882,12 +886,15 @@ class SdkContainerEnvironment:
         ``max_entries``).
         """
         walked = self._walk_upper(prune, watch, max_depth, max_entries)
-        if walked is not None:
-            return walked
-        changes = list(self._api.diff(self.container_id) or [])
-        if len(changes) > max_entries:
-            return Diff(changes[:max_entries], [f"the engine listed {len(changes)} changes, more than {max_entries}"])
-        return Diff(changes, [])
+        if walked is None:
+            changes = list(self._api.diff(self.container_id) or [])
+            walked = Diff(changes[:max_entries], [f"the engine listed {len(changes)} changes, more than "
+                                                  f"{max_entries}"] if len(changes) > max_entries else [])
+        # A mount point of the grader's volumes is the engine's, never the submission's.
+        targets = {m.target for m in self.mounts}
+        if targets:
+            walked.changes = [c for c in walked.changes if str(c.get("Path", "")) not in targets]
+        return walked
 
     def _walk_upper(self, prune: tuple[str, ...], watch: tuple[str, ...], max_depth: int,
                     max_entries: int) -> Diff | None:
@@ -1135,6 +1142,9 @@ class LayerConfig:
     network_mode: str = "default"
     results_max_bytes: int = RESULTS_MAX_BYTES
     storage: int = 0  # bytes each container's writable layer may hold, where the engine can limit it (0: no limit)
+    # The grader's read-only volumes (harness_material.grader_mount) every branch container gets when it is created:
+    # the audit's plugin directory, for one.
+    branch_mounts: tuple[harness_material.GraderMount, ...] = ()
 
 
 def prefetch_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -1187,8 +1197,11 @@ class SdkEvaluator(Evaluator):
         return env
 
     def _make_env(self, image: str, *, serial_pytest: bool, compile_phase: bool,
-                  lifetime: int | None = None) -> SdkContainerEnvironment:
+                  lifetime: int | None = None,
+                  mounts: Sequence[harness_material.GraderMount] | None = None) -> SdkContainerEnvironment:
         window = self.layer.compile_timeout if compile_phase else self.layer.test_timeout
+        if mounts is None:
+            mounts = () if compile_phase else self.layer.branch_mounts
         container = SdkContainerEnvironment(
             image=image,
             cwd=WORKSPACE_DIR,
@@ -1205,6 +1218,7 @@ class SdkEvaluator(Evaluator):
             reaper=self.reaper,
             network_mode=self.layer.network_mode,
             storage=self.layer.storage,
+            mounts=mounts,
         )
         with self._envs_lock:
             self.envs.append(container)

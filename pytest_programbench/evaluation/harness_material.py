@@ -20,13 +20,24 @@ evaluation whose wheels were placed and verified here and whose container the su
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import secrets
+import tarfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+import docker
+import docker.types
+from docker.errors import APIError, NotFound
 from programbench.eval.pytest_timeout_retry import PYTEST_TIMEOUT_RETRY_PLUGIN_DIR
+
+from pytest_programbench import RUN_LABEL
+from pytest_programbench.engine.archive_out import CappedStream
+from pytest_programbench.engine.container import Container
+from pytest_programbench.engine.facts import facts
+from pytest_programbench.engine.tar_in import TarIn
 
 # The official's plugin directory: it puts it first on the hidden tests' PYTHONPATH (eval.py, run_tests).
 GRADER_PLUGIN_DIR = PYTEST_TIMEOUT_RETRY_PLUGIN_DIR
@@ -37,7 +48,7 @@ WHEEL_DIR_PREFIX = "/tmp/pytest-programbench-wheels"
 AUDIT_DIR_PREFIX = "/pytest-programbench-audit"
 # Name prefixes of every path the grader's material uses inside a container: what the submission made there is a
 # flag, and the integrity scan's walk descends into them even below a directory it otherwise only lists.
-GRADER_PATHS = (GRADER_PLUGIN_DIR, WHEEL_DIR_PREFIX, AUDIT_DIR_PREFIX)
+GRADER_PATHS = (GRADER_PLUGIN_DIR, WHEEL_DIR_PREFIX, AUDIT_DIR_PREFIX, "/pytest-programbench-grader")
 VERIFY_TIMEOUT = 60.0
 VERIFY_OUTPUT_LIMIT = 256 << 10
 FILE_MODE = 0o644
@@ -127,3 +138,153 @@ def remove_directory(container: MaterialTarget, directory: str) -> str | None:
     code, output = container.harness_run(["rm", "-rf", "--", directory], timeout=VERIFY_TIMEOUT)
     return None if code == 0 else f"exit {code}: {output.strip()[:300]}"
 
+
+
+# --------------------------------------------------------------------------------------------- grader volumes
+#
+# The construction that replaces placing: the grader's material is a read-only volume, made once per content (per
+# engine client and run) through the engine's archive API into a helper container that never starts, checked there
+# (type, mode, owner, sha256 hashed here), and mounted when a container is created. No process of the submission
+# exists yet, so nothing needs stopping; the mount is read-only, so nothing can rewrite it; no tool of the container
+# is used to place or check it. It works on a remote engine (no host path is bound).
+
+GRADER_VOLUME_LABEL = "pytest-programbench.grader"  # the content's sha256 (the run's labels are added)
+VOLUME_PREFIX = "pb-grader"
+HELPER_MOUNT = "/pb-grader-volume"  # where the helper container sees the volume while it is filled
+GRADER_MOUNT_ROOT = "/pytest-programbench-grader"  # our material's mount targets lie below this
+VOLUME_CHECK_BYTES = 64 << 20  # the most a volume's check reads back
+
+
+def content_digest(files: Mapping[str, bytes], mode: int) -> str:
+    """The material's identity: names, mode and bytes."""
+    digest = hashlib.sha256(f"mode {mode:o}\n".encode())
+    for name in sorted(files):
+        digest.update(f"{name}\n{len(files[name])}\n".encode())
+        digest.update(files[name])
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class GraderMount:
+    """A grader volume and where a container sees it (read-only)."""
+
+    volume: str
+    target: str
+    files: Mapping[str, bytes]
+    mode: int
+    digest: str
+
+    def mount(self) -> docker.types.Mount:
+        # no_copy: the image's content at the target never enters the volume.
+        return docker.types.Mount(self.target, self.volume, type="volume", read_only=True, no_copy=True)
+
+    def at(self, target: str) -> GraderMount:
+        """The same volume seen at another path."""
+        return GraderMount(self.volume, target, self.files, self.mode, self.digest)
+
+
+def grader_mount(engine: docker.DockerClient, files: Mapping[str, bytes], *, target: str,
+                 labels: Mapping[str, str], image: str, mode: int = FILE_MODE) -> GraderMount:
+    """``files`` (name -> bytes, root-owned, ``mode``) as a read-only volume to mount at ``target`` when a container
+    is created (``LayerConfig.branch_mounts``). Made once per content per engine client and run (``labels`` carry
+    the run: the session's sweep removes it, and :func:`remove_grader_volumes` for a caller outside a session), in a
+    helper container of ``image`` (any image on the engine; it never starts), and checked through the engine's
+    archive API. Raises :class:`MaterialRefused` when it cannot be made as sent."""
+    digest = content_digest(files, mode)
+    run = str(labels.get(RUN_LABEL, ""))
+    api = engine.api
+    known = facts(api)
+    with known.lock:
+        name = known.grader_volumes.get((run, digest))
+        if name is not None and not _volume_is(api, name, digest):
+            known.grader_volumes.pop((run, digest), None)  # swept meanwhile, or replaced: made again
+            name = None
+        if name is None:
+            name = _make_volume(api, files, mode=mode, digest=digest, labels=labels, image=image)
+            known.grader_volumes[(run, digest)] = name
+    return GraderMount(name, target, dict(files), mode, digest)
+
+
+def _volume_is(api: Any, name: str, digest: str) -> bool:
+    try:
+        info = api.inspect_volume(name)
+    except NotFound:
+        return False
+    return bool((info.get("Labels") or {}).get(GRADER_VOLUME_LABEL) == digest)
+
+
+def _make_volume(api: Any, files: Mapping[str, bytes], *, mode: int, digest: str, labels: Mapping[str, str],
+                 image: str) -> str:
+    name = f"{VOLUME_PREFIX}-{digest[:16]}-{secrets.token_hex(6)}"  # per client: no other worker writes it
+    api.create_volume(name, labels={**labels, GRADER_VOLUME_LABEL: digest})
+    helper = ""
+    try:
+        host_config = api.create_host_config(network_mode="none", mounts=[
+            docker.types.Mount(HELPER_MOUNT, name, type="volume", read_only=False, no_copy=True)])
+        helper = str(api.create_container(image, command=["true"], labels=dict(labels), host_config=host_config,
+                                          network_disabled=True)["Id"])
+        archive = TarIn()
+        for base, data in sorted(files.items()):
+            archive.file(base, data, mode)
+        if not archive.put(api, helper, HELPER_MOUNT):
+            raise MaterialRefused(f"the engine refused the grader's files into volume {name}")
+        found = volume_listing(Container(api, helper), HELPER_MOUNT)
+        if found != expected_entries(files, mode):
+            raise MaterialRefused(f"volume {name} does not hold what was sent: {sorted(found.items())[:5]}")
+    except (APIError, OSError, tarfile.TarError, MaterialRefused) as exc:
+        _remove_quietly(api, helper, name)
+        raise exc if isinstance(exc, MaterialRefused) else MaterialRefused(f"grader volume {name}: {exc}") from exc
+    except BaseException:
+        _remove_quietly(api, helper, name)
+        raise
+    _remove_quietly(api, helper, None)
+    return name
+
+
+def expected_entries(files: Mapping[str, bytes], mode: int) -> dict[str, tuple[str, int, int, str]]:
+    """What :func:`volume_listing` gives for exactly ``files``: name -> (kind, mode, uid, sha256)."""
+    return {name: ("f", mode, 0, hashlib.sha256(data).hexdigest()) for name, data in files.items()}
+
+
+def volume_listing(container: Container, directory: str) -> dict[str, tuple[str, int, int, str]]:
+    """Every entry below ``directory`` of ``container`` as the engine's archive gives it (name -> kind, mode, uid,
+    sha256 of a regular file's bytes), hashed here: no tool of the container runs."""
+    entries: dict[str, tuple[str, int, int, str]] = {}
+    with (container.archive(directory) as (chunks, _stat),
+          tarfile.open(fileobj=CappedStream(chunks, VOLUME_CHECK_BYTES), mode="r|") as tar):
+        for info in tar:
+            rel = info.name.split("/", 1)[1] if "/" in info.name else ""
+            if not rel:
+                continue  # the directory itself
+            digest = ""
+            if info.isfile():
+                handle = tar.extractfile(info)
+                digest = hashlib.sha256(handle.read() if handle is not None else b"").hexdigest()
+            kind = "f" if info.isfile() else "d" if info.isdir() else "o"
+            entries[rel] = (kind, info.mode & 0o7777, info.uid, digest)
+    return entries
+
+
+def _remove_quietly(api: Any, container: str, volume: str | None) -> None:
+    if container:
+        with contextlib.suppress(NotFound, APIError):
+            api.remove_container(container, force=True, v=False)
+    if volume:
+        with contextlib.suppress(NotFound, APIError):
+            api.remove_volume(volume, force=True)
+
+
+def remove_grader_volumes(engine: docker.DockerClient, run_id: str) -> list[str]:
+    """Remove the run's grader volumes (for a caller outside a session; a session's sweep does it at its end)."""
+    api = engine.api
+    removed = []
+    for info in (api.volumes(filters={"label": [f"{RUN_LABEL}={run_id}", GRADER_VOLUME_LABEL]}) or {}).get(
+            "Volumes") or []:
+        with contextlib.suppress(NotFound, APIError):
+            api.remove_volume(info["Name"], force=True)
+            removed.append(str(info["Name"]))
+    known = facts(api)
+    with known.lock:
+        for key in [k for k in known.grader_volumes if k[0] == run_id]:
+            del known.grader_volumes[key]
+    return removed
