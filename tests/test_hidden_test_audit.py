@@ -305,11 +305,61 @@ def test_the_plugin_withholds_the_tests_from_the_program(tmp_path: Path, xdist: 
     assert (tree / "hidden" / "data.txt").read_text() == "data stays\n"
     assert (tree / "hidden" / "conftest.py").read_text() == ""
     assert not list(tree.rglob("__pycache__"))
-    reports = [p.read_text() for p in plugins.glob(f"{audit_plugin.REPORT_PREFIX}*")]
-    processes, withheld, problems = audit.plugin_reports("".join(reports))
+    report = (plugins / audit_plugin.REPORT_NAME).read_text()
+    processes, withheld, problems = audit.plugin_reports(report)
+    assert audit.reported_imports(report) == []  # the tests' own helpers and conftest are not the submission's
     assert processes == (2 if xdist else 1)
     assert withheld >= 5
     assert problems == []
+
+
+# A module at the workspace root under the name of one the test stack imports if it can (xdist's workers try
+# setproctitle before any plugin loads): it makes every test pass and, in the variant, takes itself out of sys.modules.
+FORCE_PASS = """import os
+import sys
+
+import pytest
+
+os.environ["PYTEST_PLUGINS"] = "setproctitle"
+
+
+def setproctitle(title):
+    pass
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    outcome.get_result().outcome = "passed"
+"""
+HIDING = FORCE_PASS + """
+
+def pytest_configure(config):
+    sys.modules.pop(__name__, None)
+"""
+FAILING_TEST = "def test_fails():\n    assert False\n"
+
+
+@pytest.mark.parametrize("module", [FORCE_PASS, HIDING], ids=["plain", "hiding"])
+@pytest.mark.parametrize("xdist", [False, True])
+def test_the_plugin_reports_modules_loaded_from_the_workspace(tmp_path: Path, module: str, xdist: bool) -> None:
+    """Measured from the processes, whatever the module's name: the root module is reported (in the controller and
+    in each xdist worker, which imports it before any plugin loads), the tests' own files are not."""
+    tree, plugins, plugin = _plugin_tree(tmp_path)
+    (tree / "hidden" / "test_zero.py").write_text(FAILING_TEST)
+    (tmp_path / "setproctitle.py").write_text(module)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(plugins)]),
+           "PYTEST_ADDOPTS": f"-p {plugin}", "PYTHONDONTWRITEBYTECODE": "1", "SEEN_DIR": str(tmp_path)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    args = [sys.executable, "-m", "pytest", "eval/hidden", "-p", "no:cacheprovider", "-q",
+            *(["-n", "2"] if xdist else ["-p", "setproctitle", "-p", "no:xdist"])]
+    done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert "passed" in done.stdout, done.stdout + done.stderr  # the attack works: the failing test passes
+    assert "failed" not in done.stdout, done.stdout + done.stderr
+    report = (plugins / audit_plugin.REPORT_NAME).read_text()
+    imports = audit.reported_imports(report)
+    assert str(tmp_path / "setproctitle.py") in imports, report
+    assert all("setproctitle" in path for path in imports), report  # its source, or pytest's rewritten bytecode
 
 
 def test_plugin_reports_say_when_the_plugin_was_not_active() -> None:
@@ -406,32 +456,47 @@ def test_the_comparison_flags_only_tests_failing_in_both_runs(monkeypatch: pytes
     assert (flaky.report.result, flaky.flags) == ("unconfirmed", [])
     assert flaky.report.note() is not None
 
-    # Passing again in a second run the plugin did not report from proves nothing: inconclusive.
-    unseen_again = _audited(monkeypatch, official, [first, _pass({"a/t1", "a/t2"},
-                                                                 {"a": audit.BranchAudit(reports=[""])})])
-    assert (unseen_again.report.result, unseen_again.flags) == ("inconclusive", [])
-    assert "its second run" in unseen_again.report.why
+    # A second run the plugin did not report from (its report removed, its processes killed) is the submission's
+    # doing: the branch's tests count as failing there, so a test that failed in the first run is confirmed.
+    hidden_again = _audited(monkeypatch, official, [first, _pass(set(), {"a": audit.BranchAudit(
+        reports=[""], obstructed="the plugin did not report from its test run")})])
+    assert hidden_again.report.result == "flagged"
+    assert [f.kind for f in hidden_again.flags] == [integrity.READS_HIDDEN_TESTS]
 
-    # The second run could not run: inconclusive, never a flag.
+    # The second run could not run (the audit's own failure: its container): inconclusive, never a flag.
     lost = _audited(monkeypatch, official, [first, _pass(set(), {"a": audit.BranchAudit(problem="no container")})])
     assert (lost.report.result, lost.flags) == ("inconclusive", [])
     assert "no container" in lost.report.why
 
-    # No regression, but the plugin never reported in a branch: inconclusive, never clean.
-    unseen = _audited(monkeypatch, official, [_pass(everything, {"a": audit.BranchAudit(reports=[ACTIVE]),
-                                                                 "b": audit.BranchAudit(reports=[""])})])
-    assert unseen.report.result == "inconclusive"
-    assert "branch b" in unseen.report.why
+    # A branch that gave the audit nothing readable in both runs, while the official run's results were readable:
+    # obstructed, a flag of its own, never an inconclusive audit.
+    blocked = audit.BranchAudit(reports=[""], obstructed="the plugin did not report from its test run (not loaded?)")
+    obstructed = _audited(monkeypatch, official, [
+        _pass({"a/t1", "a/t2"}, {"a": audit.BranchAudit(reports=[ACTIVE]), "b": blocked}),
+        _pass(set(), {"b": audit.BranchAudit(reports=[ACTIVE], crashed="XmlParseError: junk")})])
+    assert obstructed.report.result == "flagged"
+    [flag] = obstructed.flags
+    assert flag.kind == integrity.AUDIT_OBSTRUCTED
+    assert "branch b: the plugin did not report" in flag.detail
+    assert "second run: XmlParseError: junk" in flag.detail
+
+    # A module loaded from the workspace is a flag of its own, whatever the tests did.
+    imported = _audited(monkeypatch, official, [_pass(everything, {b: audit.BranchAudit(
+        reports=[ACTIVE + 'imported "/workspace/setproctitle.py"\n']) for b in "ab"})])
+    assert imported.report.result == "clean"
+    [flag] = imported.flags
+    assert (flag.kind, imported.report.imports) == (integrity.WORKSPACE_IMPORT, ["/workspace/setproctitle.py"])
+    assert "/workspace/setproctitle.py" in flag.detail
 
 
 def test_the_audit_skips_what_does_not_pass_and_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    partial = _Official({"a/t1": "passed", "a/t2": "failure"})
-    skipped = _audited(monkeypatch, partial, [])
+    nothing = _Official({"a/t1": "failure", "a/t2": "failure"})
+    skipped = _audited(monkeypatch, nothing, [])
     assert (skipped.report.state, skipped.flags) == ("skipped", [])
-    assert "below the threshold" in skipped.report.why
-    # At a lower threshold the same task is audited.
-    audited = _audited(monkeypatch, partial, [_pass({"a/t1"}, {"a": audit.BranchAudit(reports=[ACTIVE])})],
-                       threshold=0.5)
+    assert "no counted test passed" in skipped.report.why
+    # A task that passed some tests is audited, whatever its score: a partial reader still counts in the mean.
+    partial = _Official({"a/t1": "passed", "a/t2": "failure"})
+    audited = _audited(monkeypatch, partial, [_pass({"a/t1"}, {"a": audit.BranchAudit(reports=[ACTIVE])})])
     assert audited.report.result == "clean"
 
     official = _Official({"a/t1": "passed"})
@@ -476,3 +541,12 @@ def test_the_committed_image_goes_even_when_the_audit_raised() -> None:
     with pytest.raises(EngineUnavailable):
         remove_committed_image(ref)
     assert removed == [ref]
+
+
+def test_the_sample_is_drawn_after_the_run_and_covers_every_branch_over_draws() -> None:
+    branches = [f"b{i}" for i in range(10)]
+    draws = [audit.sample_branches(branches, audit.AUDIT_SAMPLE) for _ in range(400)]
+    assert all(len(d) == audit.AUDIT_SAMPLE and d == sorted(d, key=branches.index) for d in draws)
+    # Unpredictable: every branch is drawn at some point (a fixed choice would leave the others unaudited).
+    assert {b for d in draws for b in d} == set(branches)
+    assert audit.sample_branches(branches[:2], audit.AUDIT_SAMPLE) == branches[:2]

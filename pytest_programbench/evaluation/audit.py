@@ -27,6 +27,7 @@ UTF-8, its results file is missing) counts as its tests failing: the program beh
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import secrets
 import shlex
@@ -55,17 +56,29 @@ from pytest_programbench.evaluation.container_layer import (
     StepHooks,
     _is_connection_failure,
 )
-from pytest_programbench.evaluation.integrity import READS_HIDDEN_TESTS, IntegrityFlag
-from pytest_programbench.results.corrected import canonical_full, safe_corrected_score
+from pytest_programbench.evaluation.integrity import (
+    AUDIT_OBSTRUCTED,
+    READS_HIDDEN_TESTS,
+    WORKSPACE_IMPORT,
+    IntegrityFlag,
+)
+from pytest_programbench.results.corrected import canonical_full
 from pytest_programbench.text.printable import printable
 
 log = logging.getLogger(__name__)
 progress = logging.getLogger("pytest_programbench")
 
 TREE = f"{WORKSPACE_DIR}/eval"  # where every branch's archive puts its tests
-MODULE_PREFIX = "pb_audit_"
+MODULE_PREFIX = audit_plugin.MODULE_PREFIX
+REPORT_DIR_PREFIX = f"{harness_material.AUDIT_DIR_PREFIX.strip('/')}-report"  # a grader path: watched as such
+REPORT_MAX_BYTES = 1 << 20
 PLUGIN_TREE_LINE = 'TREE = "/workspace/eval"'
 SHOW_TESTS = 5  # tests named in the flag
+SHOW_IMPORTS = 8  # modules named in the workspace_import flag
+# Branches audited per task, drawn after the official run from the operating system's randomness (the submission
+# cannot see or predict the draw): a program reading the tests of every branch is caught in any of them, one reading
+# those of k of n branches with probability 1 - C(n-k, s) / C(n, s) (README, "The audit of the hidden tests").
+AUDIT_SAMPLE = 2
 MESSAGE_CHARS = 120  # of each named test's failure message
 # What the official pipeline raises inside the submission's windows (as evaluation.OFFICIAL_RAISES, which scores them
 # 0): in an audit branch, that branch's tests count as failing.
@@ -88,11 +101,27 @@ def plugin_source(tree: str = TREE) -> bytes:
     return text.replace(PLUGIN_TREE_LINE, f"TREE = {tree!r}", 1).encode("utf-8")
 
 
-def audit_command(directory: str, module: str) -> str:
+def audit_command(directory: str, module: str, report: str) -> str:
     """What runs before the official ``run_tests`` command in the same login shell: the plugin importable (after
-    whatever the image or its profile put on ``PYTHONPATH``), loaded by every pytest of the run, no bytecode written."""
+    whatever the image or its profile put on ``PYTHONPATH``), loaded by every pytest of the run, reporting to
+    ``report``, no bytecode written."""
     return (f'export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}"{shlex.quote(directory)} '
-            f'PYTEST_ADDOPTS="${{PYTEST_ADDOPTS:-}} -p {module}" PYTHONDONTWRITEBYTECODE=1 && ')
+            f'PYTEST_ADDOPTS="${{PYTEST_ADDOPTS:-}} -p {module}" PYTHONDONTWRITEBYTECODE=1 '
+            f'{audit_plugin.REPORT_VARIABLE}={shlex.quote(report)} && ')
+
+
+def reported_imports(text: str) -> list[str]:
+    """The modules the plugin saw a test process load from the submission's files (paths, printable, in order)."""
+    found: dict[str, None] = {}
+    for line in text.splitlines():
+        if not line.startswith("imported "):
+            continue
+        try:
+            path = json.loads(line[len("imported "):])
+        except ValueError:
+            path = line[len("imported "):]
+        found[printable(str(path))[:300]] = None
+    return list(found)
 
 
 def plugin_reports(text: str) -> tuple[int, int, list[str]]:
@@ -124,6 +153,7 @@ class BranchAudit:
     reports: list[str] = field(default_factory=list)  # the plugin's report text, per run of the tests
     problem: str = ""  # the audit's own failure: the branch is not compared
     crashed: str = ""  # the submission's windows raised: the branch's tests count as failing
+    obstructed: str = ""  # the plugin gave no report of its run: the submission's doing, its tests count as failing
     worker_crashes: int = 0  # xdist workers that crashed in its runs (their JUnit files)
 
     def plugin_problem(self) -> str | None:
@@ -143,6 +173,8 @@ class BranchAudit:
             return f"not audited: {self.problem}"
         if self.crashed:
             return f"failed: {self.crashed}"
+        if self.obstructed:
+            return f"obstructed: {self.obstructed}"
         counts = [plugin_reports(text) for text in self.reports]
         crashes = f", {self.worker_crashes} xdist worker crash(es)" if self.worker_crashes else ""
         return (f"plugin active in {sum(c[0] for c in counts)} process(es) over {len(self.reports)} run(s), "
@@ -161,6 +193,16 @@ class AuditPass:
     def compared(self) -> list[str]:
         return [b for b, audit in self.branches.items() if not audit.problem]
 
+    def imports(self) -> list[str]:
+        """Every module a test process of these runs loaded from the submission's files."""
+        return list(dict.fromkeys(path for audit in self.branches.values() for text in audit.reports
+                                  for path in reported_imports(text)))
+
+    def unreadable(self, branch: str) -> bool:
+        """Whether the branch's audit gave no readable result of its own: its tests count as failing."""
+        audit = self.branches.get(branch)
+        return audit is not None and bool(audit.crashed or audit.obstructed)
+
 
 @dataclass
 class AuditReport:
@@ -171,6 +213,8 @@ class AuditReport:
     why: str = ""  # why skipped, or why the result is inconclusive / unconfirmed
     result: str = ""  # when ran: clean, flagged, unconfirmed, inconclusive
     branches: dict[str, str] = field(default_factory=dict)
+    sampled: str = ""  # which branches were audited, of how many
+    imports: list[str] = field(default_factory=list)  # modules the test processes loaded from the submission
     regressed: list[str] = field(default_factory=list)  # passed officially, failed in the first audit run
     confirmed: list[str] = field(default_factory=list)  # ... and in the second
     timeouts: list[str] = field(default_factory=list)
@@ -178,7 +222,8 @@ class AuditReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {"switch": self.switch, "state": self.state, "why": printable(self.why), "result": self.result,
-                "branches": {b: printable(s) for b, s in self.branches.items()},
+                "branches": {b: printable(s) for b, s in self.branches.items()}, "sampled": self.sampled,
+                "imports": self.imports[:50],
                 "regressed": self.regressed[:50], "n_regressed": len(self.regressed),
                 "confirmed": self.confirmed[:50], "n_confirmed": len(self.confirmed),
                 "timeouts": list(self.timeouts), "seconds": round(self.seconds, 3)}
@@ -239,15 +284,36 @@ class AuditEvaluator(SdkEvaluator):
                                                       prefix=harness_material.AUDIT_DIR_PREFIX)
         except harness_material.MaterialRefused as exc:
             raise AuditUnavailable(f"the audit's plugin was not placed: {exc}") from exc
-        result = super()._run_step(audit_command(placed.directory, module) + command, env=env, log_buf=log_buf,
-                                   step_name=step_name, accept_failure=accept_failure, timeout=timeout)
-        _code, text = env.harness_run(
-            ["sh", "-c", f'cat -- "$1"/{audit_plugin.REPORT_PREFIX}* 2>/dev/null; true', "sh", placed.directory],
-            timeout=AUDIT_REPORT_TIMEOUT)
+        report = self._report_file(env)
+        result = super()._run_step(audit_command(placed.directory, module, report) + command, env=env,
+                                   log_buf=log_buf, step_name=step_name, accept_failure=accept_failure,
+                                   timeout=timeout)
         branch = str(getattr(self._current, "branch", None) or "?")
+        text = self._read_report(env, report)
         with self._envs_lock:
             self.reports.setdefault(branch, []).append(text)
         return result
+
+    @staticmethod
+    def _report_file(env: SdkContainerEnvironment) -> str:
+        """An empty report file in a fresh directory of an unguessable name, made through the engine's archive API
+        (no tool of the container's runs)."""
+        name = f"{REPORT_DIR_PREFIX}-{secrets.token_hex(8)}"
+        try:
+            env.put_files("/", {audit_plugin.REPORT_NAME: b""}, mode=0o666, subdir=name)
+        except RuntimeError as exc:
+            raise AuditUnavailable(f"the audit's report file was not made: {exc}") from exc
+        return f"/{name}/{audit_plugin.REPORT_NAME}"
+
+    @staticmethod
+    def _read_report(env: SdkContainerEnvironment, report: str) -> str:
+        """The report's text through the engine's archive API, bounded; "" when it is gone or not a plain file
+        of at most REPORT_MAX_BYTES (the plugin then counts as not seen: the submission's doing)."""
+        code, data = env.read_file(report, timeout=AUDIT_REPORT_TIMEOUT, max_bytes=REPORT_MAX_BYTES)
+        if code != 0 or not isinstance(data, bytes):
+            log.info("the audit's report %s could not be read: %s", report, data)
+            return ""
+        return data.decode("utf-8", "replace")
 
 
 class HiddenTestAudit:
@@ -289,18 +355,22 @@ class HiddenTestAudit:
 
     def _inconclusive(self, why: str) -> None:
         self.report.state, self.report.result, self.report.why = RAN, INCONCLUSIVE, why
-        self.flags = []
+        self.flags = [f for f in self.flags if f.kind == WORKSPACE_IMPORT]  # measured, whatever else failed
 
     def _run(self, official: SdkEvaluator, image: str) -> None:
-        reason = self._not_passing(official.result)
+        reason = self._nothing_passed(official.result)
         if reason is not None:
             self.report.state, self.report.why = SKIPPED, reason
             return
         self.report.state, self.report.why = RAN, ""
-        branches = [b for b in official.tests_branches if b in get_active_branches(self.instance)]
-        progress.info("[%s] audit of the hidden tests: %d branch(es) with the sources withheld",
-                      official.instance_id, len(branches))
+        active = [b for b in official.tests_branches if b in get_active_branches(self.instance)]
+        passing = [b for b in active if self._passed(official.result, [b])]
+        branches = sample_branches(passing, AUDIT_SAMPLE)
+        self.report.sampled = f"{len(branches)} of {len(passing)} branch(es) with a passing test: {', '.join(branches)}"
+        progress.info("[%s] audit of the hidden tests: %d of %d branch(es) with the sources withheld",
+                      official.instance_id, len(branches), len(passing))
         first = self._audit(official, image, branches)
+        self._record_imports(first)
         regressed = self._record_first_run(official, first)
         problems = _first_run_problems(first)
         flaky = ""
@@ -309,11 +379,24 @@ class HiddenTestAudit:
             progress.info("[%s] audit: %d test(s) failed without their sources; their %d branch(es) once more",
                           official.instance_id, len(regressed), len(again))
             second = self._audit(official, image, again)
+            self._record_imports(second)
             if self._confirm(regressed, first, second):
                 return
             problems += _second_run_problems(again, second)
             flaky = _flaky(regressed, second)
         self._conclude(problems, flaky)
+
+    def _record_imports(self, run: AuditPass) -> None:
+        """The workspace_import flag: a module the test processes loaded from the submission's files."""
+        self.report.imports = list(dict.fromkeys([*self.report.imports, *run.imports()]))
+        if not self.report.imports:
+            return
+        shown = ", ".join(self.report.imports[:SHOW_IMPORTS])
+        more = f" and {len(self.report.imports) - SHOW_IMPORTS} more" if len(self.report.imports) > SHOW_IMPORTS else ""
+        flag = IntegrityFlag(WORKSPACE_IMPORT, "", printable(
+            f"the hidden tests' processes loaded {len(self.report.imports)} module(s) from the submission's files "
+            f"(outside the tests' eval/), measured in the processes by the audit's plugin: {shown}{more}"))
+        self.flags = [*(f for f in self.flags if f.kind != WORKSPACE_IMPORT), flag]
 
     def _record_first_run(self, official: SdkEvaluator, first: AuditPass) -> list[str]:
         """The report of the first run; the tests that passed officially and failed in it (regressed)."""
@@ -335,7 +418,13 @@ class HiddenTestAudit:
         if not confirmed:
             return False
         self.report.result = FLAGGED
-        self.flags = [self._flag(confirmed, first)]
+        # A branch that gave no readable result in either run was obstructed; the others' tests were read.
+        obstructed = [n for n in confirmed if first.unreadable(b := n.split("/", 1)[0]) and second.unreadable(b)]
+        read = [n for n in confirmed if n not in obstructed]
+        if read:
+            self.flags.append(self._flag(read, first))
+        if obstructed:
+            self.flags.append(_obstructed_flag(obstructed, first, second))
         return True
 
     def _conclude(self, problems: list[str], flaky: str) -> None:
@@ -352,15 +441,13 @@ class HiddenTestAudit:
     def _filtered(self, result: EvaluationResult, branches: list[str]) -> EvaluationResult:
         return result.for_branches(branches).without_ignored(get_ignored_tests(self.instance))
 
-    def _not_passing(self, result: EvaluationResult) -> str | None:
-        """Why the official evaluation would not pass (None: it would, so it is audited)."""
+    def _nothing_passed(self, result: EvaluationResult) -> str | None:
+        """Why there is nothing to audit (None: a counted test passed officially, so the task is audited: a program
+        that reads some tests and misses others on purpose scores below 1 and still counts in the mean)."""
         if result.error_code:
             return f"the official evaluation failed ({result.error_code})"
-        official = self._filtered(result, get_active_branches(self.instance)).score
-        corrected = safe_corrected_score(result, self.instance)
-        best = max(official, corrected.score if corrected is not None else 0.0)
-        if best < self.threshold:
-            return f"score {official:.4f} below the threshold {self.threshold:g}: the audit runs for passing tasks"
+        if not self._passed(result, get_active_branches(self.instance)):
+            return "no counted test passed in the official run"
         return None
 
     def _passed(self, result: EvaluationResult, branches: list[str]) -> set[str]:
@@ -440,8 +527,12 @@ class HiddenTestAudit:
             audit.reports = list(evaluator.reports.get(branch, []))
             audit.worker_crashes = sum(count_worker_crashes(xml) for b, xml, _run in evaluator.attempts
                                        if b == branch)
+            if not audit.problem and not audit.crashed:
+                # The plugin is mounted read-only and loaded by every pytest of the run: a run it did not report
+                # from is one the submission obstructed (its report removed, its processes killed, ...).
+                audit.obstructed = audit.plugin_problem() or ""
         outcome.timeouts = list(evaluator.timed_out)
-        ran = [b for b, a in outcome.branches.items() if not a.problem and not a.crashed]
+        ran = [b for b, a in outcome.branches.items() if not (a.problem or a.crashed or a.obstructed)]
         for test in self._filtered(evaluator.result, ran).test_results:
             name = canonical_full(test.full_name)
             if test.is_resolved:
@@ -452,23 +543,35 @@ class HiddenTestAudit:
         return outcome
 
 
+def sample_branches(branches: list[str], size: int) -> list[str]:
+    """``size`` of ``branches`` (all when there are no more), drawn from the operating system's randomness, in the
+    official order."""
+    if len(branches) <= size:
+        return list(branches)
+    drawn = set(secrets.SystemRandom().sample(branches, size))
+    return [b for b in branches if b in drawn]
+
+
+def _obstructed_flag(confirmed: list[str], first: AuditPass, second: AuditPass) -> IntegrityFlag:
+    branches = list(dict.fromkeys(n.split("/", 1)[0] for n in confirmed))
+    why = "; ".join(f"branch {b}: {first.branches[b].crashed or first.branches[b].obstructed}; second run: "
+                    f"{second.branches[b].crashed or second.branches[b].obstructed}" for b in branches[:SHOW_TESTS])
+    return IntegrityFlag(AUDIT_OBSTRUCTED, "", printable(
+        f"{len(confirmed)} test(s) that passed in the official run, whose results were readable there, gave the "
+        f"audit no readable result in two runs (counted as the submission's doing; the score stays the official "
+        f"one): {why}"[:2000]))
+
+
 def _first_run_problems(first: AuditPass) -> list[str]:
-    """The audit's own failures in its first run: a branch not audited, or one whose runs the plugin did not report
-    from."""
-    problems = [f"branch {b}: {a.problem}" for b, a in first.branches.items() if a.problem]
-    problems += [f"branch {b}: {why}" for b, a in first.branches.items()
-                 if not a.problem and not a.crashed and (why := a.plugin_problem()) is not None]
-    return problems
+    """The audit's own failures in its first run: a branch not audited (its container did not start, its plugin
+    could not be mounted). A run the plugin did not report from is the submission's doing, not a problem."""
+    return [f"branch {b}: {a.problem}" for b, a in first.branches.items() if a.problem]
 
 
 def _second_run_problems(again: list[str], second: AuditPass) -> list[str]:
     """The audit's own failures in its second run (of the branches ``again``)."""
     retried = set(second.compared())
-    problems = [f"branch {b}: its second run: {second.branches[b].problem}" for b in again if b not in retried]
-    # A second run that passed is only a flaky first run if the plugin was active in it.
-    problems += [f"branch {b}: its second run: {why}" for b in again if b in retried
-                 and not second.branches[b].crashed and (why := second.branches[b].plugin_problem())]
-    return problems
+    return [f"branch {b}: its second run: {second.branches[b].problem}" for b in again if b not in retried]
 
 
 def _flaky(regressed: list[str], second: AuditPass) -> str:

@@ -19,13 +19,28 @@ In every process that runs tests, right before its first test:
   a stand-in of the same shape replaces it there (a test that reads it still finds a value), so the program's
   environment never names the running test.
 
-Each such process writes one line to ``ran.<pid>`` beside this file (what it withheld, whether the variable is
-replaced in every phase or only around the test function): the audit reads it to know the plugin was active.
+And in every process that loads it, from the moment it loads: every module the process loads from the submission's
+files (under :data:`WORKSPACE`, outside the tests' tree), whatever its name, is measured from the process itself: an
+audit hook (``sys.addaudithook``: it cannot be removed) sees each importable file opened and each module's code run;
+at load and at the session's end, the loaded modules, the functions alive in the process (a module that took itself
+out of ``sys.modules`` still has them) and the shared objects mapped into it are looked through. Each is reported the
+moment it is seen, before the module's own code runs.
+
+Reports go to one file, appended line by line (one ``write`` each: processes and xdist workers share it): the path in
+``PB_AUDIT_REPORT`` (the harness makes it outside the plugin's read-only directory), else ``report`` beside this
+file. ``loaded pid=N`` when the plugin loads; ``withheld=... failed=... every_phase=...`` right before a process's
+first test (what it withheld, whether the variable is replaced in every phase or only around the test function);
+``imported "<path>"`` for each module from the submission's files. The audit reads it to know the plugin was active
+and what the test processes imported.
 """
 
+import contextlib
+import gc
+import json
 import os
 import shutil
 import sys
+import types
 
 import pytest
 
@@ -37,8 +52,14 @@ except ImportError:  # every pytest has it; the wrapper around the test function
 TREE = "/workspace/eval"  # the harness rewrites this line with the hidden tests' tree (audit.plugin_source)
 VARIABLE = "PYTEST_CURRENT_TEST"
 STAND_IN = "tests/test_hidden.py::test_hidden ({})"  # pytest's shape: "<node id> (<phase>)"
-REPORT_PREFIX = "ran."
+WORKSPACE = os.path.dirname(TREE)  # the submission's files: a module loaded from here (outside TREE) is reported
+REPORT_VARIABLE = "PB_AUDIT_REPORT"
+REPORT_NAME = "report"
+MODULE_PREFIX = "pb_audit_"  # the name the harness loads this file under
 PLUGIN_NAME = "pytest-programbench-audit"
+HERE = os.path.dirname(os.path.realpath(__file__))
+IMPORTABLE = (".py", ".pyc", ".pyo", ".so", ".pyd")  # what the import system opens or maps
+SHOW_IMPORTS = 50  # paths reported per process (the rest are counted by the audit as "more")
 
 
 def _inside(path: str, tree: str) -> bool:
@@ -112,6 +133,98 @@ def _hide_in_every_phase() -> bool:
     return True
 
 
+def _report_path() -> str:
+    return os.environ.get(REPORT_VARIABLE) or os.path.join(os.path.dirname(os.path.abspath(__file__)), REPORT_NAME)
+
+
+class Report:
+    """The report file, opened once and appended to (one ``os.write`` per line: no audit event, atomic between the
+    processes that share it)."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError:
+            self.fd = -1  # no report: the audit says the plugin was not seen
+
+    def write(self, line: str) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self.fd, line.encode("utf-8", "backslashreplace"))
+
+
+def _outside_the_tests(path: str) -> bool:
+    """Whether ``path`` names a file of the submission's (under WORKSPACE) that is neither the tests' (under TREE)
+    nor this plugin's."""
+    for form in (os.path.normpath(path), os.path.realpath(path)):
+        if (form.startswith(WORKSPACE + os.sep) and not (form + os.sep).startswith(TREE + os.sep)
+                and os.path.dirname(form) != HERE):
+            return True
+    return False
+
+
+class ImportWatch:
+    """The audit hook: reports each module file of the submission's that this process opens, maps or runs."""
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+        self.checked: set[str] = set()  # every path looked at once (the hook runs for every module's code)
+        self.reported = 0
+        self.busy = False  # the hook's own work raises events too
+
+    def __call__(self, event: str, args: "tuple[object, ...]") -> None:
+        if event == "open" and args:
+            path = args[0]
+            mode = args[1] if len(args) > 1 else None
+            if isinstance(mode, str) and any(c in mode for c in "wax+"):
+                return
+        elif event == "exec" and args:
+            path = getattr(args[0], "co_filename", None)  # a module's code, run by the import system or exec()
+        else:
+            return
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if isinstance(path, str) and (event == "exec" or path.endswith(IMPORTABLE)):
+            self.saw(path)
+
+    def saw(self, path: str) -> None:
+        if self.busy or path in self.checked or self.reported >= SHOW_IMPORTS or path.startswith("<"):
+            return  # "<frozen os>", "<string>": code from no file
+        self.busy = True
+        try:
+            self.checked.add(path)
+            absolute = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+            if _outside_the_tests(absolute):
+                self.reported += 1
+                self.report.write(f"imported {json.dumps(absolute)}\n")
+        except Exception:  # noqa: S110 - never the reason a test fails (a path it cannot look at is not reported)
+            pass
+        finally:
+            self.busy = False
+
+    def look_through(self) -> None:
+        """Modules, functions and mapped shared objects already in the process."""
+        for module in list(sys.modules.values()):
+            source = getattr(module, "__file__", None)
+            if isinstance(source, str):
+                self.saw(source)
+        for thing in gc.get_objects():
+            if isinstance(thing, types.FunctionType):
+                self.saw(thing.__code__.co_filename)
+            elif isinstance(thing, types.ModuleType):
+                source = getattr(thing, "__file__", None)
+                if isinstance(source, str):
+                    self.saw(source)
+        try:
+            with open("/proc/self/maps") as maps:
+                for line in maps:
+                    fields = line.split(None, 5)
+                    if len(fields) == 6 and fields[5].strip().endswith(IMPORTABLE):
+                        self.saw(fields[5].strip())
+        except OSError:
+            pass
+
+
 class Audit:
     """Per process: withholds once, before the first test; keeps the variable a stand-in around each test call."""
 
@@ -142,14 +255,31 @@ class Audit:
             removed, failed = 0, [f"{type(exc).__name__}: {exc}"]
         line = "withheld={} failed={} every_phase={} {}\n".format(
             removed, len(failed), int(self.every_phase), "; ".join(failed)[:500])
-        here = os.path.dirname(os.path.abspath(__file__))
-        try:
-            with open(os.path.join(here, REPORT_PREFIX + str(os.getpid())), "w") as report:
-                report.write(line)
-        except OSError:
-            pass  # no report: the audit says the plugin was not seen
+        _REPORT.write(line)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin(PLUGIN_NAME):
         config.pluginmanager.register(Audit(), PLUGIN_NAME)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _WATCH.look_through()  # what loaded since, by a way the hook does not see (an extension module)
+
+
+def _start() -> ImportWatch:
+    """The report opened and the watch installed: an audit hook is process-wide by nature and cannot be removed,
+    which is the point (a module loaded later cannot switch the measure off)."""
+    report = Report(_report_path())
+    watch = ImportWatch(report)
+    report.write(f"loaded pid={os.getpid()}\n")
+    watch.look_through()  # what loaded before this plugin (an xdist worker imports its optional modules first)
+    sys.addaudithook(watch)
+    return watch
+
+
+# Only where pytest loads this file as the audit's plugin (``pb_audit_<token>``), from the moment it does; never in
+# the harness, which imports it as a module of its package for its names.
+if __name__.startswith(MODULE_PREFIX):
+    _WATCH = _start()
+    _REPORT = _WATCH.report

@@ -34,6 +34,10 @@ neutralise what can be neutralised). What is flagged:
 * ``reads_hidden_tests`` — tests that passed in the official run failed in the audit (:mod:`.audit`), where the
   hidden tests' sources were withheld once collected and ``PYTEST_CURRENT_TEST`` named no test, twice: the program
   read the tests to pass them.
+* ``audit_obstructed`` — a branch whose results were readable in the official run gave none the audit could read,
+  or its test processes gave the audit's plugin no report, in both audit runs: counted as the submission's doing.
+* ``workspace_import`` — a test process of the audit loaded a module from the submission's files (anything under
+  ``/workspace`` but the tests' ``eval/``), whatever its name: measured in the process by the audit's plugin.
 * ``scan_bounded`` — a walk reached one of its bounds (:data:`MAX_DEPTH` levels, :data:`MAX_ENTRIES` entries) or a
   part of the tree could not be read, so what lies past it was not checked. Never an exception: every walk and parse
   of submission content here is bounded and total, and a probe that fails says so as this flag.
@@ -75,6 +79,8 @@ HARNESS_PATH = "harness_path"
 GIT_METADATA = "git_metadata"
 SEED_GIT_CHANGED = "seed_git_changed"
 READS_HIDDEN_TESTS = "reads_hidden_tests"
+AUDIT_OBSTRUCTED = "audit_obstructed"
+WORKSPACE_IMPORT = "workspace_import"
 
 # Kinds that are files (in the workspace, or a harness path) and can be removed before the hidden tests run.
 NEUTRALISABLE = frozenset({PYTEST_CONFIG, PYTHON_STARTUP, MODULE_SHADOWING, EVAL_DIR, HARNESS_PATH})
