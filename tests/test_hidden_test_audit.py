@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -194,7 +195,12 @@ def test_a_program_that_reads_the_hidden_tests_is_flagged(pytester: pytest.Pytes
     assert "reads_hidden_tests" in cases[RPN]["message"]
     found = meta(pytester, RPN)["evaluation"]["audit"]
     assert (found["switch"], found["state"], found["result"]) == ("on", "ran", "flagged")
-    assert found["n_confirmed"] == found["n_regressed"] == 15, found  # every counted test, in both runs
+    # Two of its three branches, drawn after the official run: every counted test there failed in both runs.
+    assert found["sampled"].startswith("2 of 3 branch(es)"), found
+    assert len(found["branches"]) == 2
+    official = json.loads((pytester.path / "run" / RPN / "eval.json").read_text())
+    sampled_tests = [t for t in official["test_results"] if t["branch"] in found["branches"]]
+    assert found["n_confirmed"] == found["n_regressed"] == len(sampled_tests) > 0, found
     assert set(found["confirmed"]) <= set(found["regressed"])
     assert all("plugin active" in text for text in found["branches"].values()), found["branches"]
     # The honest program passes the audit; the audit says it ran, and what the plugin did.
@@ -204,12 +210,87 @@ def test_a_program_that_reads_the_hidden_tests_is_flagged(pytester: pytest.Pytes
     assert (clean["state"], clean["result"], clean["regressed"]) == ("ran", "clean", [])
     assert len(clean["branches"]) == 2
     assert all("plugin active" in t for t in clean["branches"].values())
-    # A program that does not pass is not audited.
-    skipped = meta(pytester, TUIISH)["evaluation"]["audit"]
-    assert skipped["state"] == "skipped"
-    assert "below the threshold" in skipped["why"]
+    # A wrong program that passes some tests is audited too (a partial reader would count in the mean), and an
+    # honest one comes out clean: no flag, the item fails on its score alone.
+    wrong = meta(pytester, TUIISH)["evaluation"]["audit"]
+    assert (wrong["state"], wrong["result"], wrong["regressed"]) == ("ran", "clean", []), wrong
+    assert flags_of(pytester, TUIISH) == set()
     summary = json.loads((pytester.path / "run" / "summary.json").read_text())
     assert summary["headline"]["errors"] == 0
+    assert leaked(docker_client, pytester.path / "run") == []
+
+
+# Issue 38's attacks on the audit, one task each.
+# A reader that fails one test on purpose: below 1, never audited before, counted in the mean.
+PARTIAL_READER = CHEATER.replace("first_line = None\n", (
+    "if 'test_addition' in os.environ.get('PYTEST_CURRENT_TEST', ''):\n    sys.exit(99)\nfirst_line = None\n"), 1)
+# Implements nothing; a module at the workspace root, under a name the test stack imports if it can, passes every test.
+NOPE_COMPILE = b"#!/bin/sh\nprintf '#!/bin/sh\\necho nope\\n' > executable && chmod +x executable\n"
+# The correct program behind a wrapper that, only in the audit (the stand-in test name), removes the plugin's report
+# and keeps the results file junk: an audit it makes unreadable.
+FORGER = b"""#!/bin/sh
+case "$PYTEST_CURRENT_TEST" in
+tests/test_hidden.py::test_hidden*)
+    rm -f "$PB_AUDIT_REPORT"
+    ( while :; do [ -f /workspace/eval/results.xml ] && echo junk > /workspace/eval/results.xml; sleep 0.1; done ) \
+        >/dev/null 2>&1 </dev/null &
+    ;;
+esac
+exec /workspace/real-executable "$@"
+"""
+FORGER_COMPILE = (b"#!/bin/sh\nset -e\nsh ./build.sh\nmv executable real-executable\n"
+                  b"cp forger.sh executable\nchmod +x executable\n")
+
+
+def _attack_submissions(testbed: Testbed, subs: Path) -> None:
+    (subs / RPN).mkdir(parents=True)
+    with tarfile.open(subs / RPN / "submission.tar.gz", "w:gz") as tar:
+        _add(tar, "compile.sh", CHEATER_COMPILE, 0o755)
+        _add(tar, "rpn.txt", PARTIAL_READER.encode(), 0o644)
+    (subs / CATLIKE).mkdir(parents=True)
+    with tarfile.open(subs / CATLIKE / "submission.tar.gz", "w:gz") as tar:
+        _add(tar, "compile.sh", NOPE_COMPILE, 0o755)
+        _add(tar, "setproctitle.py", FORCE_PASS.encode(), 0o644)
+    (subs / TUIISH).mkdir(parents=True)
+    with tarfile.open(testbed.submissions / TUIISH / "submission.tar.gz") as good, \
+            tarfile.open(subs / TUIISH / "submission.tar.gz", "w:gz") as tar:
+        for member in good.getmembers():
+            data = good.extractfile(member).read() if member.isfile() else None  # type: ignore[union-attr]
+            if data is None:
+                continue
+            name = member.name.removeprefix("./")
+            _add(tar, "build.sh" if name == "compile.sh" else name, data, member.mode)
+        _add(tar, "compile.sh", FORGER_COMPILE, 0o755)
+        _add(tar, "forger.sh", FORGER, 0o755)
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("clean_env")
+def test_attacks_on_the_audit_end_flagged(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> None:
+    """A partial reader (14/15) is audited and flagged; a root module the test stack imports (setproctitle.py) that
+    passes every test of a program printing nope is measured in the test processes and flagged; a correct program that
+    makes the audit unreadable (its report removed, its results junk) is flagged, never an inconclusive audit."""
+    subs = pytester.path / "subs"
+    _attack_submissions(testbed, subs)
+    result = session(pytester, testbed, subs)
+    result.assert_outcomes(failed=3)
+    cases = junit(pytester)
+
+    partial = meta(pytester, RPN)["evaluation"]["audit"]
+    assert float(cases[RPN]["score"]) == 14 / 15
+    assert (partial["state"], partial["result"]) == ("ran", "flagged"), partial
+    assert integrity.READS_HIDDEN_TESTS in {kind for kind, _path in flags_of(pytester, RPN)}
+
+    assert float(cases[CATLIKE]["score"]) == 1.0  # the official score: every test passed by the module
+    shadow = meta(pytester, CATLIKE)["evaluation"]["audit"]
+    assert "/workspace/setproctitle.py" in shadow["imports"], shadow  # (and pytest's rewritten bytecode of it)
+    assert (integrity.WORKSPACE_IMPORT, "") in flags_of(pytester, CATLIKE)
+    assert "workspace_import" in cases[CATLIKE]["message"]
+
+    assert float(cases[TUIISH]["score"]) == 1.0
+    forged = meta(pytester, TUIISH)["evaluation"]["audit"]
+    assert (forged["state"], forged["result"]) == ("ran", "flagged"), forged
+    assert (integrity.AUDIT_OBSTRUCTED, "") in flags_of(pytester, TUIISH), forged
     assert leaked(docker_client, pytester.path / "run") == []
 
 
@@ -420,12 +501,19 @@ def _pass(passed: set[str], branches: dict[str, audit.BranchAudit], failing: dic
 ACTIVE = "withheld=1 failed=0 every_phase=1 \n"
 
 
+def _no_volume(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison alone: no volume for the plugin (the sessions above make real ones)."""
+    fake = SimpleNamespace(remove=lambda _official: None)
+    monkeypatch.setattr(audit.AuditPlugin, "make", classmethod(lambda cls, _official, _image: fake))
+
+
 def _audited(monkeypatch: pytest.MonkeyPatch, official: _Official, passes: list[audit.AuditPass], *,
              threshold: float = 1.0) -> audit.HiddenTestAudit:
     hook = audit.HiddenTestAudit(instance=_instance(official), threshold=threshold)
     hook.attach(official)  # type: ignore[arg-type]
     calls = iter(passes)
-    monkeypatch.setattr(hook, "_audit", lambda _official, _image, branches: next(calls))
+    monkeypatch.setattr(hook, "_audit", lambda _official, _image, branches, _plugin: next(calls))
+    _no_volume(monkeypatch)
     hook("programbench-compiled/x:0")
     return hook
 
@@ -506,6 +594,7 @@ def test_the_audit_skips_what_does_not_pass_and_never_raises(monkeypatch: pytest
     def broken(*_args: Any) -> audit.AuditPass:
         raise TypeError("a bug of ours")
 
+    _no_volume(monkeypatch)
     monkeypatch.setattr(hook, "_audit", broken)
     hook("img")
     assert (hook.report.result, hook.flags) == ("inconclusive", [])

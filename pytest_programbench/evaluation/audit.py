@@ -26,6 +26,7 @@ UTF-8, its results file is missing) counts as its tests failing: the program beh
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 from programbench.constants import WORKSPACE_DIR
 from programbench.eval.eval import EvaluationResult, TestResult, count_worker_crashes
@@ -237,14 +239,43 @@ class AuditReport:
         return None
 
 
+@dataclass(frozen=True)
+class AuditPlugin:
+    """The plugin as a read-only grader volume, under a module name of its own (unguessable: nothing the submission
+    put on the path can stand in for it)."""
+
+    module: str
+    mount: harness_material.GraderMount
+
+    @classmethod
+    def make(cls, official: SdkEvaluator, image: str) -> AuditPlugin:
+        token = secrets.token_hex(8)
+        module = MODULE_PREFIX + token
+        try:
+            mount = harness_material.grader_mount(
+                official.layer.engine, {f"{module}.py": plugin_source()},
+                target=f"{harness_material.AUDIT_DIR_PREFIX}-{token}", labels=official.layer.labels, image=image)
+        except harness_material.MaterialRefused as exc:
+            raise AuditUnavailable(f"the audit's plugin volume could not be made: {exc}") from exc
+        return cls(module, mount)
+
+    def remove(self, official: SdkEvaluator) -> None:
+        """Its volume, once the audit's containers are gone (the session's sweep removes what this leaves)."""
+        with contextlib.suppress(docker.errors.APIError):
+            official.layer.engine.api.remove_volume(self.mount.volume, force=True)
+
+
 class AuditEvaluator(SdkEvaluator):
     """The official branch pipeline on the committed image, each run of the tests with the audit's plugin."""
 
     branch_phase_word = "audit"  # its branches show as the phase "audit 1/3", never as the official's again
 
-    def __init__(self, official: SdkEvaluator, branches: list[str]) -> None:
+    def __init__(self, official: SdkEvaluator, branches: list[str], plugin: AuditPlugin) -> None:
         super().__init__(
-            layer=dataclasses.replace(official.layer, hooks=StepHooks()),
+            # The plugin is in place, read-only, from the moment each container exists: nothing is stopped or
+            # placed before the tests, so the official steps (login profile included) run as they would.
+            layer=dataclasses.replace(official.layer, hooks=StepHooks(),
+                                      branch_mounts=(*official.layer.branch_mounts, plugin.mount)),
             tests_branches=branches, tests_by_branch=official.tests_by_branch, ignored_tests=official.ignored_tests,
             ignored_branches=official.ignored_branches, image_name=official.image_name,
             solution_branch=official.solution_branch, blob_dir=official.blob_dir, image_tag=official.image_tag,
@@ -254,6 +285,7 @@ class AuditEvaluator(SdkEvaluator):
         self.result.executable_hash = official.result.executable_hash
         self._has_rerunfailures = official._has_rerunfailures
         self.reports: dict[str, list[str]] = {}
+        self.plugin = plugin
 
     def _new_env(self, image: str, *, serial_pytest: bool = False) -> SdkContainerEnvironment:  # type: ignore[override]
         try:
@@ -278,15 +310,9 @@ class AuditEvaluator(SdkEvaluator):
         if step_name != RUN_TESTS_STEP:
             return super()._run_step(command, env=env, log_buf=log_buf, step_name=step_name,
                                      accept_failure=accept_failure, timeout=timeout)
-        module = MODULE_PREFIX + secrets.token_hex(8)
-        try:
-            placed = harness_material.place_directory(env, {f"{module}.py": plugin_source()},
-                                                      prefix=harness_material.AUDIT_DIR_PREFIX)
-        except harness_material.MaterialRefused as exc:
-            raise AuditUnavailable(f"the audit's plugin was not placed: {exc}") from exc
         report = self._report_file(env)
-        result = super()._run_step(audit_command(placed.directory, module, report) + command, env=env,
-                                   log_buf=log_buf, step_name=step_name, accept_failure=accept_failure,
+        result = super()._run_step(audit_command(self.plugin.mount.target, self.plugin.module, report) + command,
+                                   env=env, log_buf=log_buf, step_name=step_name, accept_failure=accept_failure,
                                    timeout=timeout)
         branch = str(getattr(self._current, "branch", None) or "?")
         text = self._read_report(env, report)
@@ -369,7 +395,14 @@ class HiddenTestAudit:
         self.report.sampled = f"{len(branches)} of {len(passing)} branch(es) with a passing test: {', '.join(branches)}"
         progress.info("[%s] audit of the hidden tests: %d of %d branch(es) with the sources withheld",
                       official.instance_id, len(branches), len(passing))
-        first = self._audit(official, image, branches)
+        plugin = AuditPlugin.make(official, image)
+        try:
+            self._audit_sample(official, image, branches, plugin)
+        finally:
+            plugin.remove(official)
+
+    def _audit_sample(self, official: SdkEvaluator, image: str, branches: list[str], plugin: AuditPlugin) -> None:
+        first = self._audit(official, image, branches, plugin)
         self._record_imports(first)
         regressed = self._record_first_run(official, first)
         problems = _first_run_problems(first)
@@ -378,7 +411,7 @@ class HiddenTestAudit:
             again = [b for b in branches if any(name.startswith(f"{b}/") for name in regressed)]
             progress.info("[%s] audit: %d test(s) failed without their sources; their %d branch(es) once more",
                           official.instance_id, len(regressed), len(again))
-            second = self._audit(official, image, again)
+            second = self._audit(official, image, again, plugin)
             self._record_imports(second)
             if self._confirm(regressed, first, second):
                 return
@@ -480,8 +513,8 @@ class HiddenTestAudit:
 
     # ------------------------------------------------------------------------------------------- running
 
-    def _audit(self, official: SdkEvaluator, image: str, branches: list[str]) -> AuditPass:
-        evaluator = AuditEvaluator(official, branches)
+    def _audit(self, official: SdkEvaluator, image: str, branches: list[str], plugin: AuditPlugin) -> AuditPass:
+        evaluator = AuditEvaluator(official, branches, plugin)
         outcome = AuditPass(branches={b: BranchAudit() for b in branches})
         lock = threading.Lock()
 
