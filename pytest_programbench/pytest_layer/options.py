@@ -314,9 +314,11 @@ OPTIONS: tuple[Option, ...] = (
            "leaderboard's) or corrected (the official scoring with test names compared without a leading 'eval.', "
            "upstream ProgramBench issue #56). Both are always reported.", "evaluation", metavar="official|corrected",
            parser=_score_basis, field_names=("score_basis",)),
-    Option("audit-hidden-tests", "For a task that would pass: run its hidden tests once more with their sources "
-           "withheld once collected and PYTEST_CURRENT_TEST naming no test; tests that then fail (twice) flag the item "
-           "reads_hidden_tests. The score stays the official one; costs only passing tasks.", "evaluation",
+    Option("audit-hidden-tests", "For a task that passed any test: run the hidden tests of 2 of its branches (drawn "
+           "after the official run) once more with their sources withheld once collected and PYTEST_CURRENT_TEST "
+           "naming no test; tests that then fail (twice) flag the item reads_hidden_tests, a module the test "
+           "processes load from the workspace flags it workspace_import, an audit it obstructs audit_obstructed. The "
+           "score stays the official one.", "evaluation",
            metavar="on|off", parser=_on_off),
     # Run
     Option("output", "Run directory (default pb-runs/<UTC>-<run id>).", "run", metavar="DIR"),
