@@ -188,6 +188,9 @@ class ScriptedModels:
             def do_GET(self) -> None:
                 models.log.append(f"GET {self.path}")
                 path = self.path.split("?", 1)[0].rstrip("/")
+                if models.faults.reject_key:  # a rejected key is rejected on every path (the relay's probe asks)
+                    return self._json(401, {"type": "error", "error": {"type": "authentication_error",
+                                                                        "message": "scripted"}})
                 if path.endswith("/models"):
                     data = [{"id": "scripted", "object": "model", "type": "model", "display_name": "scripted",
                              "created": 0, "created_at": "2026-01-01T00:00:00Z", "owned_by": "pb"}]

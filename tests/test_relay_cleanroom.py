@@ -385,7 +385,7 @@ ATTEMPTS = [call for call in REFUSED if call.name in (
     "GET /v1/responses/resp_other_task")]
 PLAIN = [Call("chat", "POST", "/v1/chat/completions", chat()),
          Call("responses", "POST", "/v1/responses", responses(FUNCTION)),
-         Call("messages", "POST", "/v1/messages", messages(), ANTHROPIC)]
+         Call("messages", "POST", "/v1/messages", messages(model="gpt-5"), ANTHROPIC)]  # the run's --pb-model
 # The agent: asks the relay (through the sandbox's bridge) for each call, prints what it got, then solves the task.
 AGENT = r'''
 import json, os, sys, urllib.request, urllib.error

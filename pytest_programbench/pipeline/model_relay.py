@@ -8,19 +8,38 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_programbench.relay.rate import RunRateLimit
-from pytest_programbench.relay.relay import ModelRelay, RelayConfigError, RetryPolicy
+from pytest_programbench.relay.relay import ModelRelay, RelayConfigError, RetryPolicy, configured_key_style
 from pytest_programbench.relay.replay import REPLAY_FILE
 from pytest_programbench.relay.slots import SLOTS_DIR, ModelSlots
 from pytest_programbench.relay.spend import SPEND_DIR, SpendLedger
 from pytest_programbench.results.verdict import InfrastructureError
 
 if TYPE_CHECKING:
+    from pytest_programbench.agents.agent import AgentSpec
     from pytest_programbench.core.settings import Settings
     from pytest_programbench.core.task_key import TaskKey
     from pytest_programbench.pipeline.run_context import RunContext
     from pytest_programbench.results.artifacts import TaskArtifacts
     from pytest_programbench.results.task_meta import TaskMeta
     from pytest_programbench.tasks.catalogue import Task
+
+
+def configured_models(settings: Settings, spec: AgentSpec | None) -> tuple[str, ...]:
+    """The models the run was configured with, which the relay pins: ``--pb-model``, else the CLI preset's default
+    (what the preset passes its CLI); none for another agent without ``--pb-model`` (the relay then pins none)."""
+    if settings.model:
+        return (settings.model,)
+    if spec is not None and spec.cli is not None:
+        return (spec.cli.preset.default_model,)
+    return ()
+
+
+def anthropic_client(settings: Settings, spec: AgentSpec | None) -> bool:
+    """Whether the agent is configured to speak Anthropic Messages: claude-code, or mini-swe-agent (litellm) with an
+    ``anthropic/`` model. Decides the key's header with the endpoint (``configured_key_style``)."""
+    if spec is not None and spec.cli is not None:
+        return spec.cli.preset.api.startswith("Anthropic")
+    return spec is not None and spec.kind == "mini-swe-agent" and str(settings.model).startswith("anthropic/")
 
 
 class RelayHost(Protocol):
@@ -64,8 +83,14 @@ class TaskRelay:
         if settings.budget is not None and settings.token_price is not None:
             spend = SpendLedger(run_dir / SPEND_DIR, str(where), settings.token_price, settings.budget)
         replay_from = Path(settings.agent_replay) / where / REPLAY_FILE if settings.agent_replay else None
+        spec = self.run.session.agent_spec
+        try:  # the key's header and the pinned models come from the run's configuration, never from the agent
+            key_style = configured_key_style(settings.model_endpoint, anthropic_client=anthropic_client(settings, spec))
+        except RelayConfigError as exc:
+            raise InfrastructureError(f"model relay: {exc}") from exc
         relay = ModelRelay(settings.model_endpoint, records_path=task_dir / "model-requests.jsonl",
-                           api_key_env=settings.model_key_env, unix=not on_host, tcp=on_host,
+                           api_key_env=settings.model_key_env, key_style=key_style,
+                           models=configured_models(settings, spec), unix=not on_host, tcp=on_host,
                            retry=RetryPolicy(budget_s=settings.model_retry_budget), on_wait=self._model_wait,
                            slots=slots, on_slot_wait=self._slot_wait, replay_from=replay_from, spend=spend,
                            rate=rate, on_rate_wait=self._rate_wait,

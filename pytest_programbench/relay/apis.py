@@ -9,7 +9,8 @@ agents' start-up needs (a model list, Anthropic's token count, claude-code's ``H
 skills, fine-tuning...) is refused; so is a call whose body asks for a tool the provider runs (web search, web fetch,
 code execution, MCP, file search, hosted shell, computer use...), a server-side feature (``web_search_options``,
 ``mcp_servers``, ``container``, ``previous_response_id``, ``conversation``, a stored ``prompt``, OpenRouter's
-``plugins`` and ``:online``) or content the provider fetches (a URL, a file id, a stored item), and an
+``plugins`` and ``:online``) or content the provider fetches (a URL, a file id, a stored item), a model other than
+the run's (:class:`ModelPin`: every model-naming field, decoded in full; none named at all; one named twice), and an
 ``anthropic-beta`` header that turns on MCP, files, code execution, web fetch or skills. Refusing a header is
 clearer than stripping it: the agent is told what it cannot have. A body the relay cannot read (not a JSON object,
 compressed, past the scan's bounds) is refused too, but is not counted as an attempt.
@@ -23,10 +24,11 @@ forwards everything inside the endpoint as before.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_programbench.relay.body_scan import BodyRules, Finding, scan
+from pytest_programbench.relay.body_scan import BodyRules, Finding, read
 from pytest_programbench.relay.server import Headers, Refusal
 
 #: The option that lets provider-side tools and every other API through.
@@ -146,13 +148,47 @@ def check_headers(call: ModelCall, headers: Headers) -> None:
                                                                  "it asks for no provider-side tool", attempt=False)
 
 
-def check_body(call: ModelCall, body: bytes) -> None:
-    """Refuse a body that asks for provider-side work, or that the relay cannot read."""
+@dataclass(frozen=True)
+class ModelPin:
+    """The models a run may ask for: the names it was configured with (``--pb-model``, else a CLI preset's default),
+    each also without a leading ``provider/`` (litellm and ``provider/model`` clients send the rest: ``openai/gpt-5``
+    asks for ``gpt-5``). Compared exactly, after full JSON decoding."""
+
+    configured: tuple[str, ...]
+    names: frozenset[str]
+
+    @classmethod
+    def of(cls, models: Iterable[str]) -> ModelPin | None:
+        """The pin of ``models`` (empty strings ignored), ``None`` when none is named: the run pins nothing."""
+        configured = tuple(dict.fromkeys(model for model in models if model))
+        if not configured:
+            return None
+        names = set(configured)
+        names.update(rest for model in configured if (rest := model.partition("/")[2]))
+        return cls(configured, frozenset(names))
+
+    def check(self, named: Iterable[tuple[str, str]]) -> None:
+        """Refuse a body that names no model, or any model (in any field) other than the run's."""
+        run = " or ".join(repr(model) for model in self.configured)
+        why = f"the run's model is {run} (--pb-model), and the relay forwards requests for it only"
+        named = tuple(named)
+        if not named:
+            raise CleanroomRefusal(403, "a request naming no model", why)
+        for key, name in named:
+            if name not in self.names:
+                raise CleanroomRefusal(403, f"{key} {name[:80]!r}", why)
+
+
+def check_body(call: ModelCall, body: bytes, pin: ModelPin | None = None) -> None:
+    """Refuse a body that asks for provider-side work or for a model other than the pinned ones (``pin``; ``None``:
+    the run named no model), or that the relay cannot read."""
     if call.rules is None:
         return
-    finding = scan(body, call.rules)
-    if finding is not None:
-        raise _refusal(finding)
+    scanned = read(body, call.rules)
+    if scanned.finding is not None:
+        raise _refusal(scanned.finding)
+    if pin is not None:
+        pin.check(scanned.models)
 
 
 def _refusal(finding: Finding) -> CleanroomRefusal:
@@ -162,7 +198,8 @@ def _refusal(finding: Finding) -> CleanroomRefusal:
                                                                              "provider-side tool", attempt=False)
     why = {"tool": "the provider would run it (web search, code execution, MCP...: the internet)",
            "feature": "it makes the provider search the web, connect elsewhere or read what it stored",
-           "fetch": "the provider would fetch it or read what it stored"}[finding.kind]
+           "fetch": "the provider would fetch it or read what it stored",
+           "model": "a request names its model once, as a string (models: a list of strings)"}[finding.kind]
     return CleanroomRefusal(403, finding.what, why)
 
 

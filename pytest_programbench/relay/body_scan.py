@@ -12,6 +12,10 @@ refuses: a lenient parser upstream could read it otherwise), decodes only keys a
 (escapes included: ``"mcp\\u005fservers"`` is ``mcp_servers``), keeps one frame per open container, and gives up
 past :data:`MAX_TOKENS` tokens or :data:`MAX_DEPTH` levels. A duplicated key counts in every copy (parsers differ on
 which one wins).
+
+:func:`read` also returns every model the body names (top-level :data:`MODEL_KEYS`), each decoded in full by the JSON
+parser itself, so the relay can pin them (``apis.ModelPin``): a model-naming key given twice, or a value that is not a
+name (a string; for ``models`` a list of strings), is refused here, whatever the names.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ _GAP = re.compile(rb"[ \t\n\r]*(?:(true|false|null|-?(?:0|[1-9][0-9]*)(?:\.[0-9]
 URL_KEYS = frozenset({"url", "image_url", "file_url", "audio_url", "video_url", "document_url"})
 STORED_KEYS = frozenset({"file_id"})
 STORED_TYPES = frozenset({"item_reference"})  # a Responses input item read from a stored response
+#: Top-level keys that name a model: ``model`` (every API) and OpenRouter's fallback list ``models``.
+MODEL_KEYS = frozenset({"model", "models"})
+MODEL_MAX = 1024  # bytes of a model name's token (escapes included): every real name is far shorter
 
 
 @dataclass(frozen=True)
@@ -60,8 +67,8 @@ class BodyRules:
 @dataclass(frozen=True)
 class Finding:
     """Why a body is refused. ``kind``: ``tool``, ``feature``, ``fetch`` (the agent asked for something
-    provider-side) or ``unreadable`` (the relay cannot tell: not a JSON object, too deep...); ``what``: a short
-    label (``tool web_search``)."""
+    provider-side), ``model`` (a model-naming field given twice or holding no name) or ``unreadable`` (the relay
+    cannot tell: not a JSON object, too deep...); ``what``: a short label (``tool web_search``)."""
 
     kind: str
     what: str
@@ -69,6 +76,15 @@ class Finding:
     @property
     def attempt(self) -> bool:
         return self.kind != "unreadable"
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What :func:`read` found: why the body may not go upstream (``None``: nothing), and the models it names as
+    ``(key, name)`` pairs in body order (complete only when ``finding`` is ``None``)."""
+
+    finding: Finding | None
+    models: tuple[tuple[str, str], ...] = ()
 
 
 class _Found(Exception):
@@ -99,8 +115,22 @@ def _string(token: bytes, limit: int) -> str | None:
     return None
 
 
+def _model_name(key: str, token: bytes) -> str:
+    """A model name's string token decoded in full (escapes and all), or the refusal of one that cannot be a name."""
+    if len(token) > MODEL_MAX + 2:
+        raise _Found(Finding("model", f"{key} (a name longer than {MODEL_MAX} bytes)"))
+    name = _string(token, MODEL_MAX)
+    if name is None:
+        raise _unreadable(f"a {key} that is not valid JSON")
+    return name
+
+
+def _not_a_name(key: str) -> _Found:
+    return _Found(Finding("model", f"{key} (not {'a list of names' if key == 'models' else 'a name'})"))
+
+
 # Roles of a container, for what is checked inside it.
-_TOOLS, _TOOL, _ENV, _CONVERSATION = "tools", "tool", "environment", "conversation"
+_TOOLS, _TOOL, _ENV, _CONVERSATION, _MODELS = "tools", "tool", "environment", "conversation", "models"
 
 
 class _Frame:
@@ -123,6 +153,8 @@ class _Walk:
     def __init__(self, rules: BodyRules) -> None:
         self.rules = rules
         self.stack: list[_Frame] = []
+        self.models: list[tuple[str, str]] = []  # (key, name) of every model named, in body order
+        self.model_keys: set[str] = set()  # the model-naming keys seen at the top level
 
     def key(self, token: bytes) -> None:
         frame = self.stack[-1]
@@ -133,6 +165,10 @@ class _Walk:
         if key is None:
             raise _unreadable("a key that is not valid JSON")
         frame.key = key
+        if len(self.stack) == 1 and key in MODEL_KEYS:
+            if key in self.model_keys:  # json.loads keeps the last copy, another parser may keep the first
+                raise _Found(Finding("model", f"{key} given twice"))
+            self.model_keys.add(key)
 
     def value(self, token: bytes, literal: bool) -> None:
         """A scalar value (a string token, or a literal's text) under the current frame."""
@@ -140,6 +176,11 @@ class _Walk:
         key = None if frame.array else frame.key
         if frame.role == _TOOLS:
             raise _unreadable("a tools entry that is not an object")
+        if frame.role == _MODELS:
+            if literal:
+                raise _not_a_name("models")
+            self.models.append(("models", _model_name("models", token)))
+            return
         if len(self.stack) == 1 and key is not None:
             self._top_level_value(key, token, literal)
         if literal:
@@ -149,10 +190,10 @@ class _Walk:
 
     def _top_level_value(self, key: str, token: bytes, literal: bool) -> None:
         self._top_level(key, null=literal and token == b"null")
-        if key == "model" and not literal:
-            model = _string(token, HEAD_MAX) or ""
-            if model.endswith(":online"):  # OpenRouter's web search by model name
-                raise _Found(Finding("feature", "model :online"))
+        if key in MODEL_KEYS and token != b"null":  # null: no model named (as when the key is absent)
+            if literal or key == "models":
+                raise _not_a_name(key)
+            self.models.append((key, _model_name(key, token)))
 
     @staticmethod
     def _literal_in(frame: _Frame, key: str | None, token: bytes) -> None:
@@ -208,12 +249,18 @@ class _Walk:
         owner = None
         if top and key is not None:
             self._top_level(key, null=False)
+            if key in MODEL_KEYS and not (array and key == "models"):
+                raise _not_a_name(key)
+        if parent.role == _MODELS:
+            raise _not_a_name("models")
         if parent.role == _TOOLS:
             if array:
                 raise _unreadable("a tools entry that is not an object")
             role = _TOOL
         elif array and key == "tools" and (top or parent.role == _TOOL):  # a namespace's tools are tools too
             role = _TOOLS
+        elif top and key == "models":
+            role = _MODELS
         elif parent.role == _TOOL and key == "environment":
             if array:
                 parent.env_types.append("")
@@ -239,15 +286,23 @@ class _Walk:
 
 def scan(body: bytes, rules: BodyRules) -> Finding | None:
     """Why ``body`` may not go upstream under ``rules``, ``None`` when it may. Total: any input gives an answer."""
-    try:
-        _scan(body, rules)
-    except _Found as found:
-        return found.finding
-    return None
+    return read(body, rules).finding
 
 
-def _scan(body: bytes, rules: BodyRules) -> None:
+def read(body: bytes, rules: BodyRules) -> Scan:
+    """:func:`scan`'s answer and the models ``body`` names. Total: any input gives an answer."""
     grammar = _Grammar(rules)
+    try:
+        _scan(body, grammar)
+        for key, name in grammar.walk.models:
+            if name.endswith(":online"):  # OpenRouter's web search by model name (compared decoded, in full)
+                raise _Found(Finding("feature", f"{key} :online"))
+    except _Found as found:
+        return Scan(found.finding)
+    return Scan(None, tuple(grammar.walk.models))
+
+
+def _scan(body: bytes, grammar: _Grammar) -> None:
     gap, steps = grammar.gap, grammar.steps  # bound once: this loop runs up to MAX_TOKENS times
     end = 0
     for count, match in enumerate(_TOKEN.finditer(body), 1):

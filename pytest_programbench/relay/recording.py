@@ -56,7 +56,7 @@ class RelayRecord:
     slot_wait_s: float = 0.0  # waiting for a --pb-model-concurrency slot
     rate_wait_s: float = 0.0  # waiting for --pb-model-rpm / --pb-model-tpm
     gave_up: bool = False  # the retry budget ran out: the last transient failure went to the agent
-    rejected: bool = False  # the upstream answered 401/403: the key is not accepted
+    rejected: bool = False  # the upstream answered 401/403 (the relay's own probe decides whether the key was at fault)
     stream_broken: bool = False  # the upstream broke off after bytes went to the agent (not retryable)
     cleanroom_refused: str | None = None  # what the cleanroom relay refused (apis.py), never sent upstream
 

@@ -14,8 +14,9 @@ Its parts, one module each:
   cap, refusals);
 * ``upstream.py``: the endpoint and the httpx client that reaches it;
 * ``apis.py``, ``body_scan.py``: the cleanroom: the model calls it forwards (one table of method and path per API)
-  and what their bodies may ask for; every other API and every provider-side tool is refused with a 4xx, recorded,
-  and counted for the item's ``provider_tools_requested`` flag (``allow_server_tools``: forwarded as they come);
+  and what their bodies may ask for; every other API, every provider-side tool and every model but the run's
+  (``models``) is refused with a 4xx, recorded, and counted for the item's ``provider_tools_requested`` flag
+  (``allow_server_tools``: forwarded as they come);
 * ``metering.py``: token usage and tool calls read from responses as they stream by (every API shape);
 * ``recording.py``: one :class:`RelayRecord` per request, in ``model-requests.jsonl`` and summed in
   :class:`RelayStats`; no record ever contains a header value, so no key reaches the records;
@@ -42,7 +43,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, cast
@@ -53,6 +54,7 @@ import httpx
 from pytest_programbench.relay.apis import (
     CleanroomRefusal,
     CleanroomTally,
+    ModelPin,
     allowed_call,
     api_of,
     check_body,
@@ -131,6 +133,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 KeyStyle = Literal["auto", "bearer", "x-api-key"]
+#: What the relay's own probe of the key found: the key is accepted, rejected (401/403), or the probe got no answer.
+KeyVerdict = Literal["accepted", "rejected", "unanswered"]
 
 #: The bridge script, to be copied into the sandbox (stdlib only, Python 3.7+).
 BRIDGE_SCRIPT = Path(__file__).with_name("relay_bridge.py")
@@ -142,6 +146,25 @@ SANDBOX_BRIDGE_PORT = RELAY_PORT
 PLACEHOLDER_KEY = "pb-relay-adds-the-key"
 #: How :meth:`ModelRelay.unavailable` begins when the upstream rejected the key (the session stops on it).
 MODEL_REJECTED = "model API rejected the key"
+#: The ``anthropic-version`` the relay's own probe sends with an ``x-api-key`` (Anthropic's model list needs one).
+PROBE_ANTHROPIC_VERSION = "2023-06-01"
+
+
+def configured_key_style(endpoint: str, *, anthropic_client: bool = False) -> Literal["bearer", "x-api-key"]:
+    """The header a run's key goes in, from its configuration alone: ``x-api-key`` for Anthropic's own API or an
+    agent configured to speak Anthropic Messages (``anthropic_client``: claude-code, a litellm ``anthropic/`` model),
+    else ``Authorization: Bearer`` (OpenAI, OpenRouter, every OpenAI-compatible server)."""
+    host = Upstream.parse(endpoint).host
+    anthropic = host == "anthropic.com" or host.endswith(".anthropic.com")
+    return "x-api-key" if anthropic or anthropic_client else "bearer"
+
+
+def probe_path(upstream: Upstream) -> str:
+    """What the relay's own probe of the key asks for: the model list below the endpoint (``/v1`` added when the
+    prefix does not end in it), or OpenRouter's key endpoint (its model list needs no key)."""
+    base = upstream.prefix if upstream.prefix.endswith("/v1") else f"{upstream.prefix}/v1"
+    openrouter = upstream.host == "openrouter.ai" or upstream.host.endswith(".openrouter.ai")
+    return f"{base}/key" if openrouter else f"{base}/models"
 
 
 # -- env for agents -------------------------------------------------------------------------------------------
@@ -199,8 +222,14 @@ class ModelRelay:
     else ``relay.sock`` in a fresh private temporary directory, removed on close) for the sandbox's bridge.
     ``tcp``: also listen on ``127.0.0.1:tcp_port`` (0: ephemeral) for host-loop agents. ``api_key_env``: the name of
     a host environment variable whose value the relay sends upstream in place of whatever key the client sent:
-    ``Authorization: Bearer`` or Anthropic's ``x-api-key`` (``key_style="auto"`` picks ``x-api-key`` when the
-    request carries ``anthropic-version`` or ``x-api-key``). ``socket_mode``: the socket file's permissions.
+    ``Authorization: Bearer`` or Anthropic's ``x-api-key``, as ``key_style`` says (the plugin passes
+    :func:`configured_key_style`); ``"auto"`` picks per call from the relay's own table (``x-api-key`` for Anthropic's
+    endpoint and Anthropic's API, ``Bearer`` otherwise), never from the request's headers. An upstream 401/403 is
+    passed to the agent as it came; whether it means the key does not work is decided by the relay's own probe
+    (:meth:`key_verdict`: a request of its own, with its own headers, to :func:`probe_path`), never by what the
+    agent sent. ``models``: the run's configured model names (:class:`apis.ModelPin`): a model call naming any other
+    model is refused by the cleanroom; empty or ``None``: no model configured, none pinned. ``socket_mode``: the
+    socket file's permissions.
     ``max_request_bytes``, ``max_inflight_bytes``, ``inflight_wait_s``, ``records_limit``: the bounds of the module
     doc (``None``: from ``PB_RELAY_REQUEST_MAX``, ``PB_RELAY_INFLIGHT_MAX``, ``PB_RELAY_BUDGET_WAIT``,
     ``PB_MODEL_REQUESTS_MAX``); ``max_connections``: connections served at once.
@@ -234,6 +263,7 @@ class ModelRelay:
         tcp_port: int = 0,
         api_key_env: str | None = None,
         key_style: KeyStyle = "auto",
+        models: Collection[str] | None = None,
         connect_timeout: float = 30.0,
         # A reasoning model may be silent for long before its first byte (the CLIs wait through it): an hour.
         upstream_timeout: float = 3600.0,
@@ -267,6 +297,7 @@ class ModelRelay:
         self._tcp_port = tcp_port
         self.api_key_env = api_key_env
         self.key_style: KeyStyle = key_style
+        self.pin = ModelPin.of(models or ())
         self.connect_timeout = connect_timeout
         self.upstream_timeout = upstream_timeout
         self.retry = retry or RetryPolicy()
@@ -283,7 +314,10 @@ class ModelRelay:
         self._metering = threading.Condition()  # answers whose cost is not yet in the ledger
         self._unmetered = 0
         self._replay_writer: ReplayWriter | None = None  # model-replay.jsonl beside the records
-        self._outages: collections.Counter[str] = collections.Counter()  # what gave up or was rejected, by answer
+        self._outages: collections.Counter[str] = collections.Counter()  # what gave up, by answer
+        self._rejections: collections.Counter[str] = collections.Counter()  # agents' requests answered 401/403
+        self._verdict: KeyVerdict | None = None  # the relay's own probe of the key, once one was answered 401/403
+        self._probe_lock = threading.Lock()
         self.client_idle_timeout = client_idle_timeout
         self.max_request_bytes = request_limit() if max_request_bytes is None else max_request_bytes
         inflight = inflight_limit() if max_inflight_bytes is None else max_inflight_bytes
@@ -396,6 +430,7 @@ class ModelRelay:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self._upstream is not None:
             self._upstream.close()
+        self.key_verdict()  # an answer of 401/403 asks the relay's own probe whether the key works
         self._recorder.close()  # the tail and what was dropped; later writes are ignored
         if self._replay_writer is not None:
             self._replay_writer.close()
@@ -472,6 +507,10 @@ class ModelRelay:
                        f"{stats.retry_wait_s:.0f} s in all")
         if stats.stream_breaks:
             out.append(f"the upstream broke off {stats.stream_breaks} response(s) after bytes reached the agent")
+        rejected = self._rejected_by_agent()
+        if rejected:
+            out.append(f"the upstream answered {rejected} of the agent's request(s) with 401/403, and the relay's own "
+                       "probe found the key accepted: the agent's answers, scored")
         if bounds["inflight_refused"]:
             out.append(f"the model relay refused {bounds['inflight_refused']} request(s) with a 503: the request "
                        f"bodies in flight reached {self.budget.limit} bytes")
@@ -481,14 +520,61 @@ class ModelRelay:
         with self._lock:
             self._outages[answer] += 1
 
-    def unavailable(self) -> str | None:
-        """Why the model API could not be used in this window, ``None`` when it could: requests answered 401/403
-        (the key rejected) or given up after the whole retry budget. The caller makes the task an error of it."""
+    def key_verdict(self) -> KeyVerdict | None:
+        """Whether the key works, as the relay's own probe found it; asked once, the first time this is called
+        after an agent's request was answered 401/403 (``None`` before, or when replaying: no key is in play).
+
+        The probe is the relay's own request (``GET`` :func:`probe_path`, the key in the configured style, no header
+        of the agent's) on a client of its own, so neither the agent nor closing the relay decides its answer: 401 or
+        403 is ``rejected``; any other answer ``accepted`` (the agent's 401/403 then came from what it sent); none
+        within the retry budget ``unanswered``."""
+        with self._probe_lock:
+            with self._lock:
+                pending = sum(self._rejections.values())
+            if self._verdict is None and pending and not isinstance(self._upstream, ReplayUpstream):
+                self._verdict = self._probe_key()
+            return self._verdict
+
+    def _probe_key(self) -> KeyVerdict:
+        client = UpstreamClient(self.upstream, connect_timeout=self.connect_timeout,
+                                read_timeout=self.connect_timeout, ssl_context=self._ssl_context, policy=self.retry)
+        path = probe_path(self.upstream)
+        style = self._style(path)
+        headers = [("Host", self.upstream.host_header), ("Accept-Encoding", "identity")]
+        if style == "x-api-key":
+            headers.append(("anthropic-version", PROBE_ANTHROPIC_VERSION))
+        if self._key is not None:
+            headers.append(self._key_header(style))
+        try:
+            response = client.send("GET", path, headers, b"")
+        except Refusal as refusal:
+            log.warning("model relay: the key probe got no answer: %s", refusal.message)
+            return "unanswered"
+        else:
+            client.done(response)
+            return "rejected" if response.status_code in REJECTED_STATUSES else "accepted"
+        finally:
+            client.close()
+
+    def _rejected_by_agent(self) -> int:
+        """Requests answered 401/403 that the probe found the key not at fault for (the agent's doing)."""
+        if self._verdict in ("rejected", "unanswered"):
+            return 0
         with self._lock:
-            outages = dict(self._outages)
-        if not outages:
+            return sum(self._rejections.values())
+
+    def unavailable(self) -> str | None:
+        """Why the model API could not be used in this window, ``None`` when it could: the key rejected by the
+        relay's own probe (after an agent's request was answered 401/403), or requests given up after the whole
+        retry budget. The caller makes the task an error of it."""
+        verdict = self.key_verdict()
+        with self._lock:
+            outages = collections.Counter(self._outages)
+            if verdict == "unanswered":  # the probe itself could not reach the API: an outage
+                outages["no answer (unreachable)"] += sum(self._rejections.values())
+            rejected = dict(self._rejections) if verdict == "rejected" else {}
+        if not outages and not rejected:
             return None
-        rejected = {answer: n for answer, n in outages.items() if answer in ("401", "403")}
         if rejected:
             what = ", ".join(f"{n} answered {answer}" for answer, n in sorted(rejected.items()))
             return f"{MODEL_REJECTED}: {sum(rejected.values())} request(s) ({what})"
@@ -615,7 +701,22 @@ class ModelRelay:
         # ours: the relay's request limit and its budget of bodies held at once.
         return handler.read_body(self.max_request_bytes, lambda size: self._hold(exchange, size))
 
-    def _headers(self, handler: Handler, body: bytes) -> list[tuple[str, str]]:
+    def _anthropic_endpoint(self) -> bool:
+        return self.upstream.host == "anthropic.com" or self.upstream.host.endswith(".anthropic.com")
+
+    def _style(self, path: str) -> str:
+        """The header the key goes in for a request to ``path``: the configured style, or under ``"auto"`` the
+        relay's own table of the call (Anthropic's endpoint or API: ``x-api-key``), never the agent's headers."""
+        if self.key_style != "auto":
+            return self.key_style
+        anthropic = self._anthropic_endpoint() or (api_of(path) or "").startswith("anthropic.")
+        return "x-api-key" if anthropic else "bearer"
+
+    def _key_header(self, style: str) -> tuple[str, str]:
+        key = self._key or ""
+        return ("x-api-key", key) if style == "x-api-key" else ("Authorization", f"Bearer {key}")
+
+    def _headers(self, handler: Handler, body: bytes, path: str) -> list[tuple[str, str]]:
         incoming = handler.headers
         named = {token.strip().lower() for value in incoming.get_all("Connection") or [] for token in value.split(",")}
         drop = REQUEST_DROP | named | (KEY_HEADERS if self._key is not None else frozenset())
@@ -625,12 +726,7 @@ class ModelRelay:
             headers.append(("Content-Length", str(len(body))))
         headers.append(("Accept-Encoding", "identity"))  # so the usage tap can read the body
         if self._key is not None:
-            style = self.key_style
-            if style == "auto":
-                anthropic = "anthropic-version" in incoming or "x-api-key" in incoming
-                style = "x-api-key" if anthropic else "bearer"
-            headers.append(("x-api-key", self._key) if style == "x-api-key" else
-                           ("Authorization", f"Bearer {self._key}"))
+            headers.append(self._key_header(self._style(path)))
         return headers
 
     def _forward(self, handler: Handler, exchange: Exchange) -> None:
@@ -649,7 +745,8 @@ class ModelRelay:
                 self._metering.wait_for(lambda: self._unmetered == 0, timeout=2.0)
         self._check_budget(spend)
         try:
-            response = upstream.send(handler.command, path, self._headers(handler, body), body, exchange.attempts)
+            response = upstream.send(handler.command, path, self._headers(handler, body, path), body,
+                                     exchange.attempts)
         except Refusal:
             if exchange.attempts.gave_up:  # no answer within the whole budget
                 self._note_outage("no answer (unreachable)")
@@ -678,7 +775,7 @@ class ModelRelay:
         exchange.t0 = time.monotonic()
         exchange.model, exchange.stream = request_fields(body)  # scanned, not parsed: bounded memory
         if call is not None:
-            check_body(call, body)
+            check_body(call, body, self.pin)
         return path, body
 
     def _check_budget(self, spend: SpendLedger | None) -> None:
@@ -734,9 +831,10 @@ class ModelRelay:
     def _respond(self, handler: Handler, exchange: Exchange, response: httpx.Response) -> None:
         status = response.status_code
         exchange.status = status
-        if status in REJECTED_STATUSES:
+        if status in REJECTED_STATUSES:  # passed on as it came; the relay's own probe decides what it means
             exchange.rejected = True
-            self._note_outage(f"{status}")
+            with self._lock:
+                self._rejections[f"{status}"] += 1
         elif exchange.attempts.gave_up:
             self._note_outage(f"{status}")
         bodyless = handler.command == "HEAD" or status in (204, 304)
