@@ -220,6 +220,103 @@ def test_an_ignored_test_the_official_scored_under_its_prefixed_name(tmp_path: P
         t.partition("/")[2] for t in get_ignored_tests(original))
 
 
+# PR #57's rule on top of the canonical names (upstream, open): the four cases, official and corrected side by side.
+PLAIN = "tests.test_calculator"  # the names tests.json lists (no eval.): only the unlisted records differ
+
+
+def test_a_passing_record_tests_json_does_not_list_is_dropped() -> None:
+    """1.2.5 counts it, so an extra passing item raises the score: a real failure plus a stray pass is 3/4 officially,
+    2/3 corrected."""
+    instance = calculator_instance()
+    text = junit([*((PLAIN, n, "assert 0 == 12" if n == "test_multiplication" else None) for n in CALC_TESTS),
+                  ("tests.test_stray", "test_extra_item", None)])
+    corrected = corrected_score(official_result(instance, {CALC_BRANCH: [text]}), instance)
+    assert (corrected.official_passed, corrected.official_tests) == (3, 4)
+    assert (corrected.n_passed, corrected.n_tests) == (2, 3)
+    assert corrected.counted_unlisted == (f"{CALC_BRANCH}/tests.test_stray.test_extra_item",)
+    assert "tests.test_stray.test_extra_item" not in " ".join(corrected.tests)
+    assert "PR #57" in corrected.note()
+
+
+def test_an_unlisted_record_that_did_not_pass_stays() -> None:
+    """Only passes are dropped: an unlisted failure counts in both (it is the run's own failure)."""
+    instance = calculator_instance()
+    text = junit([*((PLAIN, n, None) for n in CALC_TESTS), ("tests.test_stray", "test_broken", "assert False")])
+    corrected = corrected_score(official_result(instance, {CALC_BRANCH: [text]}), instance)
+    assert (corrected.official_passed, corrected.official_tests) == (3, 4)
+    assert (corrected.n_passed, corrected.n_tests) == (3, 4)
+    assert corrected.counted_unlisted == ()
+    assert not corrected.differs
+
+
+def test_pytest_breakage_markers_stay() -> None:
+    """pytest.internal and a collection error's record (an empty classname) are what a broken run shows: kept, so a
+    broken run is never lifted to a pass."""
+    instance = calculator_instance()
+    text = ('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">'
+            '<testcase classname="" name="tests.test_calculator"><error message="collection failure">'
+            'ImportError</error></testcase>'
+            '<testcase classname="pytest" name="internal"><error message="internal error">boom</error></testcase>'
+            + "".join(f'<testcase classname="{PLAIN}" name="{n}" time="0.1"/>' for n in CALC_TESTS)
+            + "</testsuite></testsuites>")
+    corrected = corrected_score(official_result(instance, {CALC_BRANCH: [text]}), instance)
+    assert (corrected.official_passed, corrected.official_tests) == (3, 5)
+    assert (corrected.n_passed, corrected.n_tests) == (3, 5)
+    assert corrected.counted_unlisted == ()
+
+
+def test_a_branch_that_lists_no_tests_keeps_its_passing_records() -> None:
+    """26 non-ignored branches ship "tests": []: without the guard every passing record of theirs would go."""
+    instance = calculator_instance()
+    instance["branches"][CALC_BRANCH]["tests"] = []
+    text = junit([(PLAIN, n, "assert 0 == 12" if n == "test_addition" else None) for n in CALC_TESTS])
+    corrected = corrected_score(official_result(instance, {CALC_BRANCH: [text]}), instance)
+    assert (corrected.official_passed, corrected.official_tests) == (2, 3)
+    assert (corrected.n_passed, corrected.n_tests) == (2, 3)
+    assert corrected.counted_unlisted == ()
+
+
+TUIISH = "pbfix__tuiish.7e1a0b2"
+UNLISTED = "eval.tests.test_screen.test_j_moves_selection"  # taken out of its branch's tests.json list
+
+
+def unlisted_tasks(root: Path, testbed: Testbed) -> Path:
+    """The test bed's tasks with tuiish's first branch no longer listing one of its tests (its JUnit record is then
+    unlisted) and its second branch listing none (as 26 real branches ship)."""
+    tasks = root / "unlisted-tasks"
+    shutil.copytree(testbed.tasks_dir, tasks)
+    path = tasks / TUIISH / "tests.json"
+    data = json.loads(path.read_text())
+    first, second = data["branches"].values()
+    first["tests"].remove(UNLISTED)
+    second["tests"] = []
+    path.write_text(json.dumps(data, indent=2))
+    return tasks
+
+
+def test_pr57_rules_in_a_session_official_and_corrected_side_by_side(pytester: pytest.Pytester,
+                                                                     testbed: Testbed) -> None:
+    """The correct tuiish on the task built above: the official counts the unlisted record's pass (6 tests in its
+    first branch); the corrected drops it (5), and keeps every passing record of the branch that lists none."""
+    tasks = unlisted_tasks(pytester.path, testbed)
+    subs = pytester.path / "subs"
+    shutil.copytree(testbed.submissions / TUIISH, subs / TUIISH)
+    run_dir = pytester.path / "run"
+    result = session(pytester, testbed, subs, run_dir, "--pb-tasks-dir", str(tasks), "--pb-filter", TUIISH)
+    result.assert_outcomes(passed=1)
+    props = properties(run_dir.parent / "run.xml", TUIISH)
+    official, corrected = int(props["n_tests_official"]), int(props["n_tests_corrected"])
+    assert (float(props["score_official"]), float(props["score_corrected"])) == (1.0, 1.0)
+    assert official == corrected + 1, props
+    outcome = json.loads((run_dir / TUIISH / "pb-meta.json").read_text())["outcome"]
+    assert [t.partition("/")[2] for t in outcome["counted_unlisted"]] == [UNLISTED]
+    second = list(json.loads((tasks / TUIISH / "tests.json").read_text())["branches"])[1]
+    kept = [t for t, status in outcome["tests_corrected"].items() if t.startswith(f"{second}/")]
+    assert kept, outcome["tests_corrected"]  # the branch that lists nothing keeps its passes
+    assert all(outcome["tests_corrected"][t] == "passed" for t in kept)
+    assert "PR #57" in props["score_note"]
+
+
 def test_canonical_xml_renames_only_the_prefix() -> None:
     text = junit([("eval.tests.t", "a", None), ("tests.t", "b", None), ("eval", "c", None), ("", "eval.d", None)])
     names = [(c.get("classname"), c.get("name")) for c in ET.fromstring(canonical_xml(text)).iter("testcase")]

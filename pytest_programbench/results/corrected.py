@@ -6,13 +6,17 @@ tests without the ``eval.`` prefix that pytest writes when the run's rootdir is 
 names carry it, each test counts twice: passed (or failed) under its JUnit name, and ``not_run``
 (``missing_from_junit_xml``) under its tests.json name, and an ignored test the JUnit names with the prefix is scored.
 
-:func:`corrected_score` changes nothing but the names: for each branch it takes the JUnit text the official result's
-log kept (the ``results_read`` step's output; of a branch's retried attempts, the one whose official replay gives the
-official's own entries), removes an optional leading ``eval.`` from every name (the JUnit's, tests.json's and the
-ignored tests'), and runs the official ``_process_branch_xml`` and the official
-``for_branches(...).without_ignored(...).score`` on that. Branch errors with their ``not_run`` entries, an instance's
-error code and everything else stay the official's. It never raises: a result it cannot replay is scored as the
-official scored it, and said.
+:func:`corrected_score` changes nothing but the names and one rule: for each branch it takes the JUnit text the
+official result's log kept (the ``results_read`` step's output; of a branch's retried attempts, the one whose official
+replay gives the official's own entries), removes an optional leading ``eval.`` from every name (the JUnit's,
+tests.json's and the ignored tests'), and runs the official ``_process_branch_xml`` and the official
+``for_branches(...).without_ignored(...).score`` on that. Then PR #57's rule (upstream, open): a JUnit record that
+tests.json does not list for its branch still counts in 1.2.5, so extra passing items (a stray ``conftest.py``
+collecting more) raise a score; such a record is dropped only if it passed, and only where the branch lists tests
+(26 non-ignored branches ship ``"tests": []``, whose passing records would all go). pytest's own breakage markers (an
+internal error, a collection error's record) never passed, so they stay. Branch errors with their ``not_run``
+entries, an instance's error code and everything else stay the official's. It never raises: a result it cannot
+replay is scored as the official scored it, and said.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ log = logging.getLogger(__name__)
 PREFIX = "eval."
 MISSING = "missing_from_junit_xml"  # the official's error code of a tests.json name absent from the JUnit
 UPSTREAM = "upstream ProgramBench issue #56, fix proposed in PR #61"
+UPSTREAM_UNLISTED = "upstream ProgramBench PR #57"
 OFFICIAL, CORRECTED = "official", "corrected"
 BASES = (OFFICIAL, CORRECTED)
 SHOWN = 3  # tests named in the one-line note
@@ -81,6 +86,8 @@ class CorrectedScore:
     counted_twice: tuple[str, ...] = ()
     # Official ``branch/name``s the official scored though the task ignores them (the JUnit's prefixed name).
     counted_ignored: tuple[str, ...] = ()
+    # Official ``branch/name``s of passing JUnit records tests.json does not list for their branch (PR #57's rule).
+    counted_unlisted: tuple[str, ...] = ()
     # Branches whose JUnit text could not be replayed to the official's entries: scored as the official scored them.
     unreplayed: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
@@ -101,23 +108,33 @@ class CorrectedScore:
                        f"as not_run under tests.json's name ({', '.join(names)}{more})")
         if self.counted_ignored:
             why.append(f"{len(self.counted_ignored)} ignored test(s) were scored under the JUnit's 'eval.' name")
-        return (f"official score {self.official_score:.4f} ({self.official_passed}/{self.official_tests}), corrected "
-                f"{self.score:.4f} ({self.n_passed}/{self.n_tests}): the official scorer compares tests.json names "
-                "with JUnit names literally, so " + "; ".join(why or ["names differing only in 'eval.' differ"])
-                + f" ({UPSTREAM})")
+        head = (f"official score {self.official_score:.4f} ({self.official_passed}/{self.official_tests}), corrected "
+                f"{self.score:.4f} ({self.n_passed}/{self.n_tests}): ")
+        parts = []
+        if why or not self.counted_unlisted:
+            parts.append("the official scorer compares tests.json names with JUnit names literally, so "
+                         + "; ".join(why or ["names differing only in 'eval.' differ"]) + f" ({UPSTREAM})")
+        if self.counted_unlisted:
+            names = [t.partition("/")[2] for t in self.counted_unlisted[:SHOWN]]
+            more = ", ..." if len(self.counted_unlisted) > SHOWN else ""
+            parts.append(f"{len(self.counted_unlisted)} passing JUnit record(s) tests.json does not list were "
+                         f"counted ({', '.join(names)}{more}; {UPSTREAM_UNLISTED})")
+        return head + "; ".join(parts)
 
     def outcome_fields(self) -> dict[str, Any]:
         """The corrected fields of the item's ``TaskOutcome`` (results/verdict.py); its per-test map only when the
         scores differ (otherwise it is the official one)."""
         return {"score_corrected": self.score, "n_passed_corrected": self.n_passed, "n_tests_corrected": self.n_tests,
                 "score_note": self.note(), "counted_twice": list(self.counted_twice),
-                "counted_ignored": list(self.counted_ignored), "tests_corrected": self.tests if self.differs else {}}
+                "counted_ignored": list(self.counted_ignored), "counted_unlisted": list(self.counted_unlisted),
+                "tests_corrected": self.tests if self.differs else {}}
 
     def as_dict(self) -> dict[str, Any]:
         """pb-meta.json's ``evaluation.corrected`` (the per-test map stays in the outcome, when it differs)."""
         return {"score": self.score, "n_passed": self.n_passed, "n_tests": self.n_tests,
                 "counted_twice": list(self.counted_twice), "counted_ignored": list(self.counted_ignored),
-                "unreplayed": list(self.unreplayed), "note": self.note()}
+                "counted_unlisted": list(self.counted_unlisted), "unreplayed": list(self.unreplayed),
+                "note": self.note()}
 
 
 def _pairs(results: Sequence[TestResult]) -> list[tuple[str, str]]:
@@ -187,13 +204,15 @@ def corrected_score(result: EvaluationResult, instance: Mapping[str, Any]) -> Co
     """The official scoring of ``result`` (the official, unfiltered result) with names compared canonically."""
     names = _Names.of(result, instance)
     rebuilt, unreplayed = _rebuild(result, names)
-    corrected = result.model_copy(update={"test_results": rebuilt})
+    listed, unlisted = _without_unlisted_passes(rebuilt, names, result)
+    corrected = result.model_copy(update={"test_results": listed})
     scoped = corrected.for_branches(names.active).without_ignored(names.canon_ignored)
     official_scoped = result.for_branches(names.active).without_ignored(names.ignored)
     twice = _counted_twice(result, official_scoped, scoped, unreplayed)
     counted_ignored = [t.full_name for t in official_scoped.test_results
                        if canonical_full(t.full_name) in names.canon_ignored and t.branch not in unreplayed]
-    tests = _per_test(official_scoped, scoped, dropped={*twice, *counted_ignored})
+    counted_unlisted = [t.full_name for t in official_scoped.test_results if canonical_full(t.full_name) in unlisted]
+    tests = _per_test(official_scoped, scoped, dropped={*twice, *counted_ignored, *counted_unlisted})
     notes = [f"the corrected score keeps the official's entries for branch(es) {', '.join(unreplayed)}: no JUnit "
              "text in the result's log replays to them"] if unreplayed else []
     return CorrectedScore(
@@ -201,7 +220,24 @@ def corrected_score(result: EvaluationResult, instance: Mapping[str, Any]) -> Co
         tests=tests,
         official_score=official_scoped.score, official_passed=official_scoped.n_resolved,
         official_tests=len(official_scoped), counted_twice=tuple(twice), counted_ignored=tuple(counted_ignored),
-        unreplayed=tuple(unreplayed), notes=notes)
+        counted_unlisted=tuple(counted_unlisted), unreplayed=tuple(unreplayed), notes=notes)
+
+
+def _without_unlisted_passes(rebuilt: Sequence[TestResult], names: _Names, result: EvaluationResult
+                             ) -> tuple[list[TestResult], set[str]]:
+    """PR #57's rule on the canonical entries: a passing record whose name its branch's tests.json list does not hold
+    is dropped, where that list is not empty and the branch was compared (no branch error); everything else stays,
+    pytest's breakage markers included (they never pass). The dropped ``branch/name``s, canonical."""
+    kept: list[TestResult] = []
+    dropped: set[str] = set()
+    for test in rebuilt:
+        expected = names.canon_tests.get(test.branch)
+        if (test.status == "passed" and expected and test.branch not in result.test_branch_errors
+                and canonical(test.name) not in expected):
+            dropped.add(f"{test.branch}/{canonical(test.name)}")
+            continue
+        kept.append(test)
+    return kept, dropped
 
 
 def _rebuild(result: EvaluationResult, names: _Names) -> tuple[list[TestResult], list[str]]:

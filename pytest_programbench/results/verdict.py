@@ -63,6 +63,7 @@ class TaskOutcome:
     score_note: str = ""  # one line when the two differ: both scores, and why
     counted_twice: Sequence[str] = ()  # "<branch>/<name>"s the official counted twice (not_run beside the JUnit's)
     counted_ignored: Sequence[str] = ()  # ignored "<branch>/<name>"s the official scored under the JUnit's name
+    counted_unlisted: Sequence[str] = ()  # passing records tests.json does not list, which the official counted
     tests_corrected: Mapping[str, str] = field(default_factory=dict)  # the corrected score's tests, when they differ
 
     def scored(self, basis: str = OFFICIAL) -> tuple[float, int, int]:
@@ -87,6 +88,7 @@ class TaskOutcome:
         data["tokens"] = dict(self.tokens) if self.tokens is not None else None
         data["counted_twice"] = list(self.counted_twice)
         data["counted_ignored"] = list(self.counted_ignored)
+        data["counted_unlisted"] = list(self.counted_unlisted)
         data["tests_corrected"] = dict(self.tests_corrected)
         return data
 
@@ -113,6 +115,7 @@ def junit_properties(outcome: TaskOutcome, basis: str = OFFICIAL) -> list[tuple[
         ("n_passed_corrected", plain(outcome.n_passed_corrected)),
         ("n_tests_corrected", plain(outcome.n_tests_corrected)),
         ("counted_twice", len(outcome.counted_twice)),
+        ("counted_unlisted", len(outcome.counted_unlisted)),
         ("score_note", outcome.score_note),
         ("error_code", plain(outcome.error_code)),
         ("executable_hash", plain(outcome.executable_hash)),
