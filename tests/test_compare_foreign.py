@@ -43,6 +43,8 @@ SUBSECTION = "### Against a `programbench eval` run or a leaderboard entry"
 OFFICIAL_KIND = "a programbench eval output directory (<id>/<id>.eval.json)"
 ENTRY_KIND = "a leaderboard entry or packaged submission (_stats/score.json)"
 OURS_KIND = "a pytest-programbench run directory"
+# Tasks of programbench's own catalogue: an entry's ids count only when they are the benchmark's.
+X, Y, Z = "abishekvashok__cmatrix.5c082c6", "agourlay__zip-password-finder.704700d", "ajeetdsouza__zoxide.67ca1bc"
 
 
 def readme_commands() -> list[str]:
@@ -359,7 +361,7 @@ def _compare(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 
 def test_bad_input_is_a_one_line_usage_error(pytester: pytest.Pytester) -> None:
-    good = _entry(pytester.path / "good", {"a__x.1": {"b/t1": True, "b/t2": False}, "a__y.1": {"b/t": True}})
+    good = _entry(pytester.path / "good", {X: {"b/t1": True, "b/t2": False}, Y: {"b/t": True}})
     nothing = pytester.mkdir("nothing")
     (nothing / "some-folder").mkdir()
     pending = pytester.mkdir("pending")
@@ -378,9 +380,9 @@ def test_bad_input_is_a_one_line_usage_error(pytester: pytest.Pytester) -> None:
         str(_entry(pytester.path / "counts", {"a__x.1": {"b/t": 1}})):
             "*counts/_stats/score.json is not a map of maps *: 1 task(s) map to something else than {test: passed} "
             "(a__x.1)",
-        str(_entry(pytester.path / "apart", {"c__z.1": {"b/t": True}})):
-            f"*{pytester.path / 'good'} and {pytester.path / 'apart'} have no task in common (base: a__x.1, a__y.1; "
-            "new: c__z.1)",
+        str(_entry(pytester.path / "apart", {Z: {"b/t": True}})):
+            f"*{pytester.path / 'good'} and {pytester.path / 'apart'} have no task in common (base: {X}, {Y}; "
+            f"new: {Z})",
     }
     for other, message in cases.items():
         result = _compare(pytester, "--pb-compare", f"{good},{other}")
@@ -407,19 +409,19 @@ def test_bad_input_is_a_one_line_usage_error(pytester: pytest.Pytester) -> None:
 
 def test_instances_one_side_lacks_are_listed(pytester: pytest.Pytester) -> None:
     """Two entries sharing one task of three: the paired comparison is over that one, the others are named."""
-    base = _entry(pytester.path / "base", {"a__x.1": {"b/t1": True, "b/t2": False}, "a__y.1": {"b/t": True}})
-    new = _entry(pytester.path / "new", {"a__x.1": {"b/t1": False, "b/t2": True}, "a__z.1": {"b/t": True}})
+    base = _entry(pytester.path / "base", {X: {"b/t1": True, "b/t2": False}, Y: {"b/t": True}})
+    new = _entry(pytester.path / "new", {X: {"b/t1": False, "b/t2": True}, Z: {"b/t": True}})
     result = _compare(pytester, "--pb-compare", f"{base},{new}")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.stdout.fnmatch_lines([f"base is {ENTRY_KIND}; new is {ENTRY_KIND}",
                                  "by the official score 0.500 -> 0.500, by the corrected score not in both runs *",
-                                 "only in base: a__y.1", "only in new: a__z.1",
+                                 f"only in base: {Y}", f"only in new: {Z}",
                                  "tokens not in this run -> not in this run; cost not in this run -> not in this run; "
                                  "agent not in this run -> not in this run; *"])
     compared = json.loads((new / "compare.json").read_text())
-    assert (compared["only_in_base"], compared["only_in_new"]) == (["a__y.1"], ["a__z.1"])
-    assert [f["test"] for f in compared["tasks"]["a__x.1"]["pass_to_fail"]] == ["b/t1"]
-    assert [f["test"] for f in compared["tasks"]["a__x.1"]["fail_to_pass"]] == ["b/t2"]
+    assert (compared["only_in_base"], compared["only_in_new"]) == ([Y], [Z])
+    assert [f["test"] for f in compared["tasks"][X]["pass_to_fail"]] == ["b/t1"]
+    assert [f["test"] for f in compared["tasks"][X]["fail_to_pass"]] == ["b/t2"]
     assert compared["paired"]["tasks"] == 1
     assert compared["leaderboard"]["base"] == {"mean_score": 0.8, "resolved": 0.5, "near_resolved": 0.5, "tasks": 2,
                                                "struck": 0}

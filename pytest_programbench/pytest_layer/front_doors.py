@@ -64,10 +64,7 @@ def report_foreign_run(config: pytest.Config) -> int:
         raise pytest.UsageError(f"--pb-report: {exc}") from None
     writer = create_terminal_writer(config)
     writer.sep("=", "programbench report")
-    scores = run.scores()
-    mean = f"{sum(scores.values()) / len(scores):.3f}" if scores else "-"
-    for line in (f"{run.path} is {run.kind_of.text}: {len(scores)} task(s) scored, mean official score {mean}",
-                 f"{', '.join(run.lacks)}: {foreign_runs.NOT_IN_RUN}", *run.notes, f"report: {path}"):
+    for line in foreign_runs.report_lines(run, path):
         writer.line(line)
     return int(pytest.ExitCode.OK)
 

@@ -6,7 +6,6 @@ opt-in rule ("any ``--pb-*`` option given") has one source of truth.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ import pytest
 
 from pytest_programbench.core import environment
 from pytest_programbench.core.settings import PROGRESS_MODES, SCORE_BASES, Settings
+from pytest_programbench.results import foreign_files
 from pytest_programbench.text.sizes import parse_size
 
 GROUP = "programbench"
@@ -182,10 +182,10 @@ def registry_ignore_map(flag: str, value: Any) -> str:
     """``--pb-registry-ignore FILE``: the leaderboard registry's ``ignored_tests.json``, ``{instance_id: [test]}``
     (each test ``<branch>/<name>``, as ``_stats/score.json`` keys them), checked here; its path is kept."""
     path = _file(flag, value)
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise pytest.UsageError(f"{flag}: {value} is not readable JSON: {exc}") from None
+    try:  # capped before reading, as every file of a foreign run (a registry's file is one)
+        data = foreign_files.read_json(Path(path), root=Path(path).resolve().parent)
+    except foreign_files.ForeignFileError as exc:
+        raise pytest.UsageError(f"{flag}: {exc}") from None
     if not isinstance(data, dict) or not all(
             isinstance(k, str) and isinstance(v, list) and all(isinstance(t, str) for t in v) for k, v in data.items()):
         raise pytest.UsageError(f"{flag}: {value} is not an {{instance_id: [test, ...]}} map")
@@ -253,6 +253,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("agent-on-host", "Run the agent command on the host; it drives the sandbox by container id.",
            "agent", "bool"),
     Option("agent-timeout", "Agent wall clock in seconds.", "agent", "int", "SECONDS", _int(1)),
+    Option("agent-final-grace", "Seconds an agent working by tool calls may go on without a model request after "
+           "its final answer (a reply with no tool call) before its processes are ended and its work scored; the "
+           "record says so (a CLI can hang after its last message). 0: never.", "agent", "float", "SECONDS",
+           _float(0.0)),
     Option("prompt-template", "Jinja2 template for the agent prompt.", "agent", metavar="FILE"),
     Option("model", "Model name for agent presets such as mini-swe-agent.", "model", metavar="NAME"),
     Option("model-endpoint", "The only address the agent may reach, through a relay.", "model", metavar="URL"),

@@ -35,7 +35,7 @@ from programbench.utils.load_data import get_active_branches, get_ignored_tests
 
 from pytest_programbench.core.run_identity import RUN_MARKER
 from pytest_programbench.core.task_key import TaskKey
-from pytest_programbench.results import coverage, foreign_runs, registry
+from pytest_programbench.results import coverage, foreign_files, foreign_runs, registry
 from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.report import TaskScope
 from pytest_programbench.results.statistics import (
@@ -44,7 +44,7 @@ from pytest_programbench.results.statistics import (
     paired_permutation_test,
 )
 from pytest_programbench.tasks.catalogue import Catalogue, CatalogueError
-from pytest_programbench.text.printable import html_text
+from pytest_programbench.text.printable import html_text, printable
 
 COMPARE_JSON = "compare.json"
 COMPARE_HTML = "compare.html"
@@ -52,7 +52,11 @@ PASSED = "passed"
 
 
 class CompareError(Exception):
-    """A directory that is not a finished run (a usage error where it comes from an option)."""
+    """A directory that is not a finished run (a usage error where it comes from an option); its message printable
+    (it quotes the runs' names)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(printable(message))
 
 
 class ComparedRun(Protocol):
@@ -95,19 +99,27 @@ class FinishedRun:
     record: dict[str, Any]
     summary: dict[str, Any]
     scopes: dict[str, TaskScope | None] = field(default_factory=dict)
+    unknown: tuple[str, ...] = ()  # summary.json's ids that are no task id (a path, a scheme): listed, not read
 
     @classmethod
     def load(cls, path: Path) -> FinishedRun:
+        """A run directory of ours, which may still be anyone's: read as results/foreign_files.py reads (inside it,
+        capped), an id that is no task id's shape left out and listed."""
         path = path.expanduser().resolve()
         try:
-            record = json.loads((path / RUN_MARKER).read_text())
-            summary = json.loads((path / "summary.json").read_text())
-        except (OSError, ValueError) as exc:
+            record = foreign_files.read_json(path / RUN_MARKER, root=path, limit=foreign_files.RECORD_MAX)
+            summary = foreign_files.read_json(path / "summary.json", root=path)
+        except foreign_files.ForeignFileError as exc:
             raise CompareError(f"{path} is not a finished run directory (its {RUN_MARKER} and summary.json "
                                f"cannot be read: {exc})") from None
-        if not isinstance(summary.get("tasks"), dict):
+        if not isinstance(record, dict) or not isinstance(summary, dict) or not isinstance(summary.get("tasks"), dict):
             raise CompareError(f"{path / 'summary.json'} lists no tasks")
-        return cls(path, record, summary, _scopes(record, summary["tasks"]))
+        if not isinstance(record.get("settings"), dict):
+            record = {**record, "settings": {}}
+        unknown = tuple(sorted(iid for iid in summary["tasks"] if not foreign_files.is_task_id(iid)))
+        summary = {**summary, "tasks": {iid: row for iid, row in summary["tasks"].items()
+                                        if iid not in unknown and isinstance(row, dict)}}
+        return cls(path, record, summary, _scopes(record, summary["tasks"]), unknown)
 
     @property
     def tasks(self) -> dict[str, dict[str, Any]]:
@@ -124,7 +136,7 @@ class FinishedRun:
 
     @property
     def notes(self) -> tuple[str, ...]:
-        return ()
+        return (printable(foreign_runs.unknown_note(self.unknown)),) if self.unknown else ()
 
     def test_runs(self, instance_id: str) -> list[dict[str, str]]:
         return self.outcomes(instance_id).runs
@@ -165,7 +177,7 @@ class FinishedRun:
         listed = (self.tasks.get(instance_id) or {}).get("attempts")
         if self.attempts == 1 or not isinstance(listed, dict):
             return [1]
-        return sorted(int(n) for n in listed)
+        return sorted(int(n) for n in listed if str(n).isdigit())
 
     def outcomes(self, instance_id: str) -> AttemptStatuses:
         """Every attempt's statuses of the tests that count (attempts without a readable result left out)."""
@@ -176,13 +188,20 @@ class FinishedRun:
         """``branch/test`` -> status of the tests that count for the score in one attempt's result (attempt 1's
         in ``<id>/``, attempt N's in ``attempts/<N>/<id>/``); ``None`` without a readable result."""
         task_dir = TaskKey(instance_id, n=attempt, single=attempt == 1).task_dir(self.path)
+        eval_json = task_dir / f"{instance_id}.eval.json"
+        if not eval_json.is_file():
+            return None
         try:
-            data = json.loads((task_dir / f"{instance_id}.eval.json").read_text())
-        except (OSError, ValueError):
+            data = foreign_files.read_json(eval_json, root=self.path, limit=foreign_files.EVAL_JSON_MAX)
+        except foreign_files.ForeignFileError as exc:
+            raise CompareError(str(exc)) from None
+        if not isinstance(data, dict):
             return None
         scope = self.scopes.get(instance_id)
         out: dict[str, str] = {}
         for test in data.get("test_results") or []:
+            if not isinstance(test, dict):
+                continue
             branch, name = str(test.get("branch", "")), str(test.get("name", ""))
             full = f"{branch}/{name}"
             if scope is not None and (branch not in scope.active_branches or full in scope.ignored_tests):
@@ -674,12 +693,13 @@ class Written:
         return str(gate_row.get("message", "")) if gate_row.get("failed") else ""
 
     def lines(self) -> list[str]:
+        """The terminal's lines, printable: ids, notes and paths come from the runs' files."""
         out = terminal_lines(self.result)
         gate_row = self.result.get("gate")
         if gate_row is not None and not gate_row["failed"]:
             out.append(gate_row["message"])
         out.append(f"comparison: {self.json_path}, {self.html_path}")
-        return out
+        return [printable(line) for line in out]
 
 
 def detect(path: Path) -> foreign_runs.Kind:
@@ -698,7 +718,7 @@ def check_run(path: Path) -> foreign_runs.Kind:
         if kind == foreign_runs.OURS:
             FinishedRun.load(path)
         elif kind == foreign_runs.ENTRY:
-            foreign_runs.read_score_map(path.expanduser().resolve() / foreign_runs.SCORE_JSON)
+            foreign_runs.read_score_map(path.expanduser().resolve())
     except foreign_runs.ForeignRunError as exc:
         raise CompareError(str(exc)) from None
     return kind
@@ -728,7 +748,10 @@ def write(base_dir: Path, new_dir: Path, *, ledger: FlakyTests | None = None, ma
     base, new = load_runs([base_dir, new_dir], tasks_dirs=tasks_dirs)
     if base.path == new.path:
         raise CompareError(f"--pb-compare: {base.path} is compared with itself")
-    ignore = registry.read_ignore_map(Path(registry_ignore)) if registry_ignore else None
+    try:
+        ignore = registry.read_ignore_map(Path(registry_ignore)) if registry_ignore else None
+    except foreign_files.ForeignFileError as exc:
+        raise CompareError(str(exc)) from None
     result = compare(base, new, ledger=ledger, max_regression=max_regression, ignore=ignore,
                      ignore_file=registry_ignore)
     json_path, html_path = new.path / COMPARE_JSON, new.path / COMPARE_HTML

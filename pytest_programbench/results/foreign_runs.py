@@ -17,28 +17,32 @@ catalogue, its ``score``; an entry's per-test map as ``compile_leaderboard`` rea
 registry's ``_instance_score``). The corrected score (results/corrected.py) where a result keeps its JUnit log.
 What a kind does not hold (times, tokens, trajectories; an entry without eval.json files has no corrected score) is
 listed in ``lacks`` and shown as "not in this run", never filled in.
+
+Such a directory is untrusted input: its files are read by results/foreign_files.py only (inside it, capped before
+reading, YAML without aliases), an id counts only when it is a task of the catalogue (the others are listed, never
+scored or counted in a denominator), and a file refused is a usage error naming it.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import yaml
 from programbench.eval.eval import EvaluationResult
 from programbench.submission import score_from_tests
 from programbench.utils.load_data import get_active_branches, get_ignored_tests
 
 from pytest_programbench.core.run_identity import RUN_MARKER
-from pytest_programbench.results import registry
+from pytest_programbench.results import foreign_files, registry
 from pytest_programbench.results.corrected import safe_corrected_score
+from pytest_programbench.results.foreign_files import ForeignFileError
 from pytest_programbench.results.report import TaskScope, write_report
 from pytest_programbench.results.summary import FAILED, PASSED, RunSummary, TaskRecord
 from pytest_programbench.tasks.catalogue import Catalogue, CatalogueError, Task
+from pytest_programbench.text.printable import printable
 
 SCORE_JSON = Path("_stats") / "score.json"
 COST_JSON = Path("_stats") / "cost.json"
@@ -62,7 +66,11 @@ NEVER_RECORDED = ("agent time", "evaluation time", "tokens", "trajectories")
 
 
 class ForeignRunError(Exception):
-    """A directory that is none of the kinds, or an entry that is not what the registry reads (a usage error)."""
+    """A directory that is none of the kinds, or an entry that is not what the registry reads (a usage error); its
+    message printable (it quotes the directory's names)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(printable(message))
 
 
 def _instance_dirs(path: Path) -> list[Path]:
@@ -91,13 +99,14 @@ def detect(path: Path) -> Kind:
                           f"{OFFICIAL.text}, {ENTRY.text}{held}")
 
 
-def read_score_map(path: Path) -> dict[str, dict[str, bool]]:
-    """``_stats/score.json`` as ``compile_leaderboard`` reads it, refused unless it is a non-empty map of per-test
-    maps (``{instance_id: {test: passed}}``): a legacy ``{instance_id: score}`` map has no test to compare."""
+def read_score_map(entry: Path) -> dict[str, dict[str, bool]]:
+    """``entry``'s ``_stats/score.json`` as ``compile_leaderboard`` reads it, refused unless it is a non-empty map of
+    per-test maps (``{instance_id: {test: passed}}``): a legacy ``{instance_id: score}`` map has no test to compare."""
+    path = entry / SCORE_JSON
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ForeignRunError(f"{path} is not readable JSON ({exc})") from None
+        data = foreign_files.read_json(path, root=entry)
+    except ForeignFileError as exc:
+        raise ForeignRunError(str(exc)) from None
     if not isinstance(data, dict) or not data:
         raise ForeignRunError(f"{path} is not a map of maps {{instance_id: {{test: passed}}}}: it is "
                               f"{'an empty map' if data == {} else type(data).__name__}")
@@ -111,15 +120,17 @@ def read_score_map(path: Path) -> dict[str, dict[str, bool]]:
     return {str(iid): {str(t): bool(v) for t, v in tests.items()} for iid, tests in data.items()}
 
 
-def read_result(instance_dir: Path) -> EvaluationResult:
+def read_result(root: Path, instance_dir: Path) -> EvaluationResult:
     """An instance's official result: its eval.json, with the heavy part ``programbench submit package`` split into
-    ``<id>.eval.log.json`` folded back in memory as ``recombine_eval_json`` folds it (nothing is written)."""
+    ``<id>.eval.log.json`` folded back in memory as ``recombine_eval_json`` folds it (nothing is written). Read inside
+    ``root`` with the caps of results/foreign_files.py (a ForeignFileError past them)."""
     eval_json = _eval_json(instance_dir)
     heavy_file = instance_dir / f"{instance_dir.name}.eval.log.json"
     if not heavy_file.is_file():
-        return EvaluationResult.model_validate_json(eval_json.read_bytes())
-    data = json.loads(eval_json.read_text())
-    heavy = json.loads(heavy_file.read_text())
+        return EvaluationResult.model_validate_json(
+            foreign_files.read_bytes(eval_json, root=root, limit=foreign_files.EVAL_JSON_MAX))
+    data = foreign_files.read_json(eval_json, root=root, limit=foreign_files.EVAL_JSON_MAX)
+    heavy = foreign_files.read_json(heavy_file, root=root, limit=foreign_files.EVAL_JSON_MAX)
     data["log"] = heavy.get("log", [])
     failures = heavy.get("failures", {})
     for test in data.get("test_results", []):
@@ -171,6 +182,7 @@ class ForeignRun:
     manifest: dict[str, Any] = field(default_factory=dict)
     costs: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()  # ids no task of the catalogue has: listed, never scored nor counted
 
     @property
     def kind(self) -> str:
@@ -267,42 +279,64 @@ def _instance(tasks: Mapping[str, Task], iid: str) -> dict[str, Any] | None:
         return None
 
 
-UNKNOWN = "not a task of the catalogue (programbench's, and --pb-tasks-dir's): its scope is unknown, so no score"
+UNKNOWN = "not a task of the catalogue (programbench's, and --pb-tasks-dir's): never scored nor counted"
+UNKNOWN_SHOWN = 20  # unknown ids listed by name; the rest counted
 
 
-def _read_official(path: Path, tasks: Mapping[str, Task]) -> tuple[dict[str, TaskRead], dict[str, str]]:
+def known(iid: str, tasks: Mapping[str, Task]) -> bool:
+    """An id names a task only when it has a task id's shape (never a path, a scheme or a control byte) and the
+    catalogue has it: a foreign run's other ids are listed, never scored, and count in no denominator."""
+    return foreign_files.is_task_id(iid) and iid in tasks
+
+
+def unknown_note(unknown: Sequence[str]) -> str:
+    shown = ", ".join(unknown[:UNKNOWN_SHOWN]) + (f" and {len(unknown) - UNKNOWN_SHOWN} more"
+                                                   if len(unknown) > UNKNOWN_SHOWN else "")
+    return f"{len(unknown)} id(s) {UNKNOWN}: {shown}"
+
+
+BAD_RESULT = (OSError, ValueError, KeyError, TypeError, AttributeError)  # a result the official model does not read
+
+
+def _read_official(path: Path, tasks: Mapping[str, Task]) -> tuple[dict[str, TaskRead], dict[str, str], list[str]]:
     read: dict[str, TaskRead] = {}
     unscored: dict[str, str] = {}
+    unknown: list[str] = []
     for d in _instance_dirs(path):
         iid = d.name
         if not _eval_json(d).is_file():
-            if (d / "submission.tar.gz").is_file():
+            if (d / "submission.tar.gz").is_file() and known(iid, tasks):
                 unscored[iid] = "a submission without an eval.json (not evaluated, or its evaluation raised)"
+            elif (d / "submission.tar.gz").is_file():
+                unknown.append(iid)
             continue
-        instance = _instance(tasks, iid)
+        instance = _instance(tasks, iid) if known(iid, tasks) else None
         if instance is None:
-            unscored[iid] = UNKNOWN
+            unknown.append(iid)
             continue
         try:
-            read[iid] = _from_result(read_result(d), instance)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            read[iid] = _from_result(read_result(path, d), instance)
+        except BAD_RESULT as exc:
             unscored[iid] = f"its eval.json cannot be read as the official result ({type(exc).__name__})"
-    return read, unscored
+    return read, unscored, unknown
 
 
-def _read_entry(path: Path, tasks: Mapping[str, Task]) -> tuple[dict[str, TaskRead], dict[str, str], list[str]]:
+def _read_entry(path: Path, tasks: Mapping[str, Task]) -> tuple[dict[str, TaskRead], list[str], list[str]]:
     """The per-test map decides (it is what the leaderboard reads); an eval.json beside it adds the corrected score,
     and a map that disagrees with it is said (``programbench submit verify``'s tier 0 would fail)."""
-    maps = read_score_map(path / SCORE_JSON)
+    maps = read_score_map(path)
     read: dict[str, TaskRead] = {}
     disagree: list[str] = []
+    unknown = sorted(iid for iid in maps if not known(iid, tasks))
     for iid, tests in sorted(maps.items()):
+        if not known(iid, tasks):
+            continue
         entry = _from_map(tests)
         instance = _instance(tasks, iid)
         if _eval_json(path / iid).is_file() and instance is not None:
             try:
-                full = _from_result(read_result(path / iid), instance)
-            except (OSError, ValueError, KeyError, TypeError):
+                full = _from_result(read_result(path, path / iid), instance)
+            except BAD_RESULT:
                 full = None
             if full is not None:
                 if {t: s == PASSED for t, s in full.statuses.items()} != tests:
@@ -312,25 +346,24 @@ def _read_entry(path: Path, tasks: Mapping[str, Task]) -> tuple[dict[str, TaskRe
         read[iid] = entry
     notes = [f"{SCORE_JSON} and the eval.json files disagree on {', '.join(disagree)} (programbench submit verify's "
              "tier 0 fails there): the per-test map, which the leaderboard reads, is used"] if disagree else []
-    return read, {}, notes
+    return read, unknown, notes
 
 
-def _read_costs(path: Path) -> dict[str, float]:
-    """``_stats/cost.json`` (``{instance_id: USD}``, summed by the leaderboard) when there is one."""
-    try:
-        data = json.loads((path / COST_JSON).read_text())
-    except (OSError, ValueError):
+def _read_costs(path: Path, tasks: Mapping[str, Task]) -> dict[str, float]:
+    """``_stats/cost.json`` (``{instance_id: USD}``, summed by the leaderboard) when there is one: its tasks'."""
+    if not (path / COST_JSON).is_file():
         return {}
+    data = foreign_files.read_json(path / COST_JSON, root=path)
     if not isinstance(data, dict):
         return {}
-    return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return {k: float(v) for k, v in data.items()
+            if known(str(k), tasks) and isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load((path / "submission.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+    if not (path / "submission.yaml").is_file():
         return {}
+    data = foreign_files.read_yaml(path / "submission.yaml", root=path)
     return data if isinstance(data, dict) else {}
 
 
@@ -339,21 +372,33 @@ def read(path: Path, kind: Kind, *, tasks_dirs: Sequence[str] = ()) -> ForeignRu
     ``tasks_dirs``."""
     path = path.expanduser().resolve()
     tasks = catalogue(tasks_dirs)
+    try:
+        return _read(path, kind, tasks)
+    except ForeignFileError as exc:
+        raise ForeignRunError(str(exc)) from None
+
+
+def _read(path: Path, kind: Kind, tasks: Mapping[str, Task]) -> ForeignRun:
     notes: list[str] = []
+    unscored: dict[str, str] = {}
     if kind == ENTRY:
-        read_tasks, unscored, notes = _read_entry(path, tasks)
+        read_tasks, unknown, notes = _read_entry(path, tasks)
     elif kind == OFFICIAL:
-        read_tasks, unscored = _read_official(path, tasks)
+        read_tasks, unscored, unknown = _read_official(path, tasks)
     else:
         raise ForeignRunError(f"{path} is {kind.text}, not a foreign run")
-    if unscored and not read_tasks and all(why == UNKNOWN for why in unscored.values()):
-        raise ForeignRunError(f"{path}: none of its {len(unscored)} instance(s) is a task the catalogue knows "
-                              f"(programbench's own; give --pb-tasks-dir DIR for others): {', '.join(unscored)}")
+    if unknown and not read_tasks and not unscored:
+        listed = unknown_note(unknown).partition(": ")[2]
+        raise ForeignRunError(f"{path}: none of its {len(unknown)} instance(s) is a task the catalogue knows "
+                              f"(programbench's own; give --pb-tasks-dir DIR for others): {listed}")
+    if unknown:
+        notes.append(unknown_note(unknown))
     if unscored:
         notes.append(f"not scored here: {', '.join(f'{iid} ({why})' for iid, why in unscored.items())}")
-    known = {iid: tasks[iid] for iid in [*read_tasks, *unscored] if iid in tasks}
-    return ForeignRun(path, kind, read_tasks, unscored, known, _read_manifest(path),
-                      _read_costs(path) if kind == ENTRY else {}, tuple(notes))
+    scoped = {iid: tasks[iid] for iid in [*read_tasks, *unscored]}
+    return ForeignRun(path, kind, read_tasks, unscored, scoped, manifest=_read_manifest(path),
+                      costs=_read_costs(path, tasks) if kind == ENTRY else {},
+                      notes=tuple(printable(n) for n in notes), unknown=tuple(unknown))
 
 
 # ----------------------------------------------------------------------------------------------- --pb-report
@@ -402,4 +447,18 @@ def report(path: Path, *, tasks_dirs: Sequence[str] = (), ignore_file: str | Non
         raise ForeignRunError(f"{path} is {OURS.text}: its report.html is written by the run itself "
                               f"({path / 'report.html'})")
     run = read(path, kind, tasks_dirs=tasks_dirs)
-    return run, write_report(run.path, report_data(run, ignore_file=ignore_file), run.scope)
+    try:
+        data = report_data(run, ignore_file=ignore_file)
+    except ForeignFileError as exc:  # the registry's ignore map
+        raise ForeignRunError(str(exc)) from None
+    return run, write_report(run.path, data, run.scope, foreign=True)
+
+
+def report_lines(run: ForeignRun, path: Path) -> list[str]:
+    """What ``--pb-report`` prints: the kind, the mean, what the run lacks, its notes (unknown ids among them), the
+    page; printable (the notes quote the run's names)."""
+    scores = run.scores()
+    mean = f"{sum(scores.values()) / len(scores):.3f}" if scores else "-"
+    return [printable(line) for line in (
+        f"{run.path} is {run.kind_of.text}: {len(scores)} task(s) scored, mean official score {mean}",
+        f"{', '.join(run.lacks)}: {NOT_IN_RUN}", *run.notes, f"report: {path}")]

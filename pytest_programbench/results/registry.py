@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from programbench.submission import benchmark_instances, test_results_map
 
 from pytest_programbench.core.run_identity import RUN_MARKER
+from pytest_programbench.results import foreign_files
 
 # compile_leaderboard.py's constants: the benchmark's size is the denominator whatever an entry attempted.
 LEADERBOARD_TOTAL = 200
@@ -112,8 +113,11 @@ def _named(inferred: str, source: str) -> Provider:
 
 
 def read_ignore_map(path: Path) -> dict[str, list[str]]:
-    """The registry's ``ignored_tests.json`` (checked as ``--pb-registry-ignore`` parses it)."""
-    data = json.loads(path.read_text())
+    """The registry's ``ignored_tests.json`` (checked as ``--pb-registry-ignore`` parses it), read as a foreign file
+    (capped; a ForeignFileError naming it)."""
+    data = foreign_files.read_json(path, root=path.resolve().parent)  # named by the user: capped, not confined
+    if not isinstance(data, dict) or not all(isinstance(tests, list) for tests in data.values()):
+        raise foreign_files.ForeignFileError(path, "is not the registry's ignore map {instance_id: [test]}")
     return {str(iid): [str(t) for t in tests] for iid, tests in data.items()}
 
 

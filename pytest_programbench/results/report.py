@@ -2,7 +2,9 @@
 
 Built from the same dictionary as ``summary.json`` (so the headline numbers are the same numbers) plus each task's
 ``<id>.eval.json`` for the failing tests by branch. Links to a task's files are relative: the page works wherever the
-run directory is copied.
+run directory is copied. A foreign run's page (``--pb-report``) reads its eval.json files through
+results/foreign_files.py (inside the run, capped) and none of our own per-task records (pb-meta.json, timelines),
+which such a run does not have; its links, as every page's, are quoted relative paths to regular files inside it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from typing import Any
 import jinja2
 
 from pytest_programbench.core.task_key import TaskKey
-from pytest_programbench.results import coverage, task_meta, timeline
+from pytest_programbench.results import coverage, foreign_files, task_meta, timeline
 from pytest_programbench.results.atomic import atomic_write_text
-from pytest_programbench.results.verdict import PANEL_POINTER, FailingTest, read_failing
+from pytest_programbench.results.verdict import EVAL_JSON_MAX, PANEL_POINTER, FailingTest, failing_tests, read_failing
 from pytest_programbench.text.printable import html_text
 
 REPORT_NAME = "report.html"
@@ -33,13 +35,22 @@ class TaskScope:
     ignored_tests: frozenset[str]
 
 
-def failing_by_branch(eval_json: Path, scope: TaskScope | None) -> dict[str, list[FailingTest]]:
+def failing_by_branch(eval_json: Path, scope: TaskScope | None, *,
+                      foreign: Path | None = None) -> dict[str, list[FailingTest]]:
     """Tests of the active branches that did not pass (ignored ones left out), as the official result lists them,
-    each with its message (the item's message shows the first few)."""
+    each with its message (the item's message shows the first few). ``foreign``: the foreign run's directory, read
+    as results/foreign_files.py reads it (nothing when a file is refused)."""
     def counted(branch: str, name: str) -> bool:
         return scope is None or (branch in scope.active_branches and f"{branch}/{name}" not in scope.ignored_tests)
 
-    return read_failing(eval_json, counted)
+    if foreign is None:
+        return read_failing(eval_json, counted)
+    if not eval_json.is_file():
+        return {}
+    try:
+        return failing_tests(foreign_files.read_json(eval_json, root=foreign, limit=EVAL_JSON_MAX), counted)
+    except foreign_files.ForeignFileError:
+        return {}
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -113,24 +124,28 @@ def coverage_columns(row: Any) -> dict[str, Any]:
 
 
 def task_rows(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope | None], *,
-              events_max: int = 0, progress: Mapping[str, list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+              events_max: int = 0, progress: Mapping[str, list[dict[str, Any]]] | None = None,
+              foreign: bool = False) -> list[dict[str, Any]]:
+    """Each task's row and panel. ``foreign``: a run that is not ours, whose eval.json files are read inside it with
+    caps and whose per-task records of ours (pb-meta.json, timelines) are not read at all."""
     rows = []
     progress = progress or {}
     for iid, row in data.get("tasks", {}).items():
         task_dir = run_dir / iid
-        links = {label: f"{iid}/{name}" for label, name in (
+        links = {label: href for label, name in (
             ("agent.log", "agent.log"), ("trajectory", f"{iid}.traj.json"), ("eval.json", f"{iid}.eval.json"),
-            ("pb-meta.json", "pb-meta.json")) if (task_dir / name).is_file()}
+            ("pb-meta.json", "pb-meta.json")) if (href := foreign_files.link(run_dir, f"{iid}/{name}")) is not None}
         flags = list(row.get("integrity_flags") or [])
         attempts = attempt_rows(run_dir, iid, row, scope(iid), events_max=events_max, progress=progress)
+        # under --pb-attempts each attempt lists its own
+        failing = {} if attempts else failing_by_branch(task_dir / f"{iid}.eval.json", scope(iid),
+                                                        foreign=run_dir if foreign else None)
         rows.append({
-            **row, "id": iid, "links": links, "flags": flags, **numbers(row),
-            # under --pb-attempts each attempt lists its own
-            "failing": {} if attempts else _bounded(failing_by_branch(task_dir / f"{iid}.eval.json", scope(iid))),
-            "spread": attempt_spread(row), **gold_columns(row), **score_columns(row, task_dir),
+            **row, "id": iid, "links": links, "flags": flags, **numbers(row), "failing": _bounded(failing),
+            "spread": attempt_spread(row), **gold_columns(row), **score_columns(row, None if foreign else task_dir),
             "reason": _reason(row), "attempt_rows": attempts,
-            "timeline": None if attempts else timeline.load(task_dir, events_max=events_max,
-                                                            progress=progress.get(iid, ())),
+            "timeline": None if attempts or foreign else timeline.load(task_dir, events_max=events_max,
+                                                                       progress=progress.get(iid, ())),
         })
     return rows
 
@@ -194,11 +209,11 @@ def attempt_spread(row: Mapping[str, Any]) -> dict[str, Any] | None:
 COUNTED_SHOWN = 200  # tests the official counted twice, listed in a task's panel (the rest counted)
 
 
-def score_columns(row: Mapping[str, Any], task_dir: Path) -> dict[str, Any]:
+def score_columns(row: Mapping[str, Any], task_dir: Path | None) -> dict[str, Any]:
     """Both scores of a task (official, corrected), the line that says why they differ, and the tests the official
-    counted twice (from its pb-meta.json, read only where the two differ)."""
+    counted twice (from its pb-meta.json, read only where the two differ; ``task_dir`` None: a foreign run's)."""
     note = str(row.get("score_note") or "")
-    recorded = (task_meta.read(task_dir) or {}).get("outcome") if note else None
+    recorded = (task_meta.read(task_dir) or {}).get("outcome") if note and task_dir is not None else None
     twice = [str(t) for t in recorded.get("counted_twice") or []] if isinstance(recorded, dict) else []
     return {"official_text": _fmt(row.get("score_official")), "corrected_text": _fmt(row.get("score_corrected")),
             "score_note": note, "counted_twice_names": twice[:COUNTED_SHOWN],
@@ -257,7 +272,8 @@ def events_budget(tasks: Mapping[str, Any]) -> int:
                min(timeline.ATTEMPT_EVENTS_MAX, timeline.PAGE_EVENTS // max(1, timelines)))
 
 
-def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope | None]) -> str:
+def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope | None], *,
+           foreign: bool = False) -> str:
     template = files("pytest_programbench.results").joinpath("templates", "report.html.j2").read_text()
     # finalize: every printed value made printable (control bytes escaped) before autoescape (markup escaped)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
@@ -266,7 +282,7 @@ def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope
     env.filters["num"] = _count
     head = data["headline"]
     rows = task_rows(run_dir, data, scope, events_max=events_budget(data.get("tasks", {})),
-                     progress=timeline.progress_lines(run_dir))
+                     progress={} if foreign else timeline.progress_lines(run_dir), foreign=foreign)
     return env.from_string(template).render(
         data=data, head=head, rows=rows, bins=distribution(data.get("tasks", {})),
         groups=[("language", data.get("by_language", {})), ("difficulty", data.get("by_difficulty", {}))],
@@ -277,7 +293,8 @@ def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope
     )
 
 
-def write_report(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope | None]) -> Path:
+def write_report(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope | None], *,
+                 foreign: bool = False) -> Path:
     path = run_dir / REPORT_NAME
-    atomic_write_text(path, render(run_dir, data, scope))
+    atomic_write_text(path, render(run_dir, data, scope, foreign=foreign))
     return path

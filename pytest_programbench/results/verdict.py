@@ -186,6 +186,11 @@ def read_failing(eval_json: Path, counted: Callable[[str, str], bool]) -> dict[s
         data = json.loads(eval_json.read_bytes())
     except (OSError, ValueError):
         return {}
+    return failing_tests(data, counted)
+
+
+def failing_tests(data: Any, counted: Callable[[str, str], bool]) -> dict[str, list[FailingTest]]:
+    """:func:`read_failing` of an eval.json already parsed (a foreign run's, read by results/foreign_files.py)."""
     out: dict[str, list[FailingTest]] = {}
     for test in (data.get("test_results") if isinstance(data, dict) else None) or []:
         if not isinstance(test, dict):
