@@ -118,11 +118,12 @@ def test_pip_environment_is_offline() -> None:
 
 @pytest.mark.docker
 def test_reruns_on_in_a_real_evaluation(testbed: Testbed, tmp_path: Path) -> None:
-    """pip runs (and is recorded) in the first evaluation of the image; the second replays the record: same log
+    """pip runs (and is recorded) in a container of the task's image at the first evaluation of it, and is replayed;
+    the second replays the record too: same log
     entry, same statuses, and the plugin really there (a failing test is rerun)."""
     cache = tmp_path / "installed"
     runs_by_evaluation = []
-    for n, expected in enumerate(("pip, recorded", "replayed")):
+    for n, expected in enumerate(("recorded from the task's image, replayed", "replayed")):
         outcome = run_ours(tasks(testbed)[RPN], submission(testbed, "wrong", RPN), testbed, tmp_path / str(n),
                            reruns=True, install_cache=str(cache))
         assert outcome.reruns, outcome.reruns_reason
@@ -193,7 +194,7 @@ def test_reruns_off_is_said(testbed: Testbed, tmp_path: Path, monkeypatch: pytes
     """Without wheels pip fails offline; a second evaluation replays that failure: reruns off all the same."""
     monkeypatch.setenv("PYTEST_PROGRAMBENCH_WHEELS", str(tmp_path / "no-wheels-here"))
     installs = []
-    for n, expected in enumerate(("pip, recorded", "replayed")):
+    for n, expected in enumerate(("recorded from the task's image, replayed", "replayed")):
         outcome = run_ours(tasks(testbed)[RPN], submission(testbed, "good", RPN), testbed, tmp_path / str(n),
                            reruns=True, install_cache=str(tmp_path / "installed"))
         assert not outcome.reruns

@@ -190,18 +190,20 @@ def test_grader_material_attacks_under_strict_score_what_the_program_deserves(
 
 
 def test_install_record_only_from_an_untouched_evaluation(testbed: Testbed, tmp_path: Path) -> None:
-    """A private record cache: the poisoned evaluation records nothing; an honest one records, the next replays."""
+    """A private record cache: records are made in a container of the task's image, never where a submission ran, so
+    even the poisoned evaluation's comes from the image (its planted wheel is never read: the wheels are mounted);
+    the next replays it."""
     task = tasks(testbed)[RPN]
     records = tmp_path / "records"
     poisoned = run_ours(task, planted_wheel_submission(testbed, tmp_path / "poisoned"), testbed, tmp_path / "a",
                         reruns=True, install_cache=str(records))
-    assert poisoned.reruns_install == "pip"
-    assert not any(records.glob("*/record.json"))
+    assert poisoned.reruns_install == "recorded from the task's image, replayed"
+    assert poisoned.score < 1.0
+    record = next(records.glob("*/record.json"))
+    assert json.loads(record.read_text())["v"] == 3
     good = testbed.submissions / RPN / "submission.tar.gz"
     first = run_ours(task, good, testbed, tmp_path / "b", reruns=True, install_cache=str(records))
-    assert first.reruns_install == "pip, recorded"
-    record = next(records.glob("*/record.json"))
-    assert json.loads(record.read_text())["v"] == 2
+    assert first.reruns_install == "replayed"
     second = run_ours(task, good, testbed, tmp_path / "c", reruns=True, install_cache=str(records))
     assert second.reruns_install == "replayed"
     assert second.score == first.score == 1.0
@@ -209,7 +211,7 @@ def test_install_record_only_from_an_untouched_evaluation(testbed: Testbed, tmp_
     with (record.parent / "files.tar").open("ab") as f:
         f.write(b"\0" * 512)
     third = run_ours(task, good, testbed, tmp_path / "d", reruns=True, install_cache=str(records))
-    assert third.reruns_install == "pip, recorded"  # pip ran, and its record replaced the damaged one
+    assert third.reruns_install == "recorded from the task's image, replayed"  # a new record replaced it
     assert third.score == 1.0
 
 

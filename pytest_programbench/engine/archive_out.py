@@ -43,6 +43,8 @@ class Member:
     size: int = 0
     data: bytes | None = None
     linkname: str = ""
+    mode: int = 0  # permission bits, as the engine's archive gives them
+    uid: int = 0
 
 
 class CappedStream(io.RawIOBase):
@@ -103,10 +105,10 @@ def first_member(chunks: Iterator[bytes], max_bytes: int | None) -> Member | Non
             return None
         kind = _kind(info)
         if kind != REGULAR or (max_bytes is not None and info.size > max_bytes):
-            return Member(kind, info.size, None, info.linkname)
+            return Member(kind, info.size, None, info.linkname, info.mode & 0o7777, info.uid)
         handle = tar.extractfile(info)
         assert handle is not None
-        return Member(kind, info.size, handle.read(), info.linkname)
+        return Member(kind, info.size, handle.read(), info.linkname, info.mode & 0o7777, info.uid)
 
 
 class Archive:

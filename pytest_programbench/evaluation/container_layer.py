@@ -77,7 +77,7 @@ from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.facts import facts
 from pytest_programbench.engine.tar_in import TarIn
 from pytest_programbench.evaluation import harness_material
-from pytest_programbench.evaluation.step_batch import Step, StepResult, collect, driver_argv, new_nonce
+from pytest_programbench.evaluation.step_batch import UNCAPPED, Step, StepResult, collect, driver_argv, new_nonce
 from pytest_programbench.sandbox.sandbox import StorageQuota, storage_quota
 
 if TYPE_CHECKING:
@@ -347,6 +347,18 @@ def storage_refused(api: Any, exc: Exception) -> None:
     facts(api).storage_quota = StorageQuota(False, reason)
 
 
+@dataclass(frozen=True)
+class _Spec:
+    """What a container of the layer is made with besides its image and mounts (kept for :meth:`renew`)."""
+
+    cwd: str
+    cpus: int
+    memory: int | None
+    lifetime: int
+    network_mode: str
+    environment: dict[str, str]
+
+
 def _parse_run_args(run_args: list[str]) -> bool:
     """The official passes ``[*DOCKER_RUN_ARGS, "--init"]``; only ``--init`` has an SDK meaning here."""
     init = False
@@ -418,46 +430,98 @@ class SdkContainerEnvironment:
         self.mounts = tuple(mounts)
         # Validates run_args; the official passes --init on its command line in any case.
         _parse_run_args(list(run_args or []))
-        env_dict = {"PYTEST_XDIST_AUTO_NUM_WORKERS": str(cpus), **(env or {})}
-
-        def create(storage_opt: dict[str, str] | None) -> str:
-            host_config = self._api.create_host_config(
-                init=True,
-                network_mode=network_mode,
-                nano_cpus=int(cpus * 1_000_000_000),
-                pids_limit=PIDS_LIMIT,
-                mem_limit=memory,
-                storage_opt=storage_opt,
-                mounts=[m.mount() for m in self.mounts] or None,
-            )
-            created = self._api.create_container(
-                image,
-                command=["sleep", str(int(lifetime))],
-                name=self._name,
-                working_dir=cwd,
-                environment=env_dict,
-                labels=self.labels,
-                host_config=host_config,
-                detach=True,
-            )
-            return str(created["Id"])
-
+        self._spec = _Spec(cwd=cwd, cpus=cpus, memory=memory, lifetime=int(lifetime), network_mode=network_mode,
+                           environment={"PYTEST_XDIST_AUTO_NUM_WORKERS": str(cpus), **(env or {})})
         # A size limit on the writable layer where the storage driver takes one (the committed image's layer is the
         # compile container's): a submission cannot fill the host's disk. Elsewhere none (docs/security.md).
-        storage_opt = storage_limit_option(self._api, storage)
-        self.storage_limited = storage_opt is not None
+        self._storage_size = storage
+        self._storage_opt = storage_limit_option(self._api, storage)
+        self.storage_limited = self._storage_opt is not None
+        self.renewed: list[str] = []  # the images this container was renewed from (renew), removed by the evaluator
+        self._create_and_start(image)
+
+    def _create(self, image: str, storage_opt: dict[str, str] | None) -> str:
+        spec = self._spec
+        host_config = self._api.create_host_config(
+            init=True,
+            network_mode=spec.network_mode,
+            nano_cpus=int(spec.cpus * 1_000_000_000),
+            pids_limit=PIDS_LIMIT,
+            mem_limit=spec.memory,
+            storage_opt=storage_opt,
+            mounts=[m.mount() for m in self.mounts] or None,
+        )
+        created = self._api.create_container(
+            image,
+            command=["sleep", str(spec.lifetime)],
+            name=self._name,
+            working_dir=spec.cwd,
+            environment=spec.environment,
+            labels=self.labels,
+            host_config=host_config,
+            detach=True,
+        )
+        return str(created["Id"])
+
+    def _create_and_start(self, image: str) -> None:
         with self._as_docker_run():
             try:
-                self.container_id = create(storage_opt)
+                self.container_id = self._create(image, self._storage_opt)
             except Exception as exc:
-                if storage_opt is None or "storage" not in _api_error_text(exc).lower():
+                if self._storage_opt is None or "storage" not in _api_error_text(exc).lower():
                     raise
                 storage_refused(self._api, exc)
                 self.storage_limited = False
-                self.container_id = create(None)
+                self._storage_opt = None
+                self.container_id = self._create(image, None)
         self.box = Container(self._api, self.container_id)
         with self._as_docker_run():
             self._api.start(self.container_id)  # its `sleep <lifetime>` counts from here
+
+    @property
+    def engine(self) -> docker.DockerClient:
+        return self._engine
+
+    def sibling(self, image: str) -> SdkContainerEnvironment:
+        """A new container of ``image`` made as this one was (settings, labels, mounts)."""
+        spec = self._spec
+        return SdkContainerEnvironment(
+            image=image, cwd=spec.cwd, executable=self.executable, timeout=self.default_timeout, cpus=spec.cpus,
+            env=spec.environment, engine=self._engine, labels=self.labels, memory=spec.memory,
+            lifetime=spec.lifetime, output_cap=self.output_cap, reaper=self.reaper, network_mode=spec.network_mode,
+            storage=self._storage_size, mounts=self.mounts)
+
+    def renew(self, image_ref: str, *, mounts: Sequence[harness_material.GraderMount] = ()) -> str | None:
+        """Commit this container as ``image_ref``, remove it with every process in it, and go on as a fresh container
+        made from that image (same settings, ``mounts`` added): nothing that ran here runs in the new one. When the
+        new container cannot have ``mounts`` (a path the image made unusable for them) it is made without them and
+        the engine's reason is returned; otherwise None. Errors of the commit propagate as ``commit``'s."""
+        self._commit_image(image_ref)
+        self.renewed.append(image_ref)
+        old = self.container_id
+        try:
+            self.box.remove()
+        except APIError as exc:
+            raise RuntimeError(f"removing the container {old[:12]} after its commit failed: "
+                               f"{_api_error_text(exc)}") from exc
+        self.paused = False
+        self._removed = False
+        self._name = f"{self._name.rsplit('-', 1)[0]}-{uuid.uuid4().hex[:12]}"
+        self.mounts = tuple(mounts)
+        self.batched.clear()
+        refused: str | None = None
+        try:
+            self._create_and_start(image_ref)
+        except RuntimeError as exc:
+            if not self.mounts:
+                raise
+            refused = str(exc)
+            self.mounts = ()
+            self._removed = False
+            self._name = f"{self._name.rsplit('-', 1)[0]}-{uuid.uuid4().hex[:12]}"
+            self._create_and_start(image_ref)
+        self.image = image_ref
+        return refused
 
     @contextlib.contextmanager
     def _as_docker_run(self) -> Iterator[None]:
@@ -494,8 +558,10 @@ class SdkContainerEnvironment:
             log.warning("container %s: the official asked for %r, not the batched %r: running it by itself",
                         self.container_id[:12], command[:80], self.batched[0].step.name)
             self.batched.clear()
-        out = OutputCap(self.output_cap)
-        err = OutputCap(self.output_cap)
+        # A step whose output the official parses (the executable's hash) is read whole, as the official reads it.
+        cap = UNCAPPED if command in PARSED_COMMANDS else self.output_cap
+        out = OutputCap(cap)
+        err = OutputCap(cap)
         started = self._start_exec(["bash", "-lc", command], environment=extra_env, workdir=self.cwd)
         if isinstance(started, dict):
             return started
@@ -890,10 +956,10 @@ class SdkContainerEnvironment:
             changes = list(self._api.diff(self.container_id) or [])
             walked = Diff(changes[:max_entries], [f"the engine listed {len(changes)} changes, more than "
                                                   f"{max_entries}"] if len(changes) > max_entries else [])
-        # A mount point of the grader's volumes is the engine's, never the submission's.
+        # A mount point of the grader's volumes (and the directories the engine made for it) is the engine's.
         targets = {m.target for m in self.mounts}
         if targets:
-            walked.changes = [c for c in walked.changes if str(c.get("Path", "")) not in targets]
+            walked.changes = [c for c in walked.changes if not _mount_point(c, targets)]
         return walked
 
     def _walk_upper(self, prune: tuple[str, ...], watch: tuple[str, ...], max_depth: int,
@@ -928,6 +994,12 @@ class SdkContainerEnvironment:
                 self.unpause()
 
     def _commit(self, image_ref: str) -> str:
+        self._commit_image(image_ref)
+        self.committed = image_ref
+        register_committed_image(image_ref, self._engine, self.before_image_removal)
+        return image_ref
+
+    def _commit_image(self, image_ref: str) -> None:
         repository, _, tag = image_ref.rpartition(":")
         if not repository or "/" in tag:
             repository, tag = image_ref, "latest"
@@ -944,9 +1016,6 @@ class SdkContainerEnvironment:
             if _is_connection_failure(exc):
                 raise _engine_unavailable(exc) from exc
             raise
-        self.committed = image_ref
-        register_committed_image(image_ref, self._engine, self.before_image_removal)
-        return image_ref
 
     def cleanup(self) -> None:
         """Remove the container (force: no ``docker stop`` grace period is needed for ``sleep``).
@@ -972,6 +1041,12 @@ class SdkContainerEnvironment:
         with contextlib.suppress(Exception):  # interpreter shutdown
             if not self._removed and self.container_id:
                 self._remove_now()
+
+
+def _mount_point(change: Mapping[str, Any], targets: set[str]) -> bool:
+    path = str(change.get("Path", ""))
+    return path in targets or (change.get("Stamp") is None and change.get("Kind") != 2
+                               and any(t.startswith(path.rstrip("/") + "/") for t in targets))
 
 
 def _regular_bytes(member: Member, container_path: str, max_bytes: int | None) -> tuple[int, bytes | str]:
@@ -1071,6 +1146,10 @@ SEED_GIT_COMMAND = (
     "fi"
 )
 INSTALL_RERUNS_STEP = "install_rerunfailures"
+# The steps whose output the official parses (output.split()[0], the executable's hash): never capped.
+HASH_COMMAND = f"sha256sum {Evaluator._stashed_executable}"
+VERIFY_HASH_COMMAND = "sha256sum ./executable"
+PARSED_COMMANDS = frozenset({HASH_COMMAND, VERIFY_HASH_COMMAND})
 
 # Every clock of the official pipeline (eval.py, container.py, internet_control.py of 1.2.5), in seconds: what one
 # step may take at most. tests/test_results_reading.py reads the official source and checks that none is missing.
@@ -1413,13 +1492,13 @@ class SdkEvaluator(Evaluator):
             return [Step(step_name, "rm -f ./executable", 20), Step("seed_git", SEED_GIT_COMMAND, 20)]
         if step_name == "copy_executable":
             return [Step(step_name, f"mv ./executable {self._stashed_executable}", 300),
-                    Step("hash_executable", f"sha256sum {self._stashed_executable}", 300)]
+                    Step("hash_executable", HASH_COMMAND, 300, uncapped=True)]
         if step_name != RESTORE_STEP:
             return None
         steps = [
             Step(RESTORE_STEP, f"rm -f ./executable && mv {self._stashed_executable} ./executable && chmod +x "
                                "./executable", 300),
-            Step("verify_executable_hash", "sha256sum ./executable", 300),
+            Step("verify_executable_hash", VERIFY_HASH_COMMAND, 300, uncapped=True),
             Step("clean_stale_results", "rm -f eval/results.xml results.xml", 120),
             Step("patch_timeout_method", "test -f eval/run.sh && sed -i "
                  "'s/--timeout-method=thread/--timeout-method=signal/g' eval/run.sh || true", 10, accept_failure=True),
@@ -1508,4 +1587,20 @@ class SdkEvaluator(Evaluator):
         finally:
             self._retire()
             self.reaper.close()
+            self._remove_renewed()
+
+    def _remove_renewed(self) -> None:
+        """The images containers were renewed from (:meth:`SdkContainerEnvironment.renew`), once the image committed
+        on top of them and every container are gone; one still held is left to the sweep, said."""
+        with self._envs_lock:
+            images = [ref for env in self.envs for ref in env.renewed]
+        for ref in images:
+            try:
+                self.layer.engine.api.remove_image(ref, force=True)
+            except NotFound:
+                pass
+            except Exception as exc:
+                if _is_connection_failure(exc):
+                    raise _engine_unavailable(exc) from exc
+                log.warning("removing image %s failed (the sweep will retry): %s", ref, exc)
 

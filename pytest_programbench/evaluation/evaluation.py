@@ -23,6 +23,7 @@ an :class:`EvaluationOutcome`:
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import logging
@@ -30,6 +31,7 @@ import shutil
 import subprocess
 import tarfile
 import time
+import uuid
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +47,7 @@ from pytest_programbench.core import environment
 from pytest_programbench.core.memo import Memo
 from pytest_programbench.core.settings import default
 from pytest_programbench.engine import disk
+from pytest_programbench.engine.archive_out import DIRECTORY, Member
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.evaluation import harness_material, integrity, results_check, step_batch
@@ -64,7 +67,6 @@ from pytest_programbench.evaluation.container_layer import (
     _is_connection_failure,
     prefetch_enabled,
 )
-from pytest_programbench.evaluation.harness_material import WHEEL_DIR_PREFIX
 from pytest_programbench.evaluation.install_cache import (
     DIFF_PRUNE,
     MAX_RECORD_BYTES,
@@ -73,7 +75,6 @@ from pytest_programbench.evaluation.install_cache import (
     pip_writes,
     pristine_for_pip,
     record_key,
-    untouched_for_recording,
 )
 from pytest_programbench.evaluation.integrity import IntegrityFlag
 from pytest_programbench.evaluation.rerunfailures import (
@@ -86,6 +87,7 @@ from pytest_programbench.evaluation.rerunfailures import (
 from pytest_programbench.results.corrected import CorrectedScore, safe_corrected_score
 from pytest_programbench.tasks.blobs import BlobSet
 from pytest_programbench.tasks.catalogue import CatalogueError, Task
+from pytest_programbench.text.printable import printable
 
 if TYPE_CHECKING:
     import docker
@@ -297,6 +299,9 @@ def _scan_archive(tar: tarfile.TarFile) -> integrity.FlagScan:
 
 # The reference's sha256 per image (its bytes never change under one image id).
 _reference_hashes: Memo[str, str | None] = Memo()
+NO_WHEELS = RerunWheels(None, reason="not mounted")
+INSTALL_TIMEOUT = 120  # the official install step's clock
+RENEWED_REPOSITORY = "pb-postcompile"  # the compile container's image the install step's container is made from
 STOPPED_NOTE = ("compile.sh left {n} process(es) running; they were stopped when it ended, before the integrity "
                 "check (the official lets them run until the image is committed)")
 
@@ -309,11 +314,10 @@ class _Probe:
     documented 0) leave here."""
 
     def __init__(self, *, image: str, strict: bool, wheels: RerunWheels, eval_clean_hashes: list[str],
-                 install_cache: InstallCache | None = None) -> None:
+                 install_cache: InstallCache | None = None, instance: str = "") -> None:
         self.image = image
         self.install_cache = install_cache
         self.install = ""  # see EvaluationOutcome.reruns_install
-        self._recording: tuple[str, list[dict[str, Any]]] | None = None  # (key, the diff before pip)
         self.scan_bounded: list[str] = []
         self.strict = strict
         self.wheels = wheels
@@ -326,7 +330,9 @@ class _Probe:
         self.compile_flags: list[IntegrityFlag] = []
         self.neutralised: list[str] = []
         self.notes: list[str] = []
-        self.wheel_dir: str | None = None  # the fresh, verified directory the install step's pip reads
+        self.wheel_dir: str | None = None  # where the install step's pip finds the wheels (a read-only mount)
+        self.compiled: list[dict[str, Any]] | None = None  # the compile container's changes when it was committed
+        self.instance = instance
 
     def hooks(self) -> StepHooks:
         return StepHooks(before_step=self.before_step, after_step=self.after_step, step_env=self.step_env,
@@ -347,100 +353,163 @@ class _Probe:
                     self.baseline, self.before, seeded=self.git_seeded))
         elif step == INSTALL_RERUNS_STEP:
             self.install = "pip"
-            # Without wheels pip fails offline, the same way every time for an image: replayed as well.
-            if self._plan_install(env) or not self.wheels.available:
-                return  # replayed (no wheels needed), or none to copy
-            self._place_wheels(env)
+            self._renew(env)
+            self._plan_install(env)
 
-    def _place_wheels(self, env: SdkContainerEnvironment) -> None:
-        """The wheels into a fresh directory, verified, once compile.sh's last process has ended
-        (:mod:`.harness_material`); pip reads them through ``step_env``."""
+    def _renew(self, env: SdkContainerEnvironment) -> None:
+        """After compile.sh and the official hash step: the compile container frozen, looked at once more (what a
+        process that outlived compile.sh changed since the scan is flagged), committed, and removed with every
+        process in it. The install step, the last scan and the commit the branches start from then run in a fresh
+        container from that image, the wheels mounted read-only: no process of the submission exists there."""
+        if not env.pause():
+            self.compile_flags = integrity.merge(self.compile_flags, [integrity.probe_failed(
+                "after the hash step", RuntimeError("the compile container could not be frozen before its commit"))])
+        self._guarded("after the hash step", lambda: self._scan_survivors(env))
+        mounts = self._wheel_mounts(env)
+        refused = env.renew(f"{RENEWED_REPOSITORY}/{self.instance or 'instance'}:{uuid.uuid4().hex[:12]}",
+                            mounts=mounts)
+        if refused is not None:
+            log.warning("the rerunfailures wheels could not be mounted: %s", refused)
+            self.notes.append(f"the rerunfailures wheels could not be mounted in the install step's container "
+                              f"({refused[:300]}): pip ran without them, reruns off")
+            self.wheel_dir = None
+        self.scanned = []  # the fresh container: nothing changed in it yet
+
+    def _wheel_mounts(self, env: SdkContainerEnvironment) -> list[harness_material.GraderMount]:
+        """The wheels as a read-only volume (none without wheels: pip then fails offline, reruns off)."""
+        if not self.wheels.available:
+            return []
         try:
-            placed = harness_material.place_directory(env, self.wheels.files(), prefix=WHEEL_DIR_PREFIX)
+            mount = harness_material.grader_mount(
+                env.engine, self.wheels.files(), target=f"{harness_material.GRADER_MOUNT_ROOT}/wheels",
+                labels=env.labels, image=self.image)
         except harness_material.MaterialRefused as exc:
-            # compile.sh removed /tmp (or made it unwritable), or the files did not land as sent: pip then runs
-            # with no wheels (it fails, the step's failure is accepted, reruns are off) and nothing is recorded.
-            log.warning("the rerunfailures wheels were not placed: %s", exc)
-            self.notes.append(f"the rerunfailures wheels could not be placed in the compile container ({exc}): "
-                              f"reruns off")
-            self._recording = None
+            log.warning("the rerunfailures wheels were not made ready: %s", exc)
+            self.notes.append(f"the rerunfailures wheels could not be made ready ({exc}): reruns off")
+            return []
+        self.wheel_dir = mount.target
+        return [mount]
+
+    def _scan_survivors(self, env: SdkContainerEnvironment) -> None:
+        """The frozen compile container against the scan after compile.sh: what changed since (besides the
+        official's own moves of the executable) was changed by a process that outlived compile.sh."""
+        now = self._diff(env)
+        self.scan_bounded = [*self.scan_bounded, *now.bounded]
+        if self.scanned is None:
+            self.compiled = now.changes
             return
-        for collision in placed.collisions:
-            self.compile_flags = integrity.merge(self.compile_flags, [integrity.IntegrityFlag(
-                integrity.HARNESS_PATH, collision, f"{collision} existed before the grader made it")])
-        self.wheel_dir = placed.directory
+        read = functools.partial(_read, env)
+        late = integrity.scan_late(integrity.late_changes(self.scanned, now.changes), read)
+        late += integrity.grader_path_flags(self.scanned, now.changes)
+        # An image's directory listed only for what changed below it (the official's DNS restore) is no change.
+        directories = {str(c["Path"]) for c in now.changes if c.get("Kind") == 0 and c.get("Stamp") is None}
+        outside = [change for change in integrity.outside_changes(self.scanned, now.changes)
+                   if not change[2:].startswith(Evaluator._stashed_executable)
+                   and not (change.startswith("C ") and change[2:] in directories)]
+        if outside:
+            late.append(integrity.IntegrityFlag(
+                integrity.CHANGED_AFTER_COMPILE, "/",
+                f"changed outside /workspace after compile.sh ended, by a process that outlived it: "
+                f"{', '.join(printable(c) for c in outside[:10])}{' ...' if len(outside) > 10 else ''}"))
+        self.compile_flags = integrity.merge(self.compile_flags, late)
+        self.compiled = now.changes
 
     def _check_git(self, env: SdkContainerEnvironment) -> None:
-        code, output = env.harness_run(["stat", "-c", "%F", f"{integrity.WORKSPACE}/.git"], timeout=60)
-        kind = output.strip()
-        if code != 0 or kind == "directory":
+        # The engine's archive API says what .git is: no tool of the container runs.
+        code, found = env.read_member(f"{integrity.WORKSPACE}/.git", timeout=60, max_bytes=0)
+        kind = found.kind if isinstance(found, Member) else ""
+        if code != 0 or kind == DIRECTORY:
             self.git_seeded = code != 0  # none shipped: seed_git makes one
             return
         flag = integrity.git_metadata_flag(kind or "special file")
         self.compile_flags = integrity.merge(self.compile_flags, [flag])
         if self.strict:
-            code, output = env.harness_run(["rm", "-f", "--", f"{integrity.WORKSPACE}/.git"], timeout=60)
-            if code != 0:
+            # Before seed_git nothing of the submission has run: this rm is the image's.
+            status, output = env.harness_run(["rm", "-f", "--", f"{integrity.WORKSPACE}/.git"], timeout=60)
+            if status != 0:
                 raise EvalStepError(STRICT_FAILED, f"--pb-strict could not remove .git: {output.strip()[:2000]}")
             self.neutralised = list(dict.fromkeys([*self.neutralised, ".git"]))
             self.git_seeded = True
 
     def step_env(self, step: str, env: SdkContainerEnvironment) -> dict[str, str] | None:
         if step == INSTALL_RERUNS_STEP:
-            return pip_environment(self.wheels, self.wheel_dir)
+            # Without the mount pip finds no wheels (it fails offline, reruns off): never a directory of ours that a
+            # submission could have prepared.
+            return pip_environment(self.wheels if self.wheel_dir else NO_WHEELS, self.wheel_dir)
         return None
 
     def after_step(self, step: str, env: SdkContainerEnvironment, result: dict[str, Any]) -> None:
         if step == COMPILE_STEP:
-            # What compile.sh started dies with it: nothing can change the workspace behind the scan.
+            # What compile.sh started is stopped before the scan (it dies with the compile container, removed
+            # after the hash step, in any case): a stop that fails is a flag.
             stopped = env.stop_processes()
-            if stopped:
+            if stopped is None:
+                self.compile_flags = integrity.merge(self.compile_flags, [integrity.probe_failed(
+                    "after compile.sh", RuntimeError("the processes compile.sh left could not be stopped"))])
+            elif stopped:
                 self.notes.append(STOPPED_NOTE.format(n=stopped))
             self._guarded("after compile.sh", lambda: self._scan_compile(env))
             if self.strict:
                 self._neutralise(env, self.compile_flags)
-        elif step == INSTALL_RERUNS_STEP:
-            if self.wheel_dir is not None:
-                problem = harness_material.remove_directory(env, self.wheel_dir)
-                if problem is not None:
-                    log.warning("could not remove the wheel directory: %s", problem)
-                    self._recording = None  # what pip wrote cannot be told from our leftovers
-            if self._recording is not None and (self.wheel_dir is not None or not self.wheels.available):
-                self._record_install(env, result)
 
     # ------------------------------------------------------------------------------ the install step's record
 
-    def _plan_install(self, env: SdkContainerEnvironment) -> bool:
-        """Before the install step: replay a record (True), or get ready to record this run of pip."""
-        if self.install_cache is None or self.scanned is None:
-            return False
-        return bool(self._guarded("the install step's record lookup (pip runs)",
-                                  lambda: self._look_up_install(env), flag=False))
+    def _plan_install(self, env: SdkContainerEnvironment) -> None:
+        """Before the install step, in the fresh container: a record replayed when compile.sh left everything pip
+        reads as the image shipped it (:func:`pristine_for_pip`), made first when there is none; otherwise pip."""
+        if self.install_cache is None or self.compiled is None:
+            return
+        self._guarded("the install step's record (pip runs)", lambda: self._look_up_install(env), flag=False)
 
-    def _look_up_install(self, env: SdkContainerEnvironment) -> bool:
+    def _look_up_install(self, env: SdkContainerEnvironment) -> None:
         assert self.install_cache is not None
-        assert self.scanned is not None
-        why = pristine_for_pip(self.scanned, self.scan_bounded, env.path_variable())
+        assert self.compiled is not None
+        why = pristine_for_pip(self.compiled, self.scan_bounded, env.path_variable())
+        if why is None and self.wheels.available and self.wheel_dir is None:
+            why = "the wheels are not mounted"
         if why is not None:
             log.debug("install step not replayed: %s", why)
-            return False
+            return
         key = record_key(self.image, self.wheels.wheels, INSTALL_COMMAND, pip_environment(self.wheels))
         record = self.install_cache.load(key)
+        recorded = record is None
+        if record is None:
+            record = self._record_install(env, key)
         if record is not None:
-            env.exec_override = lambda command, _timeout: self._replay(env, record, command)
-            return True
-        # Recorded only from a container the submission left untouched outside /workspace, flag-free: the record
-        # is replayed into other evaluations of this image, in this run and later ones.
-        untouched = untouched_for_recording(self.scanned) if not self.compile_flags else "an integrity flag"
-        if untouched is not None:
-            log.debug("install step not recorded: %s", untouched)
-            return False
-        before = env.bounded_diff(prune=DIFF_PRUNE)
-        if not before.bounded:
-            self._recording = (key, before.changes)
-        return False
+            env.exec_override = lambda command, _timeout: self._replay(env, record, command, recorded=recorded)
 
-    def _replay(self, env: SdkContainerEnvironment, record: InstallRecord, command: str) -> dict[str, Any] | None:
+    def _record_install(self, env: SdkContainerEnvironment, key: str) -> InstallRecord | None:
+        """pip run in a container of the task's own image (no submission ran there), with the same settings and
+        wheels: its result and what it wrote, recorded for every evaluation of this image. Never from a container a
+        submission ran in."""
+        assert self.install_cache is not None
+        recorder = env.sibling(self.image)
+        try:
+            recorder.exec_env = pip_environment(self.wheels if self.wheel_dir else NO_WHEELS, self.wheel_dir)
+            result = recorder.execute(INSTALL_COMMAND, timeout=INSTALL_TIMEOUT)
+            if result.get("exception_info") or not isinstance(result.get("returncode"), int):
+                return None  # timed out: nothing worth replaying
+            after = recorder.bounded_diff(prune=DIFF_PRUNE)
+            if after.bounded:
+                return None
+            written, deleted = pip_writes([], after.changes)
+            staging = self.install_cache.staging()
+            try:
+                with (staging / "files.tar").open("wb") as f:
+                    problem = recorder.export_tree(written, f, max_bytes=MAX_RECORD_BYTES)
+                if problem is not None:
+                    log.warning("install step not recorded: %s", problem)
+                    return None
+                self.install_cache.commit(key, staging, returncode=int(result["returncode"]),
+                                          output=str(result.get("output", "")), deleted=deleted)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)  # nothing left once committed (renamed into place)
+        finally:
+            recorder.cleanup()
+        return self.install_cache.load(key)
+
+    def _replay(self, env: SdkContainerEnvironment, record: InstallRecord, command: str, *,
+                recorded: bool) -> dict[str, Any] | None:
         if command != INSTALL_COMMAND:
             return None
         try:
@@ -449,38 +518,8 @@ class _Probe:
             log.warning("replaying the recorded install step failed (pip runs): %s", exc)
             self.install = "pip, after a failed replay"
             return None
-        self.install = "replayed"
+        self.install = "recorded from the task's image, replayed" if recorded else "replayed"
         return {"output": record.output, "returncode": record.returncode, "exception_info": ""}
-
-    def _record_install(self, env: SdkContainerEnvironment, result: Mapping[str, Any]) -> None:
-        """After pip ran in a pristine container: what it wrote, for the next evaluation of this image."""
-        assert self._recording is not None
-        key, before = self._recording
-        self._recording = None
-        if result.get("exception_info") or not isinstance(result.get("returncode"), int):
-            return  # timed out: nothing worth replaying
-        self._guarded("recording the install step",
-                      lambda: self._write_install_record(env, key, before, result), flag=False)
-
-    def _write_install_record(self, env: SdkContainerEnvironment, key: str, before: list[dict[str, Any]],
-                              result: Mapping[str, Any]) -> None:
-        assert self.install_cache is not None
-        after = env.bounded_diff(prune=DIFF_PRUNE)
-        if after.bounded:
-            return
-        written, deleted = pip_writes(before, after.changes)
-        staging = self.install_cache.staging()
-        try:
-            with (staging / "files.tar").open("wb") as f:
-                problem = env.export_tree(written, f, max_bytes=MAX_RECORD_BYTES)
-            if problem is not None:
-                log.warning("install step not recorded: %s", problem)
-                return
-            self.install_cache.commit(key, staging, returncode=int(result["returncode"]),
-                                      output=str(result.get("output", "")), deleted=deleted)
-            self.install = "pip, recorded"
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)  # nothing left once committed (renamed into place)
 
     def before_commit(self, env: SdkContainerEnvironment) -> None:
         """The image the hidden tests run in, frozen, scanned again: what changed in /workspace since the scan."""
@@ -804,7 +843,8 @@ class _Evaluation:
         remove_hashes = list(self.instance.get("eval_clean_hashes", []) or [])
         cache_dir = Path(settings.install_cache) if settings.install_cache else install_cache_dir()
         return _Probe(image=self.image, strict=settings.strict, wheels=wheels, eval_clean_hashes=remove_hashes,
-                      install_cache=InstallCache(cache_dir) if cache_dir is not None else None)
+                      install_cache=InstallCache(cache_dir) if cache_dir is not None else None,
+                      instance=self.task.instance_id)
 
     def _disk_ready(self) -> bool:
         try:

@@ -33,8 +33,8 @@ import docker.types
 from docker.errors import APIError, NotFound
 from programbench.eval.pytest_timeout_retry import PYTEST_TIMEOUT_RETRY_PLUGIN_DIR
 
-from pytest_programbench import RUN_LABEL
-from pytest_programbench.engine.archive_out import CappedStream
+from pytest_programbench import RUN_LABEL, TASK_LABEL
+from pytest_programbench.engine.archive_out import REGULAR, CappedStream, Member
 from pytest_programbench.engine.container import Container
 from pytest_programbench.engine.facts import facts
 from pytest_programbench.engine.tar_in import TarIn
@@ -57,7 +57,6 @@ FILE_MODE = 0o644
 VERIFY_SCRIPT = ('cd -- "$1" && find . -mindepth 1 -printf "entry %y %m %U %p\\n" '
                  '&& find . -mindepth 1 -type f -exec sha256sum -- {} +')
 
-VERIFY_FILE_SCRIPT = 'stat -c "%F %a %u" -- "$1" && sha256sum -- "$1"'
 
 
 def is_grader_path(path: str) -> bool:
@@ -73,6 +72,13 @@ class MaterialTarget(Protocol):
     def harness_run(self, argv: list[str], *, timeout: float, limit: int = ...) -> tuple[int | None, str]: ...
 
     def put_files(self, directory: str, files: Mapping[str, bytes], *, mode: int = ..., subdir: str = ...) -> None: ...
+
+
+class FileReader(Protocol):
+    """What reading a file back needs of a container (``SdkContainerEnvironment`` offers it)."""
+
+    def read_member(self, container_path: str, *, timeout: int = ...,
+                    max_bytes: int | None = ...) -> tuple[int, Member | str]: ...
 
 
 class MaterialRefused(RuntimeError):
@@ -124,13 +130,16 @@ def place_directory(container: MaterialTarget, files: Mapping[str, bytes], *, pr
     return Placed(directory, tuple(collisions))
 
 
-def verify_file(container: MaterialTarget, path: str, data: bytes, mode: int) -> None:
-    """Check in the container that ``path`` is a regular root-owned file with ``mode`` and ``data``'s sha256 (the
-    official's own material at its fixed path, such as the timeout-retry plugin). Raises :class:`MaterialRefused`."""
-    code, output = container.harness_run(["sh", "-c", VERIFY_FILE_SCRIPT, "sh", path], timeout=VERIFY_TIMEOUT)
-    expected = f"regular file {mode:o} 0\n{hashlib.sha256(data).hexdigest()}  {path}"
-    if code != 0 or output.strip() != expected:
-        raise MaterialRefused(f"{path} in the container is not what was sent (exit {code}): {output.strip()[:300]}")
+def verify_file(container: FileReader, path: str, data: bytes, mode: int) -> None:
+    """Check that ``path`` is a regular root-owned file with ``mode`` and ``data``'s bytes (the official's own
+    material at its fixed path, such as the timeout-retry plugin), through the engine's archive API: no tool of the
+    container runs. Raises :class:`MaterialRefused`."""
+    rc, found = container.read_member(path, timeout=int(VERIFY_TIMEOUT), max_bytes=len(data))
+    if isinstance(found, str):
+        raise MaterialRefused(f"{path} in the container could not be read back (exit {rc}): {found[:300]}")
+    if (found.kind, found.mode, found.uid, found.data) != (REGULAR, mode, 0, data):
+        raise MaterialRefused(f"{path} in the container is not what was sent: a {found.kind} of mode "
+                              f"{found.mode:o}, owner {found.uid}, {found.size} bytes")
 
 
 def remove_directory(container: MaterialTarget, directory: str) -> str | None:
@@ -191,6 +200,7 @@ def grader_mount(engine: docker.DockerClient, files: Mapping[str, bytes], *, tar
     helper container of ``image`` (any image on the engine; it never starts), and checked through the engine's
     archive API. Raises :class:`MaterialRefused` when it cannot be made as sent."""
     digest = content_digest(files, mode)
+    labels = {k: v for k, v in labels.items() if k != TASK_LABEL}  # the run's, shared by its tasks
     run = str(labels.get(RUN_LABEL, ""))
     api = engine.api
     known = facts(api)

@@ -5,11 +5,13 @@ pip resolves and unpacks about a thousand files (pytest, pygments, ...) and byte
 loaded 2-core host, for a result that depends only on the image, the wheels and the step's environment -- unless
 ``compile.sh`` changed something pip reads. So:
 
-* the first evaluation of an image runs pip for real and, when its compile container was *pristine* for pip (see
-  :func:`pristine_for_pip`), records the step's return code and output and the files pip wrote (a tar made by the
-  container's own ``tar``) under a key of (image id, wheel set, command, environment);
-* later evaluations of that image whose compile container is pristine too get the step's recorded result, and the
-  recorded files unpacked by the container's own ``tar`` (owners, modes, mtimes kept): one exec instead of pip.
+* a record is made only where no submission ran: pip run in a container of the task's own image, with the same
+  settings and the wheels mounted, its return code and output and the files it wrote (a tar made by that container's
+  own ``tar``) kept under a key of (image id, wheel set, command, environment);
+* an evaluation whose compile container was *pristine* for pip (:func:`pristine_for_pip`: compile.sh left everything
+  pip reads as the image shipped it) gets the step's recorded result, and the recorded files unpacked by the
+  container's own ``tar`` (pristine: the image's) in its install step's container (owners, modes, mtimes kept): one
+  exec instead of pip. A record is made first when there is none.
 
 The log entry keeps the official command and the recorded output and return code; ``wall_time`` is the replay's.
 Anything unusual (no record, a container that is not pristine, no overlay2 stamps, a replay that fails) runs pip.
@@ -28,13 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from programbench.eval.eval import Evaluator
+
 from pytest_programbench.evaluation import integrity
 
 log = logging.getLogger(__name__)
 
-# 2: records are made only from untouched containers with verified wheels, and carry their archive's sha256
-# (version 1 records may come from a container whose /tmp held a planted wheel: never read).
-RECORD_VERSION = 2
+# 3: records are made only in a container of the task's image (no submission ran there), with mounted wheels, and
+# carry their archive's sha256 (version 1 and 2 records come from compile containers: never read).
+RECORD_VERSION = 3
 # The most a record's tar may hold; past it nothing is recorded (pip's closure is ~10 MB).
 MAX_RECORD_BYTES = 256 << 20
 # Where pip's own writes are never taken from: scratch, the wheel directory we copy in, the workspace.
@@ -69,8 +73,9 @@ def pristine_for_pip(changes: Sequence[Mapping[str, Any]], bounded: Sequence[str
         if not part.startswith("/") or _under(part, (integrity.WORKSPACE,)):
             return f"PATH entry {part!r} is relative or in the workspace"
     allowed = (integrity.WORKSPACE, *integrity.ALLOWED_OUTSIDE)
-    harness = (*integrity.HARNESS_OUTSIDE, *ENGINE_MOUNTS)
-    leaves = [str(c.get("Path", "")) for c in changes]
+    harness = (*integrity.HARNESS_OUTSIDE, *ENGINE_MOUNTS, Evaluator._stashed_executable)
+    # What is not a directory (a file, a link, a deletion): a directory's own change shows in what lies below it.
+    entries = [str(c.get("Path", "")) for c in changes if c.get("Kind") == 2 or c.get("Stamp") is not None]
     for change in changes:
         if "Stamp" not in change:
             return "no overlay2 stamps (the engine's diff cannot show a file changed in place)"
@@ -80,26 +85,13 @@ def pristine_for_pip(changes: Sequence[Mapping[str, Any]], bounded: Sequence[str
             return f"{path} is no longer a directory"
         if _under(path, allowed) or path in harness:
             continue
-        # A directory listed only because something allowed below it changed (its copy-up) is no change of its own.
-        if is_dir and change.get("Kind") == 0 and any(
-                leaf.startswith(path.rstrip("/") + "/") and (_under(leaf, allowed) or leaf in harness)
-                for leaf in leaves):
+        # A directory of the image listed only because something allowed below it changed (its copy-up), or
+        # something came and went below it (the official's DNS file, moved back), is no change of its own: every
+        # entry that changed below it is listed by itself.
+        below = [leaf for leaf in entries if leaf.startswith(path.rstrip("/") + "/")]
+        if is_dir and change.get("Kind") == 0 and all(_under(leaf, allowed) or leaf in harness for leaf in below):
             continue
         return f"compile.sh changed {path}"
-    return None
-
-
-def untouched_for_recording(changes: Sequence[Mapping[str, Any]]) -> str | None:
-    """Why a record must not be made from this compile container, or None. Called once it is known to be pristine
-    for pip (:func:`pristine_for_pip`); stricter: no file or link of the submission's in scratch space or a build
-    cache either (a directory's own change, such as /tmp's after a compiler's temporary files came and went, is
-    none), so nothing it left anywhere can have reached pip in the evaluation that is replayed to others."""
-    for change in changes:
-        path = str(change.get("Path", ""))
-        if not _under(path, integrity.ALLOWED_OUTSIDE):
-            continue  # the workspace, the official's own files; anything else pristine_for_pip refused already
-        if change.get("Kind") == 2 or change.get("Stamp") is not None:
-            return f"the compile container changed {path}"
     return None
 
 

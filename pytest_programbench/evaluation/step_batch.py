@@ -19,7 +19,10 @@ one after the other, and stops after the first failure the official would stop o
   (moby's exit handling), then closes the exec's streams, whoever still holds them; the docker CLI and the SDK
   return then (measured: ``docker exec C bash -lc 'sleep 11 & echo hi'`` returns after 2.0-2.2 s, ``hi`` and
   whatever the child printed within that time kept). A step here ends when every holder of its output closed it
-  or :data:`LINGER` seconds after its process exited. A step that ended the second way ends the batch: the
+  or :data:`LINGER` seconds after its process exited; its readers are then left running, never killed, so a job
+  still holding its output keeps writing into the exec's streams as it would into an exec's own (killed, it died of
+  SIGPIPE at its next write where under ``docker exec`` it lives on). A step that ended the second way ends the
+  batch: the
   daemon handles a container's exits one at a time, and the clean-up of an exec whose output is still held waits
   up to 2 s more, so a next exec then returns up to 2 s later (measured: 4.0 s back to back); the steps after it
   run by themselves, where the daemon's own timing applies;
@@ -57,8 +60,9 @@ LINGER = 2
 # "done" pipe (a fresh pipe reopened through /proc: builtins only) whose write end only two cats hold, so its EOF
 # says both ended; the step's stdout and stderr, each a process substitution running one of those cats, writing to
 # 5 or 6. The step runs in the foreground (a background job would have SIGINT and SIGQUIT ignored) with only fds
-# 0-2. After it exits, the cats get LINGER seconds; still running, they are killed and the batch ends after this
-# step ("last").
+# 0-2. After it exits, the cats get LINGER seconds; still running (a job holds the step's output), they are left
+# running, so the job's output stays read for as long as the exec's streams are (what `docker exec` gives it: the
+# daemon drains them after the CLI returned), and the batch ends after this step ("last").
 # The stdout marker: index, status, and "next", "last" or "skip" (nothing run: the driver cannot run here).
 DRIVER = r"""
 nonce=$1 linger=$2; shift 2
@@ -82,7 +86,7 @@ for arg in "$@"; do
     exec {out_w}>&- {err_w}>&-
     how=next
     read -r -t "$linger" -u "$done_r"
-    if [ $? -gt 128 ]; then kill -KILL "$cat_out" "$cat_err"; read -r -u "$done_r"; how=last; fi
+    if [ $? -gt 128 ]; then how=last; fi
     exec {done_r}<&-
     printf '\n%s %d %d %s\n' "$nonce" "$i" "$rc" "$how" >&5
     printf '\n%s %d\n' "$nonce" "$i" >&6
@@ -90,6 +94,8 @@ for arg in "$@"; do
     i=$((i + 1))
 done
 """
+# The cap of a step whose output the official parses: none (a capped text must never be what it parses).
+UNCAPPED = 1 << 62
 # "0" runs every step by itself (one exec each), as the official does.
 # How a step's stdout marker says the batch goes on.
 NEXT, LAST, SKIP = "next", "last", "skip"
@@ -105,6 +111,7 @@ class Step:
     command: str
     timeout: int
     accept_failure: bool = False
+    uncapped: bool = False  # the official parses its output (a hash): read whole, as the official reads it
 
 
 @dataclass
@@ -197,8 +204,8 @@ def collect(reader: ExecReader, steps: Sequence[Step], nonce: str, *, output_cap
     Returns the results of the steps that ended (the last may have a ``problem``) and whether the driver must be
     stopped (a clock fired, or its framing broke while it may still run steps): the caller then does the official
     teardown."""
-    outs = [OutputCap(output_cap) for _ in steps]
-    errs = [OutputCap(output_cap) for _ in steps]
+    outs = [OutputCap(UNCAPPED if step.uncapped else output_cap) for step in steps]
+    errs = [OutputCap(UNCAPPED if step.uncapped else output_cap) for step in steps]
     stdout = _Splitter(nonce.encode(), outs, with_status=True)
     stderr = _Splitter(nonce.encode(), errs, with_status=False)
     results: list[StepResult] = []
