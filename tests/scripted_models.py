@@ -53,6 +53,9 @@ class Faults:
     reject_key: bool = False  # every model request answered 401
     break_stream: tuple[int, ...] = ()  # these model requests (1-based) have their stream cut half-way
     delay: float = 0.0  # seconds before every model answer (in flight meanwhile)
+    # Model requests whose User-Agent holds this are refused with a 400 naming the client's version, as providers
+    # refuse outdated clients for newer models (empty: none).
+    refuse_client: str = ""
 
 
 SIDE_USAGE = Step("ok", None, 11, 2, 0)  # what a tool-less side request (a title, a probe) is answered with
@@ -97,6 +100,8 @@ class ScriptedModels:
         self.bodies: list[dict[str, Any]] = []  # every model request's JSON body
         self.unexpected: list[str] = []
         self.keys: list[str] = []  # the API key of every model request (x-api-key, else the bearer token)
+        self.user_agents: list[str] = []  # the User-Agent of every model request
+        self.refused_clients: list[str] = []  # User-Agents refused as outdated (Faults.refuse_client)
         self.chosen: list[int] = []  # the script index answered for each tool-offering request
         self._lock = threading.Lock()
         self._withheld = False
@@ -228,6 +233,14 @@ class ScriptedModels:
 
             def _model(self, api: str, body: dict[str, Any]) -> None:
                 faults = models.faults
+                agent = self.headers.get("User-Agent") or ""
+                if faults.refuse_client and faults.refuse_client in agent:
+                    models.refused_clients.append(agent)
+                    version = agent.split("/", 1)[-1].split(" ", 1)[0]
+                    message = (f"The model requires a newer version of the client. Your version {version} is "
+                               "outdated: please upgrade to the latest CLI and try again.")
+                    return self._json(400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                                        "message": message}})
                 if faults.delay:
                     models._closing.wait(faults.delay)
                 number, status = models._fault()
@@ -238,6 +251,7 @@ class ScriptedModels:
                                       headers)
                 self.cut_at = number in faults.break_stream
                 models.bodies.append(body)
+                models.user_agents.append(self.headers.get("User-Agent") or "")
                 models.keys.append(self.headers.get("x-api-key")
                                    or (self.headers.get("Authorization") or "").removeprefix("Bearer "))
                 step, call = models._pick(api, body)

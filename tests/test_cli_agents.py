@@ -97,6 +97,10 @@ def check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> No
     offered = {str(tool.get("name") or (tool.get("function") or {}).get("name") or tool.get("type")).lower()
                for body in server.bodies for tool in body.get("tools") or [] if isinstance(tool, dict)}
     assert offered, server.bodies[:1]
+    # The CLI names its version to the provider (what a provider refusing outdated clients reads: agent_loop.py).
+    version = agent_presets.parse(preset)[1]  # type: ignore[index]
+    assert server.user_agents, server.log
+    assert all(version in agent for agent in server.user_agents), server.user_agents
     assert not offered & {"websearch", "webfetch", "web_search", "web_fetch", "web_search_preview"}, sorted(offered)
     assert tokens["tool_calls"] == server.sent.tool_calls >= 2, (tokens, server.sent)
     assert tokens["model_latency_s"] > 0, tokens
@@ -291,3 +295,19 @@ def test_preset_that_cannot_be_installed_is_a_usage_error(pytester: pytest.Pytes
         "--pb-agent", "codex@9.9.9", timeout=300)
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.outlines[-20:]
     assert expected in "\n".join(result.errlines), result.errlines[-20:]
+
+
+def test_newest_claude_code_installs_where_npm_checks_engines_strictly(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """claude-code from 2.1.198 declares ``node >= 22``; the host's Node may be older (this machine's is 20) and its
+    npm may check engines strictly: the install of the native build still succeeds (nothing of it runs on the host)."""
+    import subprocess
+
+    node = subprocess.run(["node", "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    monkeypatch.setenv("npm_config_engine_strict", "true")
+    monkeypatch.setenv("PB_AGENT_CACHE", str(tmp_path / "cache"))
+    parsed = agent_presets.parse("claude-code")
+    assert parsed is not None
+    assert parsed[1] == agent_presets.PRESETS["claude-code"].default_version
+    installed = agent_presets.ensure_installed(*parsed)
+    assert installed.pick("glibc") is not None, (node, installed)

@@ -107,6 +107,7 @@ class AgentResult:
     notes: list[str] = field(default_factory=list)
     transcript: Path | None = None  # a CLI preset's own transcript, copied out of the sandbox
     clock_extended_s: float = 0.0  # seconds the clock gave back for model requests the harness held
+    ended_after_answer: str | None = None  # why the harness ended the agent after its final answer (its grace)
 
     @property
     def clock_fired(self) -> str | None:
@@ -116,7 +117,7 @@ class AgentResult:
         return {"exit_code": self.exit_code, "timed_out": self.timed_out, "seconds": round(self.seconds, 3),
                 "clock_fired": self.clock_fired, "notes": self.notes,
                 "transcript": None if self.transcript is None else self.transcript.name,
-                "clock_extended_s": round(self.clock_extended_s, 3)}
+                "clock_extended_s": round(self.clock_extended_s, 3), "ended_after_answer": self.ended_after_answer}
 
 
 class AgentEnvError(Exception):
@@ -198,7 +199,8 @@ class AgentRunner:
 
     def __init__(self, spec: AgentSpec, task: Task, settings: Settings, *, log_path: Path,
                  extra_env: Mapping[str, str] | None = None, config: pytest.Config | None = None,
-                 attempt: int = 1, held: Callable[[], float] | None = None, check_command: bool = False) -> None:
+                 attempt: int = 1, held: Callable[[], float] | None = None, check_command: bool = False,
+                 answered_idle: Callable[[], float | None] | None = None) -> None:
         self.spec = spec
         # The first task of a process asks whether the command exists before running it (command_check.py).
         self.check_command = check_command
@@ -214,10 +216,24 @@ class AgentRunner:
         # The relay's held seconds (relay/held.py): the clock gives them back, up to Settings.agent_clock_cap.
         self.held = held
         self.clock_cap = settings.agent_clock_cap if held is not None else 0.0
+        # The relay's silence since the agent's final answer (relay/agent_loop.py): past the grace, the window ends.
+        self.answered_idle = answered_idle
+        self.ended_after_answer: str | None = None
 
     def given_back(self) -> float:
         """Seconds added to the agent's clock so far: the harness held its model requests that long."""
         return min(self.clock_cap, self.held()) if self.held is not None else 0.0
+
+    def after_answer(self) -> str | None:
+        """Why the agent's window ends now: it gave its final answer and made no model request for the grace
+        (``--pb-agent-final-grace``; a CLI can hang after its last message); ``None`` while it should go on."""
+        grace = self.settings.agent_final_grace
+        idle = self.answered_idle() if self.answered_idle is not None and grace > 0 else None
+        if idle is None or idle < grace:
+            return None
+        self.ended_after_answer = (f"the agent gave its final answer and made no model request for {grace:g} s "
+                                   "(--pb-agent-final-grace): its processes were ended and its work scored")
+        return self.ended_after_answer
 
     def environment(self, sandbox: Sandbox) -> dict[str, str]:
         env = {
@@ -281,15 +297,19 @@ class AgentRunner:
         else:
             result = sandbox.exec(self.spec.command, user="agent", timeout=timeout,
                                   env=self.environment(sandbox), output=self.log_path,
-                                  extension=self.given_back, extension_cap=self.clock_cap)
+                                  extension=self.given_back, extension_cap=self.clock_cap, stop=self.after_answer)
             exit_code, timed_out = result.exit_code, result.timed_out
         # The window ends here: the sandbox is frozen and stopped with whatever the agent left running, before
         # packing (from the stopped container). A sandbox the agent brought down itself says so.
+        if self.ended_after_answer is not None:
+            notes.append(self.ended_after_answer)
+            self._log(self.ended_after_answer)
         notes += sandbox.end_agent_window().notes()
         if self._invocation is not None:  # the CLI's own transcript, copied out before packing
             self.transcript = save_transcript(sandbox, self._invocation, self.log_path.parent)
         return AgentResult(exit_code, timed_out, time.monotonic() - started, self.log_path, notes,
-                           transcript=self.transcript, clock_extended_s=self.given_back())
+                           transcript=self.transcript, clock_extended_s=self.given_back(),
+                           ended_after_answer=self.ended_after_answer)
 
     def _require_command(self, sandbox: Sandbox) -> None:
         """The command's first word is found where it will run, as the agent; else ``AgentCommandMissing``."""
@@ -364,7 +384,7 @@ class AgentRunner:
         env = preset_environment(invocation, self.spec.cli, relay)
         env.update(self.environment(sandbox))  # the task's variables and --pb-agent-env win
         result = sandbox.exec(invocation.command, user="agent", timeout=timeout, env=env, output=self.log_path,
-                              extension=self.given_back, extension_cap=self.clock_cap)
+                              extension=self.given_back, extension_cap=self.clock_cap, stop=self.after_answer)
         return result.exit_code, result.timed_out
 
     def _on_host(self, sandbox: Sandbox, timeout: float, notes: list[str]) -> tuple[int | None, bool]:
@@ -423,6 +443,9 @@ class AgentRunner:
             remaining = deadline + self.given_back() - time.monotonic()
             if remaining <= 0:
                 raise subprocess.TimeoutExpired(proc.args, 0)
+            if self.after_answer() is not None:  # the finally of _on_host ends the group and what it detached
+                os.killpg(proc.pid, signal.SIGKILL)
+                return proc.wait()
             try:
                 return proc.wait(timeout=min(remaining, 1.0))
             except subprocess.TimeoutExpired:

@@ -84,6 +84,10 @@ class CliPreset:
     default_model: str
     builds: Callable[[str, str], tuple[Build, ...]]  # (version, arch) -> builds
     invocation: Callable[[InvocationContext], Invocation]
+    user_agent: str = "{name}/{version}"  # how the CLI names itself to the provider (--pb-preflight asks as it)
+
+    def client(self, version: str) -> str:
+        return self.user_agent.format(name=self.name, version=version)
 
 
 @dataclass(frozen=True)
@@ -188,11 +192,13 @@ def _opencode(ctx: InvocationContext) -> Invocation:
 
 PRESETS: dict[str, CliPreset] = {
     "codex": CliPreset("codex", "@openai/codex", DEFAULT_VERSIONS["codex"], "OpenAI Responses (streamed)",
-                       "gpt-5-codex", _codex_builds, _codex),
+                       "gpt-5-codex", _codex_builds, _codex, "codex_exec/{version} (codex_exec; {version})"),
     "claude-code": CliPreset("claude-code", "@anthropic-ai/claude-code", DEFAULT_VERSIONS["claude-code"],
-                             "Anthropic Messages (streamed)", "claude-sonnet-4-5", _claude_builds, _claude),
+                             "Anthropic Messages (streamed)", "claude-sonnet-4-5", _claude_builds, _claude,
+                             "claude-cli/{version} (external, sdk-cli)"),
     "opencode": CliPreset("opencode", "opencode-ai", DEFAULT_VERSIONS["opencode"],
-                          "OpenAI Chat Completions (streamed, usage)", "gpt-5", _opencode_builds, _opencode),
+                          "OpenAI Chat Completions (streamed, usage)", "gpt-5", _opencode_builds, _opencode,
+                          "opencode/{version}"),
 }
 
 
@@ -289,9 +295,10 @@ def _install_build(npm: str, preset: CliPreset, version: str, build: Build, dire
     """npm-install one platform package into a scratch prefix and pack its files as the sandbox's tar."""
     with tempfile.TemporaryDirectory(dir=directory, prefix=f"npm-{build.variant}-") as scratch:
         # --force: npm would refuse a musl package on a glibc host (its "libc" field); --ignore-scripts: the
-        # native build is all we take, no package code runs on the host.
+        # native build is all we take, no package code runs on the host, so the host's Node version is no concern
+        # (--engine-strict=false: claude-code from 2.1.198 declares node >= 22).
         argv = [npm, "install", "--prefix", scratch, "--no-save", "--no-package-lock", "--ignore-scripts",
-                "--no-audit", "--no-fund", "--force", "--loglevel", "error", build.spec]
+                "--no-audit", "--no-fund", "--force", "--engine-strict=false", "--loglevel", "error", build.spec]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
                                   stdin=subprocess.DEVNULL)

@@ -5,7 +5,7 @@ leaderboard entry says of its agent needs only this."""
 from __future__ import annotations
 
 # The npm version each preset installs when --pb-agent names it without @VERSION.
-DEFAULT_VERSIONS: dict[str, str] = {"codex": "0.169.0", "claude-code": "2.1.197", "opencode": "1.18.33"}
+DEFAULT_VERSIONS: dict[str, str] = {"codex": "0.171.0", "claude-code": "2.1.332", "opencode": "1.18.33"}
 
 
 def parse_preset(value: str) -> tuple[str, str] | None:

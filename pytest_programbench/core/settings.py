@@ -42,6 +42,7 @@ class Settings:
     agent_setup: str | None = None
     agent_on_host: bool = False
     agent_timeout: int = 21600
+    agent_final_grace: float = 300.0  # seconds of silence after a final answer before the agent is ended (0: never)
     prompt_template: str | None = None
     model: str | None = None
     model_endpoint: str | None = None

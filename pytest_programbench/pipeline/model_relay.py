@@ -68,6 +68,8 @@ class TaskRelay:
         self.rate_waited_s = 0.0  # seconds it held requests back for --pb-model-rpm / --pb-model-tpm
         self.replay_mismatch: str | None = None  # --pb-agent-replay: the first request the recording did not have
         self.over_budget: str | None = None  # --pb-budget: requests refused once the run had spent it (x1.1)
+        self.loop_refused: str | None = None  # the agent's loop offered the model no shell tool
+        self.outdated_client: str | None = None  # the provider refused the agent's client as outdated
 
     def start(self, *, on_host: bool) -> ModelRelay | None:
         """--pb-model-endpoint: the agent's only way out, recorded per task."""
@@ -94,7 +96,10 @@ class TaskRelay:
                            retry=RetryPolicy(budget_s=settings.model_retry_budget), on_wait=self._model_wait,
                            slots=slots, on_slot_wait=self._slot_wait, replay_from=replay_from, spend=spend,
                            rate=rate, on_rate_wait=self._rate_wait,
-                           allow_server_tools=settings.model_allow_server_tools)
+                           allow_server_tools=settings.model_allow_server_tools,
+                           # A CLI preset works by tool calls: its loop without a shell tool is misconfigured. A
+                           # custom command is not judged (mini-swe-agent reads commands from text).
+                           require_shell_tool=spec is not None and spec.cli is not None)
         try:
             self.relay = relay.start()
         except (RelayConfigError, OSError) as exc:
@@ -113,6 +118,11 @@ class TaskRelay:
             self.unavailable = relay.unavailable()
             self.replay_mismatch = relay.replay_mismatch()
             self.over_budget = relay.over_budget()
+            self.loop_refused = relay.loop_refused()
+            self.outdated_client = relay.outdated_client()
+            self.run.meta["agent_loop"] = {"shell_tool_refused": self.loop_refused,
+                                           "final_answers": relay.loop.final_answers,
+                                           "outdated_client": self.outdated_client}
             cleanroom = relay.cleanroom()  # provider-side tools and other APIs the agent asked for: refused, flagged
             self.run.meta["cleanroom"] = cleanroom.as_dict()
             flag = cleanroom.flag()
@@ -145,6 +155,14 @@ class TaskRelay:
         the task is an error (resumable), not a score of its half-finished work, unless --pb-model-failures-scored."""
         if self.replay_mismatch is not None:
             raise InfrastructureError(f"--pb-agent-replay: first mismatch: {self.replay_mismatch}", retryable=False)
+        if self.loop_refused is not None:  # the agent's configuration: never a failure, whatever it did
+            raise InfrastructureError(f"agent configuration: {self.loop_refused}; the relay refused its model calls, "
+                                      "so the task is not scored (fix the agent's configuration, then --pb-resume)",
+                                      retryable=False)
+        if self.outdated_client is not None:  # the run's pin of the CLI, not the agent's work
+            raise InfrastructureError(f"{self.outdated_client}; pin a newer version (--pb-agent NAME@VERSION; "
+                                      "--pb-preflight asks the provider before a run), then --pb-resume",
+                                      retryable=False)
         if self.over_budget is not None:  # never a score, whatever --pb-model-failures-scored says
             raise InfrastructureError(f"{self.over_budget}; the agent's files are kept in {self.run.artifacts.dir} "
                                       "(--pb-resume with a larger --pb-budget runs the task again)", retryable=False)
@@ -156,6 +174,10 @@ class TaskRelay:
             return
         raise InfrastructureError(f"{reason}; the agent's files are kept in {self.run.artifacts.dir} "
                                   "(--pb-resume runs the task again)", retryable=False)
+
+    def answered_idle(self) -> float | None:
+        """Seconds the agent has been silent since its final answer (``None``: it gave none, or is not silent)."""
+        return self.relay.answered_idle() if self.relay is not None else None
 
     def held_seconds(self) -> float:
         """Seconds the relay held this task's model requests back so far: the agent's clock gives them back."""

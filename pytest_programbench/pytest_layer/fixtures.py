@@ -75,6 +75,7 @@ class ConfiguredAgent:
         runner = AgentRunner(self.spec, run.task, run.settings, log_path=run.artifacts.agent_log,
                              extra_env=run.model.env(on_host=self.on_host), config=session.config,
                              attempt=run.key.n, held=run.model.held_seconds if run.model.relay is not None else None,
+                             answered_idle=run.model.answered_idle if run.model.relay is not None else None,
                              # This process's first agent run checks the command; --pb-keep-going runs it regardless.
                              check_command=not (session.agent_command_checked or run.settings.keep_going))
         try:

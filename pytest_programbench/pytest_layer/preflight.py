@@ -3,12 +3,15 @@
 For the selected tasks: the images (present, pullable or buildable), the hidden test archives (present, or listed in
 the Hugging Face dataset: nothing is downloaded), the agent command (``command -v`` in one sample sandbox, after
 ``--pb-agent-setup``; on the host for host-loop agents), the agent's inputs, the model endpoint (a TCP connection)
-and its key variable, and disk space. The result is a table of what is missing; the session exits non-zero when
+and its key variable, and disk space. For a CLI preset, one tiny model request (a one-token answer, the key added as
+the relay adds it) asks the provider as the CLI names itself (its ``User-Agent``): a 400 refusing that version as
+outdated is reported before any task runs. The result is a table of what is missing; the session exits non-zero when
 anything is.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
 from docker.errors import DockerException, ImageNotFound
 from programbench.constants import HF_REPO_ID, HF_REVISION
 from programbench.utils.load_data import get_active_branches
@@ -33,7 +37,8 @@ from pytest_programbench.engine import backpressure, disk, docker_engine
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.images import image_ref
 from pytest_programbench.pipeline.room import run_dir_need
-from pytest_programbench.relay.relay import RelayConfigError, Upstream
+from pytest_programbench.relay.agent_loop import refuses_client
+from pytest_programbench.relay.relay import RelayConfigError, Upstream, configured_key_style
 from pytest_programbench.sandbox.sandbox import Sandbox, SandboxError, sandbox_storage_need
 from pytest_programbench.tasks.catalogue import CatalogueError
 from pytest_programbench.text.sizes import human
@@ -94,7 +99,8 @@ def run_preflight(settings: Settings, tasks: Sequence[Task], agent_spec: AgentSp
     report = PreflightReport()
     check_inputs(report, settings, env)
     check_blobs(report, tasks, settings.blob_dir, env)
-    check_model(report, settings, env)
+    if check_model(report, settings, env) and agent_spec is not None and agent_spec.cli is not None:
+        check_client(report, settings, agent_spec, env)
     try:
         engine = engines.client()
     except EngineUnavailable as exc:
@@ -133,23 +139,72 @@ def check_inputs(report: PreflightReport, settings: Settings, env: Mapping[str, 
                    "" if settings.model_key_env in env else f"{settings.model_key_env} is not set on the host")
 
 
-def check_model(report: PreflightReport, settings: Settings, env: Mapping[str, str]) -> None:
-    """The endpoint answers a TCP connection (what the relay will open for each request)."""
+def check_model(report: PreflightReport, settings: Settings, env: Mapping[str, str]) -> bool:
+    """The endpoint answers a TCP connection (what the relay will open for each request): whether it did."""
     if not settings.model_endpoint:
-        return
+        return False
     try:
         upstream = Upstream.parse(settings.model_endpoint)
     except RelayConfigError as exc:
         report.add("model", settings.model_endpoint, False, str(exc))
-        return
+        return False
     try:
         with socket.create_connection((upstream.host, upstream.port), timeout=MODEL_CONNECT_TIMEOUT):
             pass
     except OSError as exc:
         report.add("model", settings.model_endpoint, False,
                    f"no answer from {upstream.host}:{upstream.port} ({exc.strerror or exc})")
-        return
+        return False
     report.add("model", settings.model_endpoint, True)
+    return True
+
+
+def _client_request(api: str, prefix: str, model: str) -> tuple[str, dict[str, object]]:
+    """The smallest model call of the CLI's API: its path below the endpoint and its body."""
+    message = [{"role": "user", "content": "Reply with: ok"}]
+    if api.startswith("Anthropic"):  # claude-code's base URL has no /v1; it adds /v1/messages
+        return prefix.removesuffix("/v1") + "/v1/messages", {"model": model, "max_tokens": 1, "messages": message}
+    base = prefix or "/v1"
+    if api.startswith("OpenAI Responses"):
+        return base + "/responses", {"model": model, "input": "Reply with: ok", "max_output_tokens": 16}
+    return base + "/chat/completions", {"model": model, "max_tokens": 1, "messages": message}
+
+
+def check_client(report: PreflightReport, settings: Settings, spec: AgentSpec, env: Mapping[str, str]) -> None:
+    """The provider accepts the CLI's version: a 400 naming it (or asking to upgrade) is what every model call of
+    the run would get, an infrastructure error of each task (relay/agent_loop.py)."""
+    installed = spec.cli
+    if installed is None or not settings.model_endpoint:
+        return
+    preset = installed.preset
+    client = preset.client(installed.version)
+    subject = f"{preset.name}@{installed.version} accepted by the provider"
+    upstream = Upstream.parse(settings.model_endpoint)
+    path, body = _client_request(preset.api, upstream.prefix, settings.model or preset.default_model)
+    headers = {"User-Agent": client, "Content-Type": "application/json"}
+    key = env.get(settings.model_key_env or "", "") if settings.model_key_env else ""
+    if configured_key_style(settings.model_endpoint, anthropic_client=preset.api.startswith("Anthropic")) == \
+            "x-api-key":
+        headers["anthropic-version"] = "2023-06-01"
+        if key:
+            headers["x-api-key"] = key
+    elif key:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        # The endpoint only, no proxy of the environment: as the relay reaches it.
+        with httpx.Client(trust_env=False, timeout=MODEL_CONNECT_TIMEOUT * 3) as http:
+            response = http.post(upstream.origin + path, content=json.dumps(body),
+                                 headers=headers)
+    except httpx.HTTPError as exc:
+        report.add("model", subject, True, f"not asked: {exc}")  # the endpoint's own check reports reachability
+        return
+    refused = refuses_client(response.status_code, response.content, client)
+    if refused is not None:
+        report.add("model", subject, False,
+                   f"the provider refuses {client} as outdated (400: {refused!r}); every task would be an error: "
+                   f"pin a newer --pb-agent {preset.name}@VERSION")
+        return
+    report.add("model", subject, True, f"asked as {client}: {response.status_code}")
 
 
 # ---------------------------------------------------------------------------------------------- blobs

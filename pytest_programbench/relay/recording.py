@@ -164,6 +164,7 @@ class Exchange:
         self.stream_broken = False
         self.captured: bytearray | None = None  # the response body as it went out, for model-replay.jsonl
         self.cleanroom: str | None = None  # what the cleanroom relay refused
+        self.head: bytearray | None = None  # the first bytes of a 400's body (agent_loop.refuses_client)
 
     def mark_first_byte(self) -> None:
         if self.first_byte_s is None:

@@ -18,6 +18,9 @@ Its parts, one module each:
   (``models``) is refused with a 4xx, recorded, and counted for the item's ``provider_tools_requested`` flag
   (``allow_server_tools``: forwarded as they come);
 * ``metering.py``: token usage and tool calls read from responses as they stream by (every API shape);
+* ``agent_loop.py``: the agent's loop read from its model calls: a CLI preset's loop that offers no shell tool is
+  refused (``require_shell_tool``), the silence after a final answer is measured, a 400 refusing the client as
+  outdated is noticed;
 * ``recording.py``: one :class:`RelayRecord` per request, in ``model-requests.jsonl`` and summed in
   :class:`RelayStats`; no record ever contains a header value, so no key reaches the records;
 * ``records.py``, ``budget.py``: the bounds on what the agent sends. Each record's line (4 KiB) and the records file
@@ -51,6 +54,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from pytest_programbench.relay.agent_loop import ERROR_HEAD, LoopWatch, refuses_client
 from pytest_programbench.relay.apis import (
     CleanroomRefusal,
     CleanroomTally,
@@ -283,6 +287,7 @@ class ModelRelay:
         rate: RunRateLimit | None = None,
         on_rate_wait: Callable[[float], None] | None = None,
         allow_server_tools: bool = False,
+        require_shell_tool: bool = False,
     ) -> None:
         if not unix and not tcp:
             raise RelayConfigError("the relay needs a Unix socket, a TCP listener, or both")
@@ -310,6 +315,7 @@ class ModelRelay:
         self._on_rate_wait = on_rate_wait
         self.allow_server_tools = allow_server_tools
         self._cleanroom = CleanroomTally(allowed=allow_server_tools)
+        self.loop = LoopWatch(require_shell=require_shell_tool)  # the agent's loop, read from its model calls
         self._budget_refused = 0
         self._metering = threading.Condition()  # answers whose cost is not yet in the ledger
         self._unmetered = 0
@@ -731,6 +737,16 @@ class ModelRelay:
 
     def _forward(self, handler: Handler, exchange: Exchange) -> None:
         path, body = self._admit(handler, exchange)
+        offered = self.loop.admit(api_of(path) if handler.command == "POST" else None, body)
+        try:
+            self._forward_admitted(handler, exchange, path, body)
+        finally:
+            self.loop.ended(offered_tools=offered, status=exchange.status, tool_calls=exchange.tool_calls)
+
+    def _forward_admitted(self, handler: Handler, exchange: Exchange, path: str, body: bytes) -> None:
+        refusal = self.loop.refusal
+        if refusal is not None:  # the agent's loop cannot run a command: nothing of it goes upstream
+            raise Refusal(400, refusal.message())
         upstream = self._upstream
         if upstream is None or self._closed:
             raise Refusal(503, "the relay is closing")
@@ -823,6 +839,22 @@ class ModelRelay:
             return CleanroomTally(self._cleanroom.allowed, dict(self._cleanroom.attempts),
                                   self._cleanroom.other_attempts, self._cleanroom.unreadable)
 
+    def loop_refused(self) -> str | None:
+        """Why the agent's loop was refused (it offered the model no shell tool), ``None`` when it was not."""
+        refusal = self.loop.refusal
+        return None if refusal is None else refusal.message()
+
+    def outdated_client(self) -> str | None:
+        """The provider's refusal of the agent's client as outdated (a 400 naming its version), if one came."""
+        if self.loop.outdated is None:
+            return None
+        return (f"the provider refused the agent's client ({self.loop.outdated_client or 'no User-Agent'}) as "
+                f"outdated: {self.loop.outdated!r}")
+
+    def answered_idle(self) -> float | None:
+        """Seconds the agent has made no model request since its final answer (``LoopWatch.answered_idle``)."""
+        return self.loop.answered_idle()
+
     def replay_mismatch(self) -> str | None:
         """Under ``replay_from``: the first request that matched no recorded one (the task is an error of it)."""
         upstream = self._upstream
@@ -847,7 +879,13 @@ class ModelRelay:
             response.read()  # nothing, but lets the connection be reused
             return
         tap = UsageTap(response.headers.get("Content-Type") or "", response.headers.get("Content-Encoding") or "")
+        exchange.head = bytearray() if status == 400 else None  # read for a refusal of the client as outdated
         self._stream_body(handler, exchange, response, tap)
+        if exchange.head is not None:
+            user_agent = handler.headers.get("User-Agent") or ""
+            outdated = refuses_client(status, bytes(exchange.head), user_agent)
+            if outdated is not None:
+                self.loop.outdated_refusal(outdated, user_agent)
         if exchange.first_byte_s is None:
             exchange.mark_first_byte()
         exchange.usage = tap.finish()
@@ -879,6 +917,9 @@ class ModelRelay:
                 handler.close_connection = True
                 gone = True
             tap.feed(chunk)
+            head = exchange.head
+            if head is not None and len(head) < ERROR_HEAD:
+                head += chunk[:ERROR_HEAD - len(head)]
             exchange.response_bytes += len(chunk)
             self._capture(exchange, chunk)
             if gone:

@@ -250,6 +250,7 @@ class ExecResult:
     timed_out: bool
     truncated: bool = False
     notes: tuple[str, ...] = ()  # what the harness saw happen to the command (e.g. its stream broke)
+    stopped: str | None = None  # why the harness ended the command before its clock (``exec(stop=...)``)
 
     @property
     def text(self) -> str:
@@ -294,6 +295,8 @@ class _ExecClock:
     extension: Callable[[], float] | None
     extension_cap: float
     termed_at: float | None = None  # when the host sent TERM at the extended end
+    stop: Callable[[], str | None] | None = None  # asked as the command runs: a reason ends it now
+    stopped: str | None = None
 
     def end(self) -> float:
         return self.started + self.timeout + (min(self.extension_cap, self.extension())
@@ -590,6 +593,7 @@ class Sandbox:
         use_timeout: bool = True,
         extension: Callable[[], float] | None = None,
         extension_cap: float = 0.0,
+        stop: Callable[[], str | None] | None = None,
     ) -> ExecResult:
         """Run ``command`` (argv, or a string for ``sh -c``) as ``user`` ("agent", "root" or uid[:gid]).
 
@@ -599,6 +603,9 @@ class Sandbox:
 
         ``extension()``: seconds the clock is given back so far (never more than ``extension_cap``), read as the
         command runs; the host watchdog decides then, the inside ``timeout`` sits ``extension_cap`` further out.
+
+        ``stop()``: asked as the command runs; a reason (not ``None``) ends the agent's processes at once, and the
+        result's ``stopped`` says it (never a timeout).
         """
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
         if use_timeout and self._layout is not None and not self._layout.raw.get("timeout_command"):
@@ -612,7 +619,7 @@ class Sandbox:
         try:
             return self._exec(argv, timeout=timeout, user=user, workdir=workdir, environment=environment,
                               output=output, stdin=stdin, max_output=max_output, use_timeout=use_timeout,
-                              extension=extension, extension_cap=extension_cap)
+                              extension=extension, extension_cap=extension_cap, stop=stop)
         except APIError as exc:  # the container or its exec vanished under a running command: not the agent's doing
             raise SandboxError(f"the engine lost the command of sandbox container {self.id[:12]} "
                                f"({shell_join(argv)[:200]}): {exc}") from exc
@@ -624,9 +631,10 @@ class Sandbox:
 
     def _exec(self, argv: list[str], *, timeout: float, user: str, workdir: str, environment: dict[str, str],
               output: Path | None, stdin: bytes | None, max_output: int, use_timeout: bool,
-              extension: Callable[[], float] | None = None, extension_cap: float = 0.0) -> ExecResult:
+              extension: Callable[[], float] | None = None, extension_cap: float = 0.0,
+              stop: Callable[[], str | None] | None = None) -> ExecResult:
         box = self._handle
-        clock = _ExecClock(time.monotonic(), timeout, use_timeout, extension, extension_cap)
+        clock = _ExecClock(time.monotonic(), timeout, use_timeout, extension, extension_cap, stop=stop)
         exec_id, reader = box.start_exec(argv, user=self._user(user), workdir=workdir, environment=environment,
                                          stdin=stdin is not None)
         sink: CappedLog | None = None
@@ -653,7 +661,8 @@ class Sandbox:
         duration = time.monotonic() - clock.started
         if clock.termed_at is not None or (use_timeout and exit_code in (124, 137) and duration >= timeout):
             timed_out = True
-        return ExecResult(exit_code, bytes(captured.head), duration, timed_out, captured.omitted > 0, tuple(notes))
+        return ExecResult(exit_code, bytes(captured.head), duration, timed_out and clock.stopped is None,
+                          captured.omitted > 0, tuple(notes), clock.stopped)
 
     def _follow(self, exec_id: str, reader: ExecReader, sinks: Sinks, clock: _ExecClock) -> bool:
         """Hand the command's output to ``sinks`` until its stream ends; True when its clock fired."""
@@ -666,6 +675,11 @@ class Sandbox:
             if finished_at is None and not box.running(exec_id):
                 finished_at = now  # the command ended; a background process may still hold the stream
             if finished_at is not None and now - finished_at > 2.0:
+                reader.shutdown()
+            elif finished_at is None and clock.stopped is None and clock.stop is not None and \
+                    (reason := clock.stop()) is not None:
+                clock.stopped = reason
+                self.kill_agent_processes()
                 reader.shutdown()
             elif clock.extension is not None and clock.termed_at is None and now > clock.end():
                 clock.termed_at = now
