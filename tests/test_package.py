@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 import yaml
@@ -97,15 +98,18 @@ def test_a_run_packaged_and_verified_by_the_official_cli(pytester: pytest.Pytest
     stats = run_dir / "_stats"
     assert set(json.loads((stats / "score.json").read_text())) == {CATLIKE, RPN}
     assert json.loads((stats / "calls.json").read_text()) == {CATLIKE: 1, RPN: 1}
+    # The registry's tokens column: the output tokens the relay metered, per task.
+    assert json.loads((stats / "tokens.json").read_text()) == {CATLIKE: COMPLETION, RPN: COMPLETION}
     expected_cost = round((PROMPT * PRICE_IN + COMPLETION * PRICE_OUT) / 1e6, 6)
     assert json.loads((stats / "cost.json").read_text()) == {CATLIKE: expected_cost, RPN: expected_cost}
     # The shipped script recomputes them from the run's files.
-    written = {name: (stats / f"{name}.json").read_text() for name in ("calls", "cost")}
+    written = {name: (stats / f"{name}.json").read_text() for name in ("calls", "cost", "tokens")}
     for name in written:
         (stats / f"{name}.json").unlink()
     rerun = subprocess.run([sys.executable, str(run_dir / "_scripts" / "pb_stats.py"), str(run_dir)],
                            capture_output=True, text=True, timeout=60, check=True)
-    assert rerun.stdout.splitlines() == ["_stats/calls.json: 2 tasks", "_stats/cost.json: 2 tasks"]
+    assert rerun.stdout.splitlines() == ["_stats/calls.json: 2 tasks", "_stats/cost.json: 2 tasks",
+                                         "_stats/tokens.json: 2 tasks"]
     assert {name: (stats / f"{name}.json").read_text() for name in written} == written
 
     # The official package again keeps the filled system fields and drops our block; --pb-resume RUN_DIR
@@ -123,3 +127,26 @@ def test_a_run_packaged_and_verified_by_the_official_cli(pytester: pytest.Pytest
     assert yaml.safe_load((run_dir / "submission.yaml").read_text())["harness"]["trajectories"] == harness[
         "trajectories"]
     assert official(testbed, "submit", "verify", str(run_dir)).returncode == 0
+
+
+def test_tokens_json_holds_metered_tasks_only_and_the_package_says_which_are_not(tmp_path: Path) -> None:
+    """``_stats/tokens.json`` (the registry's tokens column): a task whose relay metered usage is in it; a task run
+    without a relay, or whose answers carried no usage, is not (never a 0), and the package's summary names them."""
+    from pytest_programbench.results import pb_stats
+    from pytest_programbench.results.package import Packaged
+
+    metas = {"a__metered.1": {"relay": {"requests": 3, "requests_with_usage": 3, "output_tokens": 77}},
+             "b__no_relay.1": {}, "c__no_usage.1": {"relay": {"requests": 2, "requests_with_usage": 0,
+                                                              "output_tokens": None}}}
+    (tmp_path / "_stats").mkdir()
+    (tmp_path / "_stats" / "score.json").write_text(json.dumps({iid: {} for iid in metas}))
+    for iid, meta in metas.items():
+        (tmp_path / iid).mkdir()
+        (tmp_path / iid / "pb-meta.json").write_text(json.dumps(meta))
+    written = pb_stats.write_stats(tmp_path)
+    assert written["tokens"] == {"a__metered.1": 77}
+    assert json.loads((tmp_path / "_stats" / "tokens.json").read_text()) == {"a__metered.1": 77}
+    assert pb_stats.unmetered(tmp_path) == ["b__no_relay.1", "c__no_usage.1"]
+    lines = Packaged(tmp_path, list(metas), [], 0.0, 0.0, {}, unmetered=pb_stats.unmetered(tmp_path)).lines()
+    assert ("output tokens not metered (no model relay, or no usage in its answers), so not in _stats/tokens.json: "
+            "b__no_relay.1, c__no_usage.1") in lines

@@ -13,8 +13,9 @@ Then what it leaves as TODO, from the run's own records:
   (``--pb-agent-env`` values masked) and each task's trajectory;
 - ``_stats/cost.json`` (USD, as summary.json has it: the agent's own account, else the relay's tokens at
   ``--pb-token-price``) and ``_stats/calls.json`` (model calls the relay answered), ``{instance_id: value}`` for
-  the packaged tasks that have one, computed by ``_scripts/pb_stats.py`` (shipped, so the numbers can be
-  recomputed from the run, as the official README asks).
+  the packaged tasks that have one, and ``_stats/tokens.json`` (output tokens the relay metered: the registry's
+  tokens column; the tasks not metered are named in the package's summary), computed by ``_scripts/pb_stats.py``
+  (shipped, so the numbers can be recomputed from the run, as the official README asks).
 
 The submitter's name and contact stay TODO: no run knows them. ``programbench submit package`` run again keeps the
 system fields and drops the ``harness`` block; ``--pb-package`` (``pytest --pb-resume RUN_DIR --pb-package``) writes
@@ -60,6 +61,7 @@ class Packaged:
     resolved_pct: float
     filled: dict[str, Any]
     left_todo: list[str] = field(default_factory=list)
+    unmetered: list[str] = field(default_factory=list)  # packaged tasks without metered output tokens
 
     def lines(self) -> list[str]:
         out = [f"packaged {len(self.packaged)} task(s) in {self.run_dir} with programbench's package_run "
@@ -69,6 +71,9 @@ class Packaged:
         out.append("filled: " + ", ".join(f"{k}={v!r}" for k, v in self.filled.items()))
         if self.left_todo:
             out.append("left TODO in submission.yaml (fill in by hand): " + ", ".join(self.left_todo))
+        if self.unmetered:
+            out.append("output tokens not metered (no model relay, or no usage in its answers), so not in "
+                       f"_stats/tokens.json: {', '.join(self.unmetered)}")
         out.append(f"check it: programbench submit verify {self.run_dir}")
         return out
 
@@ -218,7 +223,7 @@ def fill_manifest(run_dir: Path, packaged: Sequence[str], headline: Mapping[str,
     text += ("# Written by pytest-programbench (--pb-package) from the run's pb-run.json and summary.json; "
              "`programbench submit package`\n# run again drops this block, `pytest --pb-resume RUN_DIR --pb-package` "
              "writes it again.\n")
-    # The registry's validation (scripts/validate_entries.py) requires headline.n_instances_total.
+    # The registry no longer requires a headline (dropped 2026-06-18); writing it stays harmless.
     text += yaml.safe_dump({"headline": dict(headline or {}), "harness": harness}, sort_keys=False, allow_unicode=True)
     atomic_write_text(manifest_path, text)
     filled["harness"] = f"{len(harness['trajectories'])} trajectories"
@@ -244,4 +249,4 @@ def package(run_dir: Path) -> Packaged:
     filled.update({f"_stats/{name}.json": f"{len(values)} tasks" for name, values in written.items()})
     head = official.headline
     return Packaged(run_dir, official.packaged, official.skipped, head.mean_score, head.resolved_pct, filled,
-                    left)
+                    left, pb_stats.unmetered(run_dir))

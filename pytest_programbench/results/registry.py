@@ -1,12 +1,12 @@
 """The leaderboard registry (ProgramBench/submissions) as a run sees it: the provider an entry names, and the number the
 leaderboard will compute from the run's packaged per-test map.
 
-The registry accepts an entry (``scripts/validate_entries.py``) whose ``submission.yaml`` sets ``system.model``,
-``system.provider`` and ``headline.n_instances_total`` (none empty or ``TODO``), beside a ``pointer.yaml`` and a
-non-empty ``_stats/score.json``. Its ``scripts/compile_leaderboard.py`` recomputes every entry's numbers from that
-per-test ``score.json`` with the registry's ``ignored_tests.json`` (``{instance_id: [test]}``) struck, over a fixed 200
-tasks, resolved at 1.0 and near-resolved at 0.95, as percentages to one decimal: :func:`leaderboard` does the same on
-a run.
+The registry accepts an entry (``scripts/validate_entries.py``) whose ``submission.yaml`` sets ``system.model`` and
+``system.provider`` (neither empty nor ``TODO``; a ``headline`` is no longer required since 2026-06-18), beside a
+``pointer.yaml`` and a non-empty ``_stats/score.json``; an optional ``_stats/tokens.json`` fills its tokens column.
+Its ``scripts/compile_leaderboard.py`` recomputes every entry's numbers from that per-test ``score.json`` with the
+registry's ``ignored_tests.json`` (``{instance_id: [test]}``) struck, over a fixed 200 tasks, resolved at 1.0 and
+near-resolved at 0.95, as percentages to one decimal: :func:`leaderboard` does the same on a run.
 """
 
 from __future__ import annotations
