@@ -39,6 +39,7 @@ from pytest_programbench.relay.relay_bridge import connect_unix
 from pytest_programbench.relay.relay_tunnel import RelayTunnel
 from pytest_programbench.results import coverage, task_meta, timeline
 from pytest_programbench.results.artifacts import TaskArtifacts
+from pytest_programbench.results.atif import AtifBuilder
 from pytest_programbench.results.atomic import atomic_copy
 from pytest_programbench.results.corrected import recomputed_fields
 from pytest_programbench.results.gold import GoldError, reference_bytes, require_reference_built, write_submission
@@ -307,7 +308,23 @@ class TaskRun:
             self.close_sandbox()
         finally:
             self.model.close()
+            self.write_atif()
         self.model.require_available()
+
+    def write_atif(self) -> None:
+        """The attempt's trajectory in Harbor's ATIF beside ours (results/atif.py), once the relay's records are
+        complete. A file that cannot be written is a note, never a verdict."""
+        if self.agent_result is None:
+            return
+        spec = self.session.agent_spec
+        label = spec.label if spec is not None else "agent"
+        name, _, agent_version = label.partition("@") if spec is not None and spec.cli is not None else (label, "", "")
+        builder = AtifBuilder(self.artifacts.dir, session_id=f"{self.session.identity.run_id}/{self.key.name}",
+                              agent=name, agent_version=agent_version or "unknown", model=self.settings.model)
+        try:
+            self.meta["atif"] = builder.write().name
+        except (OSError, ValueError) as exc:
+            self.agent_notes.append(f"trajectory.atif.json not written: {exc}")
 
     def write_prompt(self, sandbox: Sandbox, *, on_host: bool) -> str:
         """The prompt (task docs + rules, the prompt hook applied), written to the sandbox's prompt file."""

@@ -50,6 +50,7 @@ class TaskMeta(TypedDict, total=False):
     cleanroom: dict[str, Any]  # relay.apis.CleanroomTally.as_dict: provider-side tools allowed, refusals by label
     model_unavailable: str  # relay.ModelRelay.unavailable(): why the model API could not be used (an error)
     agent_loop: dict[str, Any]  # relay.agent_loop: a shell tool refused, final answers seen, an outdated client
+    atif: str  # results/atif.py: the attempt's trajectory in Harbor's ATIF, beside ours
     sandbox: dict[str, Any]  # container, proxy_client, reference_kind
     sandbox_end: dict[str, Any]  # sandbox.WindowEnd
     agent: dict[str, Any]  # spec, then AgentResult.meta (exit_code, seconds, ...), pack_error
