@@ -127,6 +127,17 @@ def testbed(docker_client: Any) -> Testbed:
     return bed
 
 
+@pytest.fixture(scope="session")
+def private_engine(docker_client: Any) -> Iterator[Any]:
+    """One private ``dockerd`` for every module of this process that needs an engine of its own (chaos, load,
+    several engines): started, and given the fixture images, on first use; each module takes it through
+    tests/test_chaos_engine.py's own_engine_module (the serial-phase lock; handed on running and cleared)."""
+    from tests.test_chaos_engine import FIXTURE_IMAGES, private_engine_running
+
+    with private_engine_running(docker_client, FIXTURE_IMAGES) as private:
+        yield private
+
+
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep the developer's PROGRAMBENCH_* settings out of pytester sessions."""

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Testbed
-from tests.test_chaos_engine import FIXTURE_IMAGES, PrivateEngine, private_engine_running, serial_phase
+from tests.test_chaos_engine import FIXTURE_IMAGES, PrivateEngine, own_engine_module
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("clean_env")]
 
@@ -43,8 +43,8 @@ RUN_LABEL = "pytest-programbench"
 
 
 @pytest.fixture(scope="module")
-def engine(docker_client: Any) -> Iterator[PrivateEngine]:
-    with serial_phase(), private_engine_running(docker_client, FIXTURE_IMAGES) as private:
+def engine(private_engine: PrivateEngine, docker_client: Any) -> Iterator[PrivateEngine]:
+    with own_engine_module(private_engine, docker_client) as private:
         yield private
 
 

@@ -8,8 +8,11 @@ by id.
 
 These modules form the serial phase: run them in their own pytest invocation, alongside the parallel suite
 (scripts/test-suite.sh starts ``pytest tests/test_chaos*.py tests/test_load.py ...`` in the background while
-``pytest tests -n 2 --ignore=...`` runs: nothing they restart, kill or count is the shared engine's). A module-level
+``pytest tests -n 3 --ignore=...`` runs: nothing they restart, kill or count is the shared engine's). A module-level
 file lock (:func:`serial_phase`) keeps two of them from overlapping even when someone runs everything under xdist.
+They share one private engine per process (tests/conftest.py's ``private_engine``: started and given the fixture
+images once, not once per module); each module takes its turn through :func:`own_engine_module`, which hands the
+engine on running and emptied of what the module's runs left, as a new one would be.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 
 import pytest
 
+RUN_LABEL = "pytest-programbench"
 SERIAL_LOCK = Path(tempfile.gettempdir()) / "pytest-programbench-serial-phase.lock"
 FIXTURE_IMAGES = (
     "programbench/pbfix_1776_catlike.c47c47c:task_cleanroom_v6",
@@ -176,6 +180,18 @@ class PrivateEngine:
             mine.close()
         return wanted
 
+    def clear(self) -> None:
+        """Remove every container, and every image the plugin made (its run label), from this engine."""
+        api = self.client().api
+        try:
+            for container in api.containers(all=True):
+                api.remove_container(container["Id"], force=True, v=True)
+            for image in api.images(all=True, filters={"label": RUN_LABEL}):
+                with contextlib.suppress(Exception):  # a child image went first and took it along
+                    api.remove_image(image["Id"], force=True)
+        finally:
+            api.close()
+
     def containers(self, label: str | None = None) -> list[dict[str, Any]]:
         api = self.client().api
         try:
@@ -220,6 +236,22 @@ def private_engine_running(shared: Any, images: Sequence[str] = FIXTURE_IMAGES) 
         _remove_tree(root)
 
 
+@contextlib.contextmanager
+def own_engine_module(engine: PrivateEngine, shared: Any,
+                      images: Sequence[str] = FIXTURE_IMAGES) -> Iterator[PrivateEngine]:
+    """A module's turn on the process's one private engine (tests/conftest.py's ``private_engine``): under the
+    serial-phase lock, running, the images it needs there (checked by id). On the way out it is started again if the
+    module left it down, and cleared (:meth:`PrivateEngine.clear`), so the next module finds it as a new one."""
+    with serial_phase():
+        engine.start()
+        engine.load_images(shared, images)
+        try:
+            yield engine
+        finally:
+            engine.start()
+            engine.clear()
+
+
 def _remove_tree(root: Path) -> None:
     """The data root holds overlay mounts only while dockerd runs; after stop() it is plain files."""
     for _ in range(3):
@@ -235,8 +267,8 @@ pytestmark = [pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def engine(docker_client: Any) -> Iterator[PrivateEngine]:
-    with serial_phase(), private_engine_running(docker_client, FIXTURE_IMAGES[:1]) as private:
+def engine(private_engine: PrivateEngine, docker_client: Any) -> Iterator[PrivateEngine]:
+    with own_engine_module(private_engine, docker_client, FIXTURE_IMAGES[:1]) as private:
         yield private
 
 

@@ -1,6 +1,7 @@
 """More than one engine (``--pb-docker-host``): tasks spread over the default engine and two private ones, an
 engine lost mid-run absorbed by another, its leftovers reaped when it comes back, the relay reaching an agent on a
-non-default engine through the tunnel.
+non-default engine through the tunnel. (The shared engine reached over ssh://: tests/test_engine_over_ssh.py, which
+needs no engine of its own and runs with the parallel suite.)
 
 Serial phase (own engines): run with the chaos and load tests, never under the parallel suite.
 """
@@ -9,11 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import socket
-import subprocess
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +21,7 @@ import pytest
 
 from tests.conftest import TESTBED, Testbed
 from tests.scripted_llm import ScriptedLLM, Turn
-from tests.test_chaos_engine import FIXTURE_IMAGES, PrivateEngine, private_engine_running, serial_phase
+from tests.test_chaos_engine import FIXTURE_IMAGES, PrivateEngine, own_engine_module, private_engine_running
 from tests.test_first_hour import RELAY_AGENT
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("clean_env")]
@@ -36,8 +33,9 @@ RUN_LABEL = "pytest-programbench"
 
 
 @pytest.fixture(scope="module")
-def engines(docker_client: Any) -> Iterator[tuple[PrivateEngine, PrivateEngine]]:
-    with serial_phase(), private_engine_running(docker_client, FIXTURE_IMAGES) as first, \
+def engines(private_engine: PrivateEngine, docker_client: Any) -> Iterator[tuple[PrivateEngine, PrivateEngine]]:
+    """The process's private engine and a second one of this module's own."""
+    with own_engine_module(private_engine, docker_client) as first, \
             private_engine_running(docker_client, FIXTURE_IMAGES) as second:
         yield first, second
 
@@ -185,69 +183,3 @@ def test_relay_reaches_an_agent_on_another_engine(pytester: pytest.Pytester, tes
     result.assert_outcomes(passed=1)
     assert served == 1
     assert _tasks(run_dir)["tasks"][RPN]["engine"] == first.url
-
-
-# ---------------------------------------------------------------------------------------------- ssh://
-
-
-@pytest.fixture(scope="module")
-def ssh_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """The shared engine reached over ``ssh://root@127.0.0.1:<port>``: Debian's sshd on loopback with keys made
-    here, and an ``ssh`` wrapper first on PATH that uses them (docker-py runs the system's ``ssh``)."""
-    sshd = Path("/usr/sbin/sshd")
-    if not sshd.exists():
-        pytest.fail("openssh-server is not installed (scripts/test-suite.sh installs it)", pytrace=False)
-    root = tmp_path_factory.mktemp("ssh")
-    for key in ("host_key", "client_key"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / key)], check=True)
-    (root / "authorized_keys").write_text((root / "client_key.pub").read_text())
-    (root / "authorized_keys").chmod(0o600)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    (root / "sshd_config").write_text(textwrap.dedent(f"""\
-        ListenAddress 127.0.0.1
-        Port {port}
-        HostKey {root / "host_key"}
-        AuthorizedKeysFile {root / "authorized_keys"}
-        PermitRootLogin prohibit-password
-        PasswordAuthentication no
-        StrictModes no
-        UsePAM no
-        PidFile {root / "sshd.pid"}
-        """))
-    Path("/run/sshd").mkdir(exist_ok=True)  # its privilege-separation directory
-    proc = subprocess.Popen([str(sshd), "-D", "-f", str(root / "sshd_config"), "-E", str(root / "sshd.log")])
-    bin_dir = root / "bin"
-    bin_dir.mkdir()
-    wrapper = bin_dir / "ssh"
-    wrapper.write_text(f"#!/bin/sh\nexec /usr/bin/ssh -i {root / 'client_key'} -o StrictHostKeyChecking=no "
-                       "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o BatchMode=yes \"$@\"\n")
-    wrapper.chmod(0o755)
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as attempt:
-                if attempt.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
-        yield f"ssh://root@127.0.0.1:{port}", bin_dir
-    finally:
-        proc.terminate()  # the sshd we started, by its pid
-        proc.wait(30)
-
-
-def test_an_engine_over_ssh_runs_a_task_end_to_end(pytester: pytest.Pytester, testbed: Testbed,
-                                                   ssh_engine: tuple[str, Path],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    url, bin_dir = ssh_engine
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    run_dir = pytester.path / "run"
-    result = _session(pytester, testbed, run_dir, "--pb-filter", RPN, "--pb-agent", "reference",
-                      "--pb-docker-host", url)
-    result.assert_outcomes(passed=1)
-    task = _tasks(run_dir)["tasks"][RPN]
-    assert task["engine"] == url
-    assert task["score"] == 1.0
-    meta = json.loads((run_dir / RPN / "pb-meta.json").read_text())
-    assert meta["agent"]["exit_code"] == 0, meta["agent"]
