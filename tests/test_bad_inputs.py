@@ -12,10 +12,17 @@ Three kinds of answer, each the right one for its input:
 
 Placeholders in arguments: ``{tasks}`` (the test bed's tasks), ``{blobs}``, ``{subs}`` (good submissions),
 ``{tmp}`` (this test's directory; ``setup`` builds what a case needs there).
+
+A usage error is decided by a plain function: the session's settings are read and checked once
+(``RunState.from_config``: ``options.parse`` and the named ``_validate_*`` checks), before anything runs. Every usage
+case is asked of that function in process (``test_usage_refused_by_the_validation``: the message, nothing written);
+``WIRED`` keeps one real session per way a usage error reaches the user (refused while listing, refused at the start
+of a run, refused over the test bed's own tasks) to prove the wiring: exit status 4, the one line, nothing written.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shutil
 from collections.abc import Callable
@@ -26,6 +33,7 @@ from typing import Any
 import pytest
 
 from pytest_programbench.engine.docker_engine import HOW_TO_START
+from pytest_programbench.pytest_layer.run_state import RunState
 from tests.conftest import Testbed
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -194,9 +202,9 @@ CASES: list[Case] = [
          "*--pb-model-endpoint: model endpoint 'ftp://example.invalid/v1': the scheme must be http or https*"),
     Case("agent-mount-missing", (*AGENT, "--pb-agent-mount", "/nonexistent/mount"), "usage",
          "*--pb-agent-mount: /nonexistent/mount does not exist*"),
-    # The command is asked for in the first sandbox, before the agent: the user's input, an error (never a 0).
-    Case("agent-not-found", (*AGENT[:-2], "--pb-agent", "no-such-agent"), "error",
-         f"*--pb-agent 'no-such-agent': 'no-such-agent' is not found in the sandbox of {CATLIKE} (checked before*"),
+    # The command is asked for in the first sandbox, before the agent: the user's input, an error (never a 0). A
+    # command not found at all: tests/test_rough_edges.py::test_a_missing_agent_command_ends_the_session_before_any_
+    # evaluation (the same message, in the sandbox and on the host).
     Case("agent-not-executable", (*AGENT[:-2], "--pb-agent", "/etc/hostname --help"), "error",
          f"*--pb-agent '/etc/hostname --help': '/etc/hostname' is not executable in the sandbox of {CATLIKE}*"),
     Case("replay-without-the-task", (*AGENT[:-2], "--pb-agent", "replay:{tmp}/replay"), "failure",
@@ -265,10 +273,15 @@ def _lines(result: pytest.RunResult) -> list[str]:
     return result.outlines + result.errlines
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(case: Case, pytester: pytest.Pytester, testbed: Testbed, monkeypatch: pytest.MonkeyPatch,
-                   docker_client: Any) -> None:
-    tmp = pytester.path
+# One real session per way a usage error reaches the user: refused while listing (--co), refused at the start of a
+# run (no agent, no submissions), refused over the test bed's tasks (a check that reads the given directories).
+WIRED = ("language", "nothing-to-run", "submissions-without-archives")
+USAGE = [c for c in CASES if c.kind == "usage"]
+SESSIONS = [c for c in CASES if c.kind != "usage" or c.id in WIRED]
+
+
+def _arguments(case: Case, tmp: Path, testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The case's command line (after its set-up and environment)."""
     if case.setup is not None:
         case.setup(tmp, testbed)
     for key, value in case.env.items():
@@ -279,20 +292,51 @@ def test_bad_input(case: Case, pytester: pytest.Pytester, testbed: Testbed, monk
         args += ["--pb-output", str(tmp / "run")]
     if case.collect_only:
         args.append("--co")
-    else:
+    elif case.kind != "usage":
         args += ["--pb-infra-retries", "0", "--junitxml", str(tmp / "junit.xml")]
-    before = sorted(p.relative_to(tmp) for p in tmp.rglob("*"))
+    return args
+
+
+def _written(tmp: Path) -> list[Path]:
+    # pytester's own files, and pytest-benchmark's directory where that plugin is installed: not ours.
+    return [p for p in sorted(p.relative_to(tmp) for p in tmp.rglob("*"))
+            if p.parts[0] not in ("stdout", "stderr", ".benchmarks") and not p.parts[0].startswith("runpytest-")]
+
+
+@pytest.mark.parametrize("case", USAGE, ids=[c.id for c in USAGE])
+def test_usage_refused_by_the_validation(case: Case, pytester: pytest.Pytester, testbed: Testbed,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check a session makes before anything runs, asked directly: the configuration pytest parses from the
+    case's command line, the run's state made from it refuses it with the case's message, and nothing is written."""
+    tmp = pytester.path
+    args = _arguments(case, tmp, testbed, monkeypatch)
+    before = _written(tmp)
+    config = pytester.parseconfig(*args)
+    with pytest.raises(pytest.UsageError) as refused:
+        RunState.from_config(config)
+    message = str(refused.value)
+    assert "\n" not in message.strip(), message
+    assert fnmatch.fnmatchcase(message, case.message), (message, case.message)
+    assert not (tmp / "run").exists(), "a refused session creates no run directory"
+    assert _written(tmp) == before, "a refused session writes nothing"
+
+
+@pytest.mark.parametrize("case", SESSIONS, ids=[c.id for c in SESSIONS])
+def test_bad_input(case: Case, pytester: pytest.Pytester, testbed: Testbed, monkeypatch: pytest.MonkeyPatch,
+                   docker_client: Any) -> None:
+    tmp = pytester.path
+    args = _arguments(case, tmp, testbed, monkeypatch)
+    before = _written(tmp)
     result = pytester.runpytest_subprocess(*args, timeout=600)
     text = "\n".join(_lines(result))
 
     if case.kind == "usage":
         assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-3000:]
         result.stderr.fnmatch_lines([case.message])
+        said = [line for line in result.errlines if line.strip()]
+        assert len(said) == 1, said  # one line
         assert not (tmp / "run").exists(), "a refused session creates no run directory"
-        # pytester's own files, and pytest-benchmark's directory where that plugin is installed: not ours.
-        after = [p for p in sorted(p.relative_to(tmp) for p in tmp.rglob("*"))
-                 if p.parts[0] not in ("stdout", "stderr", ".benchmarks") and not p.parts[0].startswith("runpytest-")]
-        assert after == before, "a refused session writes nothing"
+        assert _written(tmp) == before, "a refused session writes nothing"
         return
     outcomes = result.parseoutcomes()
     if case.kind == "error":
@@ -320,3 +364,7 @@ def test_the_table_covers_every_kind() -> None:
     kinds = {c.kind for c in CASES}
     assert kinds == {"usage", "error", "failure"}
     assert len({c.id for c in CASES}) == len(CASES)
+    wired = {c.id: c for c in CASES if c.id in WIRED}
+    assert set(wired) == set(WIRED), "every wired case is in the table"
+    assert all(c.kind == "usage" for c in wired.values())
+    assert {c.collect_only for c in wired.values()} == {True, False}, "listing and running sessions both wired"

@@ -193,6 +193,16 @@ def test_keep_going_runs_every_task(pytester: pytest.Pytester, six_tasks: Copies
     result.assert_outcomes(failed=len(six_tasks.ids))
     assert "stopping" not in result.stdout.str()
     assert "using --dist worksteal" not in result.stdout.str(), "an explicit --dist is kept"
+    # Each task's agent ran and was scored: the failure leads with the exit status and its reading, agent.log too.
+    ran = _cases(run_dir.parent / "junit.xml")
+    assert len(ran) == len(six_tasks.ids), sorted(ran)
+    for name, case in ran.items():
+        failure = case.find("failure")
+        assert failure is not None, name
+        text = (failure.text or "").strip()
+        assert text.startswith("agent exited 127: command not found"), text[:500]
+    for iid in six_tasks.ids:
+        assert "not found" in (run_dir / iid / "agent.log").read_text(), iid
 
 
 def test_agents_not_running_stop_a_serial_session(pytester: pytest.Pytester, six_tasks: Copies) -> None:

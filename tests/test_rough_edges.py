@@ -200,6 +200,17 @@ def test_a_missing_agent_command_ends_the_session_before_any_evaluation(pytester
     assert not list(run_dir.rglob("submission.tar.gz")), "nothing was packed"
     tasks = json.loads((run_dir / "summary.json").read_text())["tasks"]
     assert sorted(t["outcome"] for t in tasks.values()) == ["error", "not_run", "not_run"], tasks
+    # The task's own record: an error (never a score) whose message leads with the command and where it was looked
+    # for, asked before the agent ran; its agent.log says so too.
+    errored = next(iid for iid, t in tasks.items() if t["outcome"] == "error")
+    error = cases[0].find("error")
+    assert error is not None, ET.tostring(cases[0])[:2000]
+    text = (error.text or "").strip()
+    looked = "on the host" if where == "host" else f"in the sandbox of {errored}"
+    assert text.startswith(f"--pb-agent 'no-such-agent --flag': 'no-such-agent' is not found {looked}"), text[:500]
+    if where == "sandbox":
+        assert "(checked before" in text, text[:500]
+        assert "is not found" in (run_dir / errored / "agent.log").read_text()
 
 
 # ---------------------------------------------------------------------------------------------- the message
