@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # The project's test suite on a fresh machine: install, start Docker + build the test bed, run pytest.
-# Two streams at once: the tests with engines of their own (chaos, load, several engines, a registry: private dockerd
-# instances, one module at a time under their own lock) in the background, and the rest -n 3 on the shared engine,
-# a module per worker (--dist loadfile: a module's costly shared runs are made once, not once per worker).
-# They do not interfere: what the first stream restarts, kills or counts is its own engines' (on the shared engine it
-# only checks its own runs, by run id), and most of either stream's time is spent waiting on containers.
+# Three streams at once, each scheduled as the plugin schedules tasks (longest first):
+#  - the tests with engines of their own (chaos, load, several engines, a registry): one process, one module at a
+#    time under their own lock, sharing one private dockerd (tests/conftest.py's private_engine) where a module needs
+#    one engine of its own;
+#  - the clock-bound modules (model outages, agent clocks, CLI agents): they wait on clocks rather than compute, so
+#    they wait beside the rest instead of holding one of its workers;
+#  - the rest -n 3 on the shared engine, a module per worker (--dist loadfile: a module's costly shared runs are made
+#    once, not once per worker), modules longest first from tests/durations.json (tests/conftest.py orders the
+#    collection; --no-loadscope-reorder keeps that order; `python -m tests.durations .ci/out/junit*.xml` refreshes it).
+# They do not interfere: what the first stream restarts, kills or counts is its own engine's (on the shared engine it
+# only checks its own runs, by run id), and most of every stream's time is spent waiting on containers or clocks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/venv.sh
@@ -42,21 +48,30 @@ for name in p.PRESETS: print(p.describe(p.ensure_installed(*p.parse(name))))'
 export HF_HUB_OFFLINE=1
 mkdir -p .ci/out
 serial=(tests/test_chaos_engine.py tests/test_chaos.py tests/test_load.py tests/test_engines.py tests/test_registry.py)
+clocked=(tests/test_model_outage.py tests/test_agent_clock.py tests/test_cli_agents.py)
 status=0
 started=$SECONDS
 # --durations: where the suite's time goes, kept in every run's output (the CI budget is 25 minutes).
-# The own-engine stream's output goes to a file, shown whole when it ends (never interleaved with the other's).
+# The background streams' output goes to files, shown whole when they end (never interleaved with the rest's).
 "$PY" -m pytest "${serial[@]}" -p no:cacheprovider --durations=15 --junitxml=.ci/out/junit-serial.xml "$@" \
     > .ci/out/own-engines.log 2>&1 &
 own_engines=$!
-trap 'kill "$own_engines" 2>/dev/null || true' EXIT  # by its pid, should this script end first
-"$PY" -m pytest tests -n 3 --dist loadfile -p no:cacheprovider --durations=30 "${serial[@]/#/--ignore=}" \
-    --junitxml=.ci/out/junit.xml "$@" || status=$?
+"$PY" -m pytest "${clocked[@]}" -p no:cacheprovider --durations=15 --junitxml=.ci/out/junit-clocked.xml "$@" \
+    > .ci/out/clocked.log 2>&1 &
+clocked_pid=$!
+trap 'kill "$own_engines" "$clocked_pid" 2>/dev/null || true' EXIT  # by their pids, should this script end first
+"$PY" -m pytest tests -n 3 --dist loadfile --no-loadscope-reorder -p no:cacheprovider --durations=30 \
+    "${serial[@]/#/--ignore=}" "${clocked[@]/#/--ignore=}" --junitxml=.ci/out/junit.xml "$@" || status=$?
 echo "test suite: shared-engine tests done at $((SECONDS - started)) s"
+clocked_status=0
+wait "$clocked_pid" || clocked_status=$?
+echo "== clock-bound tests (${clocked[*]}): exit status $clocked_status, done at $((SECONDS - started)) s"
+cat .ci/out/clocked.log
 own_status=0
 wait "$own_engines" || own_status=$?
 echo "== tests with engines of their own (${serial[*]}): exit status $own_status"
 cat .ci/out/own-engines.log
 echo "test suite: done at $((SECONDS - started)) s"
+[ "$clocked_status" = 0 ] || status=$clocked_status
 [ "$own_status" = 0 ] || status=$own_status
 exit "$status"

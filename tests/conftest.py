@@ -16,6 +16,7 @@ import numpy  # noqa: F401 - see below
 import pytest
 import scipy.stats  # noqa: F401 - see below
 
+from tests import durations
 from tests.network_guard import install as install_network_guard
 from tests.proxy_support import engine, probe_image, run_labels  # noqa: F401 - fixtures of the proxy/sandbox tests
 from tests.session_defaults import KEEP_AUDIT
@@ -67,6 +68,19 @@ def _guard_the_sessions_a_test_starts(monkeypatch: pytest.MonkeyPatch, request: 
 
 
 install_network_guard()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules longest first, by tests/durations.json (tests/durations.py): with ``--dist loadfile
+    --no-loadscope-reorder`` (scripts/test-suite.sh) xdist hands modules out in this order, as the plugin schedules
+    tasks, so no long module starts last. Within a module the order is pytest's."""
+    path_of: dict[int, str] = {}
+    for item in items:
+        try:
+            path_of[id(item)] = item.path.resolve().relative_to(REPO).as_posix()
+        except ValueError:
+            path_of[id(item)] = str(item.path)
+    items[:] = durations.order_modules(items, durations.load(), path_of)
 
 
 # -- Docker-backed tests: they fail, never skip, when the engine or the test bed is missing --------------------
