@@ -5,6 +5,7 @@ resumes it. Real sessions under ``-n 2`` on the test bed.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shlex
@@ -157,18 +158,44 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed) -> 
     return {"run": root / "run", "template": root / "template.j2", "subs": root / "subs"}
 
 
+def _changed(field: str, finished_run: dict[str, Path]) -> list[str]:
+    values = {"template": str(finished_run["template"]), "subs": str(finished_run["subs"])}
+    return [arg.format(**values) for arg in CHANGES[field]]
+
+
+def _refusal(run_dir: Path, field: str) -> str:
+    from pytest_programbench.pytest_layer.run_record import flag_of
+
+    return (f"*--pb-resume: refusing to resume {run_dir}, its configuration differs: *"
+            f"{field}: * -> * ({flag_of(field)})*")
+
+
 @pytest.mark.parametrize("field", sorted(CHANGES))
 def test_resume_refuses_a_changed_result_setting(field: str, finished_run: dict[str, Path],
                                                   pytester: pytest.Pytester) -> None:
-    from pytest_programbench.pytest_layer.run_record import flag_of
+    """Asked of the check every session makes before anything runs (``RunState.from_config``: the recorded settings
+    under the given ones, the run's fingerprint compared): refused, naming the field and its option, the run as it
+    was. The wiring (exit status 4, the line): test_a_refused_resume_is_a_usage_error_and_changes_nothing."""
+    from pytest_programbench.pytest_layer.run_state import RunState
 
     run_dir = finished_run["run"]
     record = (run_dir / "pb-run.json").read_text()
-    values = {"template": str(finished_run["template"]), "subs": str(finished_run["subs"])}
-    changed = [arg.format(**values) for arg in CHANGES[field]]
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pb-resume", str(run_dir), *changed,
-                                           timeout=300)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR, "\n".join(result.outlines[-30:] + result.errlines[-30:])
-    result.stderr.fnmatch_lines([f"*--pb-resume: refusing to resume {run_dir}, its configuration differs: *"
-                                 f"{field}: * -> * ({flag_of(field)})*"])
+    config = pytester.parseconfig("-p", "no:cacheprovider", "--pb-resume", str(run_dir),
+                                  *_changed(field, finished_run))
+    with pytest.raises(pytest.UsageError) as refused:
+        RunState.from_config(config)
+    assert fnmatch.fnmatchcase(str(refused.value), _refusal(run_dir, field)), str(refused.value)
     assert (run_dir / "pb-run.json").read_text() == record, "a refused resume leaves the run as it was"
+
+
+def test_a_refused_resume_is_a_usage_error_and_changes_nothing(finished_run: dict[str, Path],
+                                                               pytester: pytest.Pytester) -> None:
+    """One real session proves the wiring of every refusal above: exit status 4, the refusal on stderr, the run's
+    files as they were."""
+    run_dir = finished_run["run"]
+    before = {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pb-resume", str(run_dir),
+                                           *_changed("cpus", finished_run), timeout=300)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, "\n".join(result.outlines[-30:] + result.errlines[-30:])
+    result.stderr.fnmatch_lines([_refusal(run_dir, "cpus")])
+    assert {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()} == before, "nothing written"
