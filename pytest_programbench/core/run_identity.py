@@ -71,6 +71,8 @@ def fingerprint(settings: Settings) -> dict[str, Any]:
     values["agent_env"] = sorted(spec.partition("=")[0] for spec in settings.agent_env)  # names, never values
     if settings.score_basis != "official":  # --pb-score corrected changes verdicts; a run without it stays resumable
         values["score_basis"] = settings.score_basis
+    if settings.runtime:  # --pb-runtime: another kernel under the same tasks; a default run stays resumable
+        values["runtime"] = settings.runtime
     if not settings.audit_hidden_tests:  # no reads_hidden_tests flag can fail an item; a default run stays resumable
         values["audit_hidden_tests"] = "off"
     values["plugin_version"] = version("pytest-programbench")

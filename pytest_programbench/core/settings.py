@@ -79,6 +79,7 @@ class Settings:
     min_mean: float | None = None
     junit_tests: bool = False
     docker_concurrency: int | None = None
+    runtime: str | None = None  # --pb-runtime: every container's Docker runtime (None: the engine's default)
     docker_hosts: tuple[str, ...] = ()
     prune_images: bool = False
     keep_going: bool = False

@@ -120,24 +120,28 @@ EXEC_BOUND = ("exec_start", "exec_inspect", "exec_resize")
 
 class EngineRun:
     """What a run adds to every engine call of one process: the owner and deadline labels on what it creates
-    (``owner`` None: none) and the cap on heavy operations shared by the run's processes."""
+    (``owner`` None: none), the cap on heavy operations shared by the run's processes, and the OCI runtime of every
+    container it creates (``runtime`` None: the engine's default). The runtime is set here, on the one path every
+    create takes, so no container of a task (sandbox, compile, branches, audit, helpers) can miss it."""
 
-    def __init__(self, owner: Owner | None, slots: Backpressure) -> None:
+    def __init__(self, owner: Owner | None, slots: Backpressure, *, runtime: str | None = None) -> None:
         self.owner = owner
         self.slots = slots
+        self.runtime = runtime
 
     @classmethod
-    def for_run(cls, run: RunLike, *, concurrency: int | None = None) -> EngineRun:
+    def for_run(cls, run: RunLike, *, concurrency: int | None = None, runtime: str | None = None) -> EngineRun:
         """The session's, in every process (controller and workers) at configure time.
 
-        ``concurrency`` is ``--pb-docker-concurrency`` (None: ``$PB_DOCKER_CONCURRENCY`` or the default 4; 0: no cap).
+        ``concurrency`` is ``--pb-docker-concurrency`` (None: ``$PB_DOCKER_CONCURRENCY`` or the default 4; 0: no cap);
+        ``runtime`` is ``--pb-runtime``.
         """
         same_host = run.hostname == socket.gethostname()
         owner = Owner(run.hostname, int(run.controller_pid), float(run.started), boot_id() if same_host else "")
         slots = Backpressure.for_run(run_id=run.run_id, limit=concurrency,
                                      owner={"hostname": run.hostname, "controller_pid": run.controller_pid,
                                             "started": run.started, "boot_id": owner.boot_id})
-        return cls(owner, slots)
+        return cls(owner, slots, runtime=runtime)
 
     @classmethod
     def from_environment(cls) -> EngineRun:
@@ -158,7 +162,10 @@ class EngineRun:
         return {**labels, **{k: v for k, v in self.owner_labels(lifetime).items() if k not in labels}}
 
     def prepare_create(self, params: dict[str, Any]) -> None:
-        """Owner and deadline labels on the run's containers; a name, so a retried create is idempotent."""
+        """Owner and deadline labels on the run's containers; a name, so a retried create is idempotent; the run's
+        runtime on every container (whatever the caller asked: the run's choice wins)."""
+        if self.runtime:
+            params["host_config"] = {**(params.get("host_config") or {}), "Runtime": self.runtime}
         labels = params.get("labels")
         if isinstance(labels, dict) and RUN_LABEL in labels:
             params["labels"] = self._merged(labels, _lifetime_of(params.get("command"), params.get("entrypoint")))

@@ -27,7 +27,7 @@ from programbench.utils.load_data import get_active_branches, get_ignored_tests
 from pytest_programbench.agents.agent import AgentResult, AgentRunner, AgentSpec
 from pytest_programbench.core.cache import cache_root
 from pytest_programbench.core.task_key import ATTEMPT, GOLD, TaskKey
-from pytest_programbench.engine import disk
+from pytest_programbench.engine import disk, runtimes
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.images import ImageError, ensure_image
@@ -184,6 +184,8 @@ class TaskRun:
         try:
             # A DiskSpaceError is an EngineUnavailable: an error. An agent run also needs its sandbox's storage.
             engine = self.engine = self.engine or self.session.docker_engines.client()
+            # Every container of the task runs under it (docker_engine.EngineRun sets it on each create).
+            self.meta["runtime"] = self.settings.runtime or runtimes.default(engine.api)
             runs_agent = self.session.submissions is None and not self.settings.gold
             sandbox_need = sandbox_storage_need(engine.api) if runs_agent else 0
             disk.require_for_run(self.artifacts.dir.parent, engine_api=engine.api, run_dir_need=run_dir_need(),

@@ -7,6 +7,7 @@ opt-in rule ("any ``--pb-*`` option given") has one source of truth.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,6 +203,20 @@ def _pull(flag: str, value: Any) -> str:
     return str(value)
 
 
+# A Docker runtime name as daemon.json's ``runtimes`` keys them: what the engine's API accepts in HostConfig.Runtime.
+_RUNTIME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+
+
+def _validate_runtime(flag: str, value: Any) -> str | None:
+    """``--pb-runtime``: a runtime's name; empty or ``default`` is the engine's own default runtime."""
+    name = str(value).strip()
+    if name in ("", "default"):
+        return None
+    if not _RUNTIME_NAME.fullmatch(name):
+        raise pytest.UsageError(f"{flag}: {name!r} is not a runtime name (letters, digits, '_', '.', '+', '-')")
+    return name
+
+
 def _run_dirs(flag: str, value: Any) -> tuple[str, ...]:
     """``--pb-compare``: one earlier run directory (against this run) or two finished ones (base, new)."""
     dirs = _dirs(flag, value)
@@ -334,6 +349,10 @@ OPTIONS: tuple[Option, ...] = (
            "CPUs / --pb-sandbox-cpus); unix://, tcp:// (TLS from DOCKER_TLS_VERIFY/DOCKER_CERT_PATH), ssh://, or "
            "'default' for DOCKER_HOST's. Repeatable: tasks spread over every engine.", "run", "list",
            "URL[=SLOTS]", _docker_hosts, ("docker_hosts",)),
+    Option("runtime", "The Docker runtime of every container of a task (sandbox, compile, hidden-test branches, "
+           "audit, helpers), e.g. runsc for gVisor: registered on every engine (daemon.json `runtimes`), else a "
+           "usage error naming the engine (default: the engine's own).", "run", metavar="NAME",
+           parser=_validate_runtime),
     Option("docker-concurrency", "Heavy engine operations (create, start, build, pull, commit, remove) in flight "
            "at once across all workers (0: no cap).", "run", "int", "N", _int(0)),
     Option("prune-images", "Remove a task's image when it is done, if this run built or pulled it.", "run",

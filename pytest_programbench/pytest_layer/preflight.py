@@ -33,7 +33,8 @@ from pytest_programbench.agents.command_check import (
     command_word,
 )
 from pytest_programbench.core import environment
-from pytest_programbench.engine import backpressure, disk, docker_engine
+from pytest_programbench.engine import backpressure, disk, docker_engine, runtimes
+from pytest_programbench.engine.engines import EngineSpecError, parse_docker_hosts
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.images import image_ref
 from pytest_programbench.pipeline.room import run_dir_need
@@ -107,6 +108,8 @@ def run_preflight(settings: Settings, tasks: Sequence[Task], agent_spec: AgentSp
         report.add("engine", "Docker engine", False, str(exc))
         return report
     report.add("engine", "Docker engine", True)
+    if settings.runtime:
+        check_runtime(report, settings.runtime, engines, settings.docker_hosts)
     try:
         present, to_fetch = check_images(report, engine, tasks, settings)
         check_disk(report, engine, identity.path, images_to_fetch=to_fetch, agent=agent_spec is not None)
@@ -116,6 +119,22 @@ def run_preflight(settings: Settings, tasks: Sequence[Task], agent_spec: AgentSp
     finally:
         backpressure.release_run(identity.run_id)
     return report
+
+
+def check_runtime(report: PreflightReport, runtime: str, engines: Engines, docker_hosts: Sequence[str]) -> None:
+    """--pb-runtime is registered on every engine of the run."""
+    try:
+        urls = [spec.url for spec in parse_docker_hosts(docker_hosts)] or [None]
+    except EngineSpecError:
+        return  # check_inputs' usage error says so
+    for url in urls:
+        name = engines.get(url).name
+        try:
+            problem = runtimes.missing(engines.client(url).api, runtime, name)
+        except EngineUnavailable as exc:
+            report.add("engine", f"runtime {runtime} on {name}", False, str(exc))
+            continue
+        report.add("engine", f"runtime {runtime} on {name}", problem is None, problem or "")
 
 
 # ---------------------------------------------------------------------------------------------- inputs, model

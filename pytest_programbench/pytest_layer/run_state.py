@@ -19,7 +19,7 @@ from pytest_programbench.agents.agent import AgentEnvError, AgentSpec, agent_env
 from pytest_programbench.core.run_identity import RunIdentity, public_settings
 from pytest_programbench.core.settings import Settings
 from pytest_programbench.core.task_key import SUITE_NAME, TaskKey
-from pytest_programbench.engine import docker_engine
+from pytest_programbench.engine import docker_engine, runtimes
 from pytest_programbench.engine.backpressure import Backpressure
 from pytest_programbench.engine.docker_engine import EngineRun, Engines
 from pytest_programbench.engine.engines import EnginePool, parse_docker_hosts
@@ -231,7 +231,7 @@ class RunState:
         # This process's engines: owner labels on everything it creates, the cross-worker cap on heavy engine calls
         # (listing only: nothing runs, nothing is labelled or capped). Clients are made at first use, per process.
         run = (EngineRun(None, Backpressure(0)) if self.collect_only
-               else EngineRun.for_run(identity, concurrency=settings.docker_concurrency))
+               else EngineRun.for_run(identity, concurrency=settings.docker_concurrency, runtime=settings.runtime))
         self.docker_engines = Engines(run)
         self.summary: RunSummary | None = None
         self.progress: Publisher | None = None  # this process's phase publisher (--pb-progress)
@@ -255,6 +255,8 @@ class RunState:
         if settings.docker_hosts:
             self.engines = EnginePool.for_run(parse_docker_hosts(settings.docker_hosts), identity.run_id,
                                               sandbox_cpus=settings.sandbox_cpus, engines=self.docker_engines)
+        if settings.runtime and not self.collect_only and self.worker_id == "controller":
+            self.require_runtime(settings.runtime)
         self.submissions: SubmissionsDir | None = None
         self.without_submission: list[str] = []
         if settings.submissions:
@@ -311,6 +313,18 @@ class RunState:
         more = f" (+{len(self.without_submission) - 20} more)" if len(self.without_submission) > 20 else ""
         return [f"programbench: {len(self.without_submission)} selected tasks have no submission in "
                 f"{self.settings.submissions} and were deselected: {shown}{more}"]
+
+    def require_runtime(self, runtime: str) -> None:
+        """--pb-runtime on an engine that lacks it would error every task: a usage error naming the engine, now. An
+        engine that does not answer is left to the items (their infrastructure error says so)."""
+        for url in self.engine_urls():
+            try:
+                api = self.docker_engines.client(url).api
+                problem = runtimes.missing(api, runtime, self.docker_engines.get(url).name)
+            except EngineUnavailable:
+                continue
+            if problem:
+                raise pytest.UsageError(problem)
 
     def engine_urls(self, *, up_only: bool = False) -> list[str | None]:
         """Every engine this run may use (``None``: the environment's); ``up_only``: not those marked down."""

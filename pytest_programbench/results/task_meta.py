@@ -42,6 +42,7 @@ class TaskMeta(TypedDict, total=False):
     phases: list[dict[str, Any]]  # each phase's start (epoch seconds), name and seconds, in the order they ended
     coverage: dict[str, Any]  # results/coverage.py: the hidden tests' options against the agent's
     engine: str  # --pb-docker-host: the engine of the last infrastructure retry
+    runtime: str  # --pb-runtime (else the engine's default): the Docker runtime of every container of the task
     engines_tried: list[str]
     blobs: BlobsMeta
     image: dict[str, Any]  # images.ResolvedImage

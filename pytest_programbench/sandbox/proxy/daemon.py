@@ -24,6 +24,18 @@ other side):
    The reference is mode 111 and lives in a 0700 root directory: the kernel marks a process that executes a file
    it cannot read as not dumpable, so the agent (same uid) can neither ptrace it nor open its
    ``/proc/<pid>/{mem,maps,exe,fd}``; its files belong to the agent because it runs as the agent.
+
+   Under gVisor (``--pb-runtime runsc``) the loader needs READ permission to execute a file (google/gvisor PR 14687,
+   open) and never marks such a task non-dumpable (google/gvisor issue 160, open). ``setup`` finds this out by
+   trying (``exec_needs_read``: exec of an execute-only junk file answers ENOEXEC on Linux, EACCES there) and the
+   daemon then runs in *capability* mode: each worker keeps ``CAP_DAC_OVERRIDE`` in its permitted set only and
+   raises it into the effective set for the ``execve`` alone, after the caller's cwd is entered with the agent's
+   rights. The capability is what lets the loader read the file; ``execve`` drops it (a non-root uid, no ambient or
+   file capabilities), so the running reference is the agent's uid with no capability: it cannot open its own
+   file (mode 111) by any path, ``/proc/self/exe`` included, and its files are the agent's. What keeps the agent
+   out of the dumpable child is Yama's ``ptrace_scope`` >= 1 (gVisor's default is 1): ptrace and
+   ``/proc/<pid>/mem`` are refused to a non-ancestor, and the child descends from the daemon, never from the
+   agent. ``setup`` refuses to serve without it. gVisor writes no core files.
 4. Signals the client catches (INT, TERM, HUP, QUIT, USR1, USR2, WINCH, TSTP, CONT) arrive as single bytes and are
    delivered to the child's process group; if the client disappears the group is killed.
 5. The worker replies with the exit status or the signal that killed the child. The call log gets a ``started``
@@ -79,6 +91,11 @@ STAGED_CLIENT = PROXY_DIR + "/client"
 AGENT_NAME = "pbagent"
 AGENT_UID = 1777
 SUID_DUMPABLE = "/proc/sys/fs/suid_dumpable"  # 1 would make execute-only programs dumpable: refuse to serve
+YAMA_PTRACE_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"  # capability mode: >= 1, or the agent could trace the child
+EXEC_PROBE = PROXY_DIR + "/exec-probe"  # execute-only junk: does this kernel's exec need read permission?
+CAP_DAC_OVERRIDE = 1
+PR_SET_KEEPCAPS = 8
+_CAPABILITY_VERSION_3 = 0x20080522
 
 # ---------------------------------------------------------------------------------------------- wire protocol
 MAGIC_REQUEST = b"PBX1"
@@ -356,11 +373,38 @@ class Config:
         self.max_workers: int = args.max_workers
         self.rlimits: list[tuple[int, int]] = []
         self.interpreter = "?"
+        # Capability mode (gVisor): the exec alone has CAP_DAC_OVERRIDE, so the loader may read the reference.
+        self.exec_capability: ExecCapability | None = (ExecCapability() if getattr(args, "exec_capability", False)
+                                                       else None)
+
+
+class ExecCapability:
+    """``CAP_DAC_OVERRIDE`` kept in a worker's permitted set across its drop to the agent's uid, in its effective set
+    only for an ``execve`` (which drops it: a non-root uid with no ambient or file capabilities keeps none)."""
+
+    def __init__(self) -> None:
+        import ctypes  # noqa: PLC0415 - lazy: only capability mode needs it, and a minimal image may lack it
+
+        self._ctypes = ctypes
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._bit = 1 << CAP_DAC_OVERRIDE
+
+    def keep_across_setuid(self, keep: bool) -> None:
+        if self._libc.prctl(PR_SET_KEEPCAPS, int(keep), 0, 0, 0) != 0:
+            raise OSError(self._ctypes.get_errno(), "prctl(PR_SET_KEEPCAPS)")
+
+    def set(self, *, effective: bool) -> None:
+        """Permitted: the capability alone; effective: it or nothing; inheritable: nothing."""
+        ctypes = self._ctypes
+        header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+        data = (ctypes.c_uint32 * 6)(self._bit if effective else 0, self._bit, 0, 0, 0, 0)
+        if self._libc.capset(header, data) != 0:
+            raise OSError(ctypes.get_errno(), "capset")
 
 
 # ---------------------------------------------------------------------------------------------- the child
 def _exec_child(ref_fd: int, request: Request, argv: list[str], env: dict[str, str],  # noqa: PLR0917
-                slave: int | None, tty_bits: int, errpipe: int) -> None:
+                slave: int | None, tty_bits: int, errpipe: int, capability: ExecCapability | None) -> None:
     """The general spawn path, in a forked child (already running as the agent); never returns.
 
     Used for calls the fast path (``_spawn_fast``) cannot reproduce: a terminal (the child needs it as its
@@ -406,6 +450,8 @@ def _exec_child(ref_fd: int, request: Request, argv: list[str], env: dict[str, s
         # Last: the caller's limits and signal mask (a tight limit must not break our own set-up).
         _apply_rlimits(request.rlimits)
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        if capability is not None:  # after the cwd was entered with the agent's rights; execve drops it
+            capability.set(effective=True)
         os.execve(ref_fd, argv, env)  # noqa: S606 - fexecve of the reference with the caller's argv
     except OSError as exc:
         number = exc.errno or 0
@@ -535,15 +581,25 @@ class SpawnError(Exception):
         self.detail = detail
 
 
-def _spawn_fast(ref_fd: int, request: Request, argv: list[str], env: dict[str, str],
-                limits: list[tuple[int, int, int]]) -> subprocess.Popen[bytes]:
+def _spawn_fast(ref_fd: int, request: Request, argv: list[str], env: dict[str, str],  # noqa: PLR0917
+                limits: list[tuple[int, int, int]], capability: ExecCapability | None) -> subprocess.Popen[bytes]:
     """Start the reference with vfork+exec (through ``/proc/self/fd/N`` of the close-on-exec O_PATH descriptor).
 
     The kernel opens the file before it closes close-on-exec descriptors, so the path works for a compiled
     program while the descriptor never reaches it. The caller must keep the returned object alive until it has
     reaped the child itself: ``Popen.__del__`` would otherwise reap a child that already exited.
+
+    In capability mode the worker enters the caller's cwd itself, with the agent's rights, before it raises the
+    capability for the spawn: the capability must never let the child into a directory the agent cannot search.
     """
     cwd_fd = request.fds.get(FD_CWD)
+    if capability is not None and cwd_fd is not None:
+        try:
+            os.fchdir(cwd_fd)
+        except OSError as exc:
+            raise SpawnError(126, f"binary: cannot enter the working directory: {os.strerror(exc.errno or 0)}\n",
+                             "cwd: " + os.strerror(exc.errno or 0)) from None
+        cwd_fd = None
     # The child inherits the worker's ignored signals and mask at the moment of the vfork (handlers are reset):
     # make them the caller's for that moment. SIGPIPE and SIGXFSZ, which Python ignores, included.
     ignored = set(_signal_set(request.sig_ignored)) - {signal.SIGKILL, signal.SIGSTOP}
@@ -554,6 +610,8 @@ def _spawn_fast(ref_fd: int, request: Request, argv: list[str], env: dict[str, s
     old_limits = _adopt_rlimits(limits)
     old_mask = signal.pthread_sigmask(signal.SIG_SETMASK, _signal_set(request.sig_blocked))
     try:
+        if capability is not None:
+            capability.set(effective=True)
         child = subprocess.Popen(
             argv, executable=f"/proc/self/fd/{ref_fd}", stdin=request.fds[FD_STDIN],
             stdout=request.fds[FD_STDOUT], stderr=request.fds[FD_STDERR],
@@ -568,6 +626,9 @@ def _spawn_fast(ref_fd: int, request: Request, argv: list[str], env: dict[str, s
                          f"binary: cannot run the reference program: {os.strerror(number)}\n",
                          "exec: " + os.strerror(number)) from None
     finally:
+        if capability is not None:
+            capability.set(effective=False)
+            os.chdir("/")
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         _restore_soft_rlimits(old_limits)
         for sig, handler in saved.items():
@@ -877,9 +938,15 @@ def drop_privileges(cfg: Config) -> None:
     """
     if os.geteuid() != 0:
         return
+    capability = cfg.exec_capability
+    if capability is not None:
+        capability.keep_across_setuid(True)
     os.setgroups(cfg.groups)
     os.setresgid(cfg.agent_gid, cfg.agent_gid, cfg.agent_gid)
     os.setresuid(cfg.agent_uid, cfg.agent_uid, cfg.agent_uid)
+    if capability is not None:
+        capability.set(effective=False)  # permitted: CAP_DAC_OVERRIDE alone
+        capability.keep_across_setuid(False)
 
 
 def handle_call(cfg: Config, ref_fd: int, kind: str, conn: socket.socket, *, log: CallLog, wake_r: int) -> bool:
@@ -1081,7 +1148,8 @@ class Call:
     def _start_child(self) -> int:
         """The child's pid. Between the fork and the exec the child runs ``_exec_child`` only."""
         if self.fast:
-            self.popen = _spawn_fast(self.ref_fd, self.request, self.argv, self.env, self.limits)
+            self.popen = _spawn_fast(self.ref_fd, self.request, self.argv, self.env, self.limits,
+                                     self.cfg.exec_capability)
             return self.popen.pid
         self.err_r, self.err_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         pid = os.fork()
@@ -1089,7 +1157,7 @@ class Call:
             signal.set_wakeup_fd(-1)
             relay = self.relay
             _exec_child(self.ref_fd, self.request, self.argv, self.env, relay.slave if relay else None,
-                        relay.bits if relay else 0, self.err_w)
+                        relay.bits if relay else 0, self.err_w, self.cfg.exec_capability)
         return pid
 
     def _spawn_failed(self, exc: SpawnError | OSError) -> None:
@@ -1220,6 +1288,10 @@ def worker_main(cfg: Config, listener: socket.socket, ref_fd: int, kind: str, no
 def serve(cfg: Config, ready_fd: int | None = None) -> int:
     if _read_text(SUID_DUMPABLE) == "1":
         _log_error("fs.suid_dumpable is 1: execute-only programs would be dumpable; refusing to serve")
+        return 3
+    if cfg.exec_capability is not None and _read_text(YAMA_PTRACE_SCOPE) not in ("1", "2", "3"):
+        _log_error("capability mode without Yama's ptrace_scope >= 1: the agent could trace the reference; "
+                   "refusing to serve")
         return 3
     ref_fd = os.open(cfg.reference, os.O_PATH | os.O_CLOEXEC)
     kind = reference_kind(cfg.reference)
@@ -1472,6 +1544,10 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
         _move(source, REFERENCE)
     os.chown(REFERENCE, 0, 0)
     os.chmod(REFERENCE, 0o111)  # noqa: S103 - executable by all, readable by root only: the child is then not dumpable
+    exec_mode = "capability" if exec_needs_read(uid, gid) else "execute-only"
+    if exec_mode == "capability":
+        _require_capability_mode()
+    report["exec_mode"] = exec_mode
     kind = reference_kind(REFERENCE)
     report["reference_kind"] = kind
     report["reference_sha256"] = _sha256(REFERENCE)
@@ -1514,12 +1590,66 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
                   "--pool", str(args.pool)]
     for extra in args.allow_uid or []:
         serve_args += ["--allow-uid", str(extra)]
+    if exec_mode == "capability":
+        serve_args.append("--exec-capability")
     report["daemon_pid"] = _spawn_daemon(serve_args)
     report["socket"] = SOCKET_PATH
     report["suid_dumpable"] = _read_text(SUID_DUMPABLE)
     report["python"] = sys.executable
     report["timeout_command"] = shutil.which("timeout") or ""
     return report
+
+
+def exec_needs_read(uid: int, gid: int) -> bool:
+    """Whether this kernel refuses to execute a file its caller cannot read (gVisor) where Linux needs execute
+    permission only. Tried as ``uid`` on an execute-only file of junk: nothing runs either way (Linux answers
+    ENOEXEC, a kernel that wants read permission EACCES)."""
+    with open(EXEC_PROBE, "wb") as handle:
+        handle.write(b"\0" * 64)
+    os.chmod(EXEC_PROBE, 0o111)  # noqa: S103 - the probe is junk
+    probe_fd = os.open(EXEC_PROBE, os.O_PATH | os.O_CLOEXEC)  # as the reference is run: its 0700 dir is not searched
+    read_r, write_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        number = 0
+        try:
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            os.execve(probe_fd, [EXEC_PROBE], {})  # noqa: S606 - junk: cannot run
+        except OSError as exc:
+            number = exc.errno or 0
+        except BaseException:  # noqa: S110 - the child must never return into setup
+            pass
+        with contextlib.suppress(OSError):
+            os.write(write_w, str(number).encode())
+        os._exit(0)
+    os.close(write_w)
+    os.close(probe_fd)
+    answer = os.read(read_r, 32).decode() or "0"
+    os.close(read_r)
+    os.waitpid(pid, 0)
+    os.unlink(EXEC_PROBE)
+    return int(answer) == errno.EACCES
+
+
+def _require_capability_mode() -> None:
+    """Capability mode leaves the running reference dumpable, as the agent's uid: only Yama keeps the agent out."""
+    scope = _read_text(YAMA_PTRACE_SCOPE)
+    if scope not in ("1", "2", "3"):
+        raise SystemExit(f"this kernel executes a file only with read permission (gVisor), so the reference would "
+                         f"run dumpable as the agent's uid, and Yama's ptrace_scope is {scope or 'absent'}: the agent "
+                         "could read its memory; refusing to serve")
+    try:
+        ExecCapability()
+    except (ImportError, OSError) as exc:
+        raise SystemExit(f"this kernel executes a file only with read permission (gVisor) and the proxy cannot "
+                         f"set capabilities (ctypes): {exc}") from None
+    bounding = next((line.split()[1] for line in _read_text("/proc/self/status").splitlines()
+                     if line.startswith("CapBnd:")), "0")
+    if not int(bounding, 16) >> CAP_DAC_OVERRIDE & 1:
+        raise SystemExit("this kernel executes a file only with read permission (gVisor) and CAP_DAC_OVERRIDE, "
+                         "which the proxy holds for the exec alone, is not in the container's bounding set")
 
 
 def _sha256(path: str) -> str:
@@ -1595,6 +1725,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--allow-uid", type=int, action="append")
     v.add_argument("--pool", type=int, default=2)
     v.add_argument("--max-workers", type=int, default=512)
+    v.add_argument("--exec-capability", action="store_true")
     return parser
 
 
