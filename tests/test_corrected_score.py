@@ -33,6 +33,7 @@ from programbench.utils.load_data import (
 from pytest_programbench.results.corrected import UPSTREAM, canonical_xml, corrected_score
 from pytest_programbench.tasks.catalogue import Catalogue
 from tests.conftest import Testbed
+from tests.shared_runs import FinishedRun, made_once
 
 CALCULATOR = "testorg__calculator.abc1234"
 CALC_BRANCH = "33128f6b8600"
@@ -130,11 +131,14 @@ def summary(run_dir: Path) -> dict[str, Any]:
     return data
 
 
+def session_args(testbed: Testbed, subs: Path, run_dir: Path, *args: str) -> list[str]:
+    return ["-p", "no:cacheprovider", "--pb-blob-dir", str(testbed.blob_dir), "--pb-include-fixtures",
+            "--pb-submissions", str(subs), "--pb-output", str(run_dir), "--pb-cpus", "2", "--pb-pull", "never",
+            "--junitxml", str(run_dir.parent / f"{run_dir.name}.xml"), *args]
+
+
 def session(pytester: pytest.Pytester, testbed: Testbed, subs: Path, run_dir: Path, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--pb-blob-dir", str(testbed.blob_dir), "--pb-include-fixtures",
-        "--pb-submissions", str(subs), "--pb-output", str(run_dir), "--pb-cpus", "2", "--pb-pull", "never",
-        "--junitxml", str(run_dir.parent / f"{run_dir.name}.xml"), *args, timeout=900)
+    return pytester.runpytest_subprocess(*session_args(testbed, subs, run_dir, *args), timeout=900)
 
 
 # ------------------------------------------------------------------------------------- the scoring itself
@@ -329,13 +333,25 @@ def test_canonical_xml_renames_only_the_prefix() -> None:
 pytestmark = pytest.mark.usefixtures("clean_env")
 
 
+@pytest.fixture(scope="session")
+def calculator_official(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed) -> FinishedRun:
+    """The correct calculator alone, scored the official way (``official/``, ``official.xml``): one session per suite
+    run, read by the two tests below, each on its own copy (one resumes it, one compares a run with it)."""
+
+    def prepare(place: Path) -> list[str]:
+        subs = calculator_submission(place, CLONE)
+        return session_args(testbed, subs, place / "official", "--pb-filter", "testorg__")
+
+    return made_once(tmp_path_factory, "corrected-score-calculator-official", prepare)
+
+
 def test_calculator_official_half_corrected_full_and_resume_never_reruns_it(pytester: pytest.Pytester,
-                                                                          testbed: Testbed) -> None:
+                                                                          calculator_official: FinishedRun) -> None:
     """A correct calculator: official 0.5 (each test counted twice), corrected 1.0; the item fails by the official
     score and its message names the defect; a resume reuses it where ``programbench eval`` would run it again."""
-    subs = calculator_submission(pytester.path, CLONE)
-    run_dir = pytester.path / "official"
-    result = session(pytester, testbed, subs, run_dir, "--pb-filter", "testorg__")
+    calculator_official.copy(pytester.path / "made")
+    run_dir = pytester.path / "made" / "official"
+    result = calculator_official.result()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         f"*_ {CALCULATOR} _*",
@@ -381,14 +397,16 @@ def test_calculator_official_half_corrected_full_and_resume_never_reruns_it(pyte
 
 
 def test_pb_score_corrected_passes_the_calculator_and_keeps_a_real_failure(pytester: pytest.Pytester,
-                                                                          testbed: Testbed) -> None:
+                                                                          testbed: Testbed,
+                                                                          calculator_official: FinishedRun) -> None:
     """``--pb-score corrected``: the correct calculator passes; catlike with stripped tests.json names and a partly
     wrong submission fails by its corrected score, which is the score it gets with consistent names, and its
     failing tests are in both scores; the headline and --pb-min-mean follow the corrected score."""
     tasks = stripped_tasks(pytester.path, testbed)
     subs = calculator_submission(pytester.path, CLONE)
-    base = pytester.path / "base"  # the calculator alone, by the official score: what the run is compared with
-    session(pytester, testbed, subs, base, "--pb-filter", "testorg__").assert_outcomes(failed=1)
+    # The calculator alone, by the official score: what the run is compared with (the shared run, on a copy).
+    calculator_official.result().assert_outcomes(failed=1)
+    base = calculator_official.copy(pytester.path / "made") / "official"
     shutil.copytree(testbed.submissions.parent / "wrong" / CATLIKE, subs / CATLIKE)
     run_dir = pytester.path / "corrected"
     result = session(pytester, testbed, subs, run_dir, "--pb-tasks-dir", str(tasks), "--pb-filter",
