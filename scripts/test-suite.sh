@@ -4,8 +4,8 @@
 #  - the tests with engines of their own (chaos, load, several engines, a registry): one process, one module at a
 #    time under their own lock, sharing one private dockerd (tests/conftest.py's private_engine) where a module needs
 #    one engine of its own;
-#  - the clock-bound modules (model outages, agent clocks, CLI agents): they wait on clocks rather than compute, so
-#    they wait beside the rest instead of holding one of its workers;
+#  - the clock-bound modules (model outages, agent clocks, CLI agents, mini-swe-agent's clocks): they wait on clocks
+#    rather than compute, so they wait beside the rest instead of holding one of its workers;
 #  - the rest -n 3 on the shared engine, a module per worker (--dist loadfile: a module's costly shared runs are made
 #    once, not once per worker), modules longest first from tests/durations.json (tests/conftest.py orders the
 #    collection; --no-loadscope-reorder keeps that order; `python -m tests.durations .ci/out/junit*.xml` refreshes it).
@@ -48,7 +48,7 @@ for name in p.PRESETS: print(p.describe(p.ensure_installed(*p.parse(name))))'
 export HF_HUB_OFFLINE=1
 mkdir -p .ci/out
 serial=(tests/test_chaos_engine.py tests/test_chaos.py tests/test_load.py tests/test_engines.py tests/test_registry.py)
-clocked=(tests/test_model_outage.py tests/test_agent_clock.py tests/test_cli_agents.py)
+clocked=(tests/test_model_outage.py tests/test_agent_clock.py tests/test_cli_agents.py tests/test_mini_swe_agent.py)
 status=0
 started=$SECONDS
 # --durations: where the suite's time goes, kept in every run's output (the CI budget is 25 minutes).
