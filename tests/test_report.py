@@ -327,3 +327,48 @@ def test_failing_test_messages_are_text_and_bounded(tmp_path: Path) -> None:
         "  t2 (failure): assert 1 == 2",
         "  +1 more",
     ]
+
+
+def _filter_run(root: Path) -> Path:
+    """Three tasks that differ in language, difficulty, outcome, flags and failing tests; the report rendered."""
+    run = root / "run"
+    failing = {"name": "tests.test_wrap.test_wraps_long_lines", "branch": "b1", "status": "failure",
+               "extra": {"message": "AssertionError: expected the line wrapped at 80\nsecond line"}}
+    (run / CATLIKE).mkdir(parents=True)
+    (run / CATLIKE / f"{CATLIKE}.eval.json").write_text(json.dumps({"test_results": [failing]}))
+    records = [TaskRecord(RPN, "c", "easy", outcome="passed", score=1.0),
+               TaskRecord(CATLIKE, "go", "easy", outcome="failed", score=0.5),
+               TaskRecord(TUIISH, "c", "medium", outcome="failed", score=0.0,
+                          meta={"evaluation": {"integrity_flags": [{"kind": "reads_hidden_tests", "path": ""}]}})]
+    header = {"run_id": "r", "run_dir": str(run), "plugin_version": "0", "programbench_version": "1.2.5"}
+    data = RunSummary(run / "summary.json", header, records).as_dict()
+    data["tasks"][TUIISH]["integrity_flags"] = ["reads_hidden_tests"]
+    (run / "report.html").write_text(render(run, data, lambda _iid: None))
+    return run / "report.html"
+
+
+def _shown(dom: str) -> list[str]:
+    rows = re.findall(r'<tr data-task="([^"]+)"([^>]*)>', dom)
+    return [task for task, attributes in rows if " hidden" not in attributes]
+
+
+@pytest.mark.parametrize(("link", "shown"), [
+    ("", [RPN, CATLIKE, TUIISH]),
+    ("#filter=outcome=failed", [CATLIKE, TUIISH]),
+    ("#filter=outcome=failed&language=c", [TUIISH]),
+    ("#filter=flag=reads_hidden_tests", [TUIISH]),
+    ("#filter=flag=-", [RPN, CATLIKE]),
+    ("#filter=q=wrapped%2080", [CATLIKE]),  # words of a failing test's message, in any order
+    ("#filter=q=LINES%20wraps", [CATLIKE]),  # ... and of its name, any case
+    ("#filter=difficulty=medium&q=nothing-matches", []),
+])
+def test_the_report_filters_tasks_in_a_real_browser(tmp_path: Path, link: str, shown: list[str]) -> None:
+    """Search and filters over the task table (language, difficulty, outcome, flags, the text of failing tests), set
+    by a link a reader can share; the count says how many show, and a task's panel hides with its row."""
+    report = _filter_run(tmp_path)
+    dom = chromium("--dump-dom", report.as_uri() + link, profile=tmp_path / "chromium-profile").stdout
+    assert 'id="filters" data-ready="yes"' in dom  # the page's script ran to its end
+    assert sorted(_shown(dom)) == sorted(shown)
+    assert text_of(dom, "filter-count") == f"{len(shown)} of 3 tasks"
+    panels = re.findall(r'<details class="task" id="task-([^"]+)"([^>]*)>', dom)
+    assert sorted(task for task, attributes in panels if " hidden" not in attributes) == sorted(shown)

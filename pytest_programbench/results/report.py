@@ -10,7 +10,7 @@ which such a run does not have; its links, as every page's, are quoted relative 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -140,8 +140,11 @@ def task_rows(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskSc
         # under --pb-attempts each attempt lists its own
         failing = {} if attempts else failing_by_branch(task_dir / f"{iid}.eval.json", scope(iid),
                                                         foreign=run_dir if foreign else None)
+        bounded = _bounded(failing)
+        shown = {b: t for a in attempts for b, t in (a.get("failing") or {}).items()} if attempts else bounded
         rows.append({
-            **row, "id": iid, "links": links, "flags": flags, **numbers(row), "failing": _bounded(failing),
+            **row, "id": iid, "links": links, "flags": flags, **numbers(row), "failing": bounded,
+            "search": search_text(iid, shown),
             "spread": attempt_spread(row), **gold_columns(row), **score_columns(row, None if foreign else task_dir),
             "reason": _reason(row), "attempt_rows": attempts,
             "timeline": None if attempts or foreign else timeline.load(task_dir, events_max=events_max,
@@ -167,6 +170,28 @@ def attempt_rows(run_dir: Path, iid: str, row: Mapping[str, Any], scope: TaskSco
                     "failing": _bounded(failing, PANEL_DETAIL_MAX // len(listed)),
                     "timeline": timeline.load(task_dir, events_max=events_max, progress=progress.get(key.name, ()))})
     return out
+
+
+SEARCH_TEXT_MAX = 4096  # characters of a task's searchable text (its id, failing tests and their first lines)
+
+
+def search_text(iid: str, failing: Mapping[str, list[dict[str, str]]]) -> str:
+    """What the page's search box matches a task on, lowercased and bounded: its id, each failing test's branch,
+    name and the first line of its message."""
+    parts = [iid]
+    for branch, tests in failing.items():
+        for test in tests:
+            first = (test.get("detail") or "").strip().splitlines()[:1]
+            parts.append(" ".join([branch, str(test.get("name", "")), *first]))
+    return " ".join(parts).lower()[:SEARCH_TEXT_MAX]
+
+
+def facets(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """The values each filter of the page offers: every language, difficulty, outcome and flag the rows hold."""
+    def values(key: str) -> list[str]:
+        return sorted({str(r.get(key)) for r in rows if r.get(key) not in (None, "")})
+    return {"language": values("language"), "difficulty": values("difficulty"), "outcome": values("outcome"),
+            "flag": sorted({str(f) for r in rows for f in r.get("flags") or []})}
 
 
 def _reason(row: Mapping[str, Any]) -> str:
@@ -284,7 +309,7 @@ def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope
     rows = task_rows(run_dir, data, scope, events_max=events_budget(data.get("tasks", {})),
                      progress={} if foreign else timeline.progress_lines(run_dir), foreign=foreign)
     return env.from_string(template).render(
-        data=data, head=head, rows=rows, bins=distribution(data.get("tasks", {})),
+        data=data, head=head, rows=rows, facets=facets(rows), bins=distribution(data.get("tasks", {})),
         groups=[("language", data.get("by_language", {})), ("difficulty", data.get("by_difficulty", {}))],
         tokens=data.get("tokens") or {}, settings=data.get("settings") or {},
         when=_when(data.get("started"), data.get("updated")),
