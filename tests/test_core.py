@@ -75,7 +75,6 @@ def test_the_evaluation_takes_its_defaults_from_the_settings() -> None:
     assert shared >= {"cpus", "memory", "branch_workers", "branch_retries", "compile_timeout", "test_timeout",
                       "strict", "image_tag"}
     assert {name: getattr(evaluation, name) for name in shared} == {name: default(name) for name in shared}
-    assert evaluation.audit_threshold == Settings().min_score
 
 
 def test_a_preset_names_its_version_or_the_default() -> None:

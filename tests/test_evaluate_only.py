@@ -42,7 +42,8 @@ def leaked(docker_client: Any, run_dir: Path) -> list[str]:
     label = f"pytest-programbench={run_id}"
     containers = docker_client.containers.list(all=True, filters={"label": label})
     images = docker_client.images.list(all=True, filters={"label": label})
-    return [c.id for c in containers] + [i.id for i in images]
+    volumes = (docker_client.api.volumes(filters={"label": label}) or {}).get("Volumes") or []
+    return [c.id for c in containers] + [i.id for i in images] + [v["Name"] for v in volumes]
 
 
 def test_good_submissions_pass_with_artifacts(pytester: pytest.Pytester, testbed: Testbed,

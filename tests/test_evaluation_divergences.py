@@ -30,16 +30,15 @@ from programbench.eval.eval import EvaluationResult
 from programbench.utils import blob_store
 from programbench.utils.load_data import get_active_branches, load_all_instances
 
-from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.images import ensure_image
 from pytest_programbench.evaluation import container_layer
-from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome, evaluate
+from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome
 from pytest_programbench.tasks.blobs import resolve_blobs
 from pytest_programbench.tasks.catalogue import Task, load_tasks_dir
 from tests.conftest import Testbed
 from tests.outcome_support import item_message
 from tests.proxy_support import environment_engine
-from tests.test_evaluation_parity import RPN, RUN_LABEL, pack, statuses
+from tests.test_evaluation_parity import RPN, RUN_LABEL, evaluate_swept, pack, statuses
 
 pytestmark = pytest.mark.docker
 
@@ -116,8 +115,8 @@ def run_ours(task: Task, archive: Path, blob_dir: Path, work: Path, engine: Any 
     blobs = resolve_blobs(task, get_active_branches(instance), blob_dir=blob_dir, cache_dir=work / "cache")
     with contextlib.nullcontext(engine) if engine is not None else environment_engine() as client:
         image = ensure_image(task, pull="never", engine=client)
-        return evaluate(task, archive, blobs=blobs, image=image.id, labels=Labels(RUN_LABEL),
-                        settings=EvalSettings(cpus=2, reruns=False, **settings), workdir=work, engine=client)
+        return evaluate_swept(task, archive, blobs=blobs, image=image.id, workdir=work, engine=client,
+                              settings=EvalSettings(cpus=2, reruns=False, **settings))
 
 
 def rpn_archive(testbed: Testbed, out: Path, compile_sh: str, extra: dict[str, bytes] | None = None) -> Path:

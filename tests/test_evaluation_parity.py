@@ -18,6 +18,7 @@ import hashlib
 import io
 import shutil
 import tarfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,10 @@ from programbench.utils.load_data import (
     load_all_instances,
 )
 
+from pytest_programbench import RUN_LABEL as ENGINE_RUN_LABEL
 from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.images import ensure_image
+from pytest_programbench.evaluation import harness_material
 from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome, evaluate
 from pytest_programbench.evaluation.rerunfailures import CONTAINER_WHEEL_DIR, ensure_wheels
 from pytest_programbench.tasks.blobs import resolve_blobs
@@ -137,9 +140,31 @@ def run_ours(task: Task, archive: Path, testbed: Testbed, tmp_path: Path, *, rer
                           cache_dir=tmp_path / "cache")
     with environment_engine() as engine:
         image = ensure_image(task, pull="never", engine=engine)
-        return evaluate(task, archive, blobs=blobs, image=image.id, labels=Labels(RUN_LABEL),
-                        settings=EvalSettings(cpus=2, reruns=reruns, strict=strict, **settings), workdir=tmp_path,
-                        engine=engine)
+        return evaluate_swept(task, archive, blobs=blobs, image=image.id, workdir=tmp_path, engine=engine,
+                              settings=EvalSettings(cpus=2, reruns=reruns, strict=strict, **settings))
+
+
+def leftovers(docker_client: Any, run_id: str) -> list[str]:
+    """What the engine still holds of a run: its containers, images and volumes."""
+    api = docker_client.api
+    label = {"label": f"{ENGINE_RUN_LABEL}={run_id}"}
+    found = [str(c["Id"])[:12] for c in api.containers(all=True, filters=label)]
+    found += [str(i["Id"])[:19] for i in api.images(filters=label)]
+    found += [str(v["Name"]) for v in (api.volumes(filters=label) or {}).get("Volumes") or []]
+    return found
+
+
+def evaluate_swept(task: Task, archive: Path, *, engine: Any, run_id: str | None = None,
+                   **kwargs: Any) -> EvaluationOutcome:
+    """``evaluate`` under a run of its own; its grader volumes (the run's: a session's sweep removes them) removed
+    after it, and nothing of it left on the engine."""
+    run = run_id or f"{RUN_LABEL}-{uuid.uuid4().hex[:8]}"
+    try:
+        outcome = evaluate(task, archive, labels=Labels(run), engine=engine, **kwargs)
+    finally:
+        harness_material.remove_grader_volumes(engine, run)
+    assert leftovers(engine, run) == []
+    return outcome
 
 
 def official_score(result: EvaluationResult, instance: dict[str, Any]) -> float:

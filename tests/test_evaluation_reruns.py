@@ -170,7 +170,10 @@ def test_pristine_for_pip_rule() -> None:
     assert pristine_for_pip([*ok, _change("/usr/local/lib/python3.11/dist-packages/x.pth")], [], "/usr/bin")
     assert pristine_for_pip([*ok, _change("/etc/profile", 0)], [], "/usr/bin")
     assert pristine_for_pip([*ok, _change("/root/.config/pip/pip.conf")], [], "/usr/bin")
-    assert pristine_for_pip([*ok, _change("/usr/local", 0, None)], [], "/usr/bin")  # a chmod of a directory
+    # A directory listed only as a copy-up (nothing of its own) is no change; one the walk stamps (its mode, owner or
+    # opaqueness is not the image's: test_the_walk_stamps_a_directory_changed_itself) is.
+    assert pristine_for_pip([*ok, _change("/usr/local", 0, None)], [], "/usr/bin") is None
+    assert pristine_for_pip([*ok, _change("/usr/local", 0, (0, 0, 0o40700))], [], "/usr/bin")  # a chmod
     assert pristine_for_pip([_change("/tmp", 0, (1, 2, 0o120777))], [], "/usr/bin")  # /tmp made a symlink
     assert pristine_for_pip(ok, [], "/usr/bin:.")
     assert pristine_for_pip(ok, [], "/workspace/bin:/usr/bin")

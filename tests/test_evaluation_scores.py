@@ -23,7 +23,17 @@ from pytest_programbench.tasks.catalogue import Task
 from tests.conftest import Testbed
 from tests.outcome_support import item_message, item_properties
 from tests.proxy_support import environment_engine
-from tests.test_evaluation_parity import CATLIKE, RPN, TUIISH, pack, statuses, steps, submission, tasks
+from tests.test_evaluation_parity import (
+    CATLIKE,
+    RPN,
+    TUIISH,
+    evaluate_swept,
+    pack,
+    statuses,
+    steps,
+    submission,
+    tasks,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -41,14 +51,16 @@ def _evaluate(task: Task, archive: Path, testbed: Testbed, tmp_path: Path, *, ru
         blobs = resolve_blobs(task, get_active_branches(task.load_instance()), blob_dir=testbed.blob_dir,
                               cache_dir=tmp_path / "cache")
     with environment_engine() as engine:
-        return evaluate(task, archive, blobs=blobs, image=image or ensure_image(task, pull="never", engine=engine).id,
-                        labels=Labels(run_id or f"pb-test-{uuid.uuid4().hex[:8]}"), settings=EvalSettings(**settings),
-                        workdir=tmp_path, engine=engine)
+        return evaluate_swept(task, archive, blobs=blobs, engine=engine, run_id=run_id,
+                              image=image or ensure_image(task, pull="never", engine=engine).id,
+                              settings=EvalSettings(**settings), workdir=tmp_path)
 
 
-def _leftovers(docker_client: Any, run_id: str) -> tuple[list[Any], list[Any]]:
+def _leftovers(docker_client: Any, run_id: str) -> tuple[list[Any], list[Any], list[Any]]:
     filters = {"label": [f"pytest-programbench={run_id}"]}
-    return docker_client.api.containers(all=True, filters=filters), docker_client.api.images(filters=filters)
+    api = docker_client.api
+    return (api.containers(all=True, filters=filters), api.images(filters=filters),
+            (api.volumes(filters=filters) or {}).get("Volumes") or [])
 
 
 @pytest.mark.parametrize(("instance_id", "variant"), [(CATLIKE, "dummy"), (CATLIKE, "wrong"), (RPN, "dummy"),
@@ -128,7 +140,7 @@ def test_invariants_fresh_container_per_branch_hash_rechecked_one_entry_per_step
     assert all(str(e["output"]).split()[0] == result.executable_hash for e in checks)
 
     # Nothing is left: containers and the committed image are gone.
-    assert _leftovers(docker_client, run_id) == ([], [])
+    assert _leftovers(docker_client, run_id) == ([], [], [])
 
 
 def test_branch_workers_and_prefetch_do_not_change_results(testbed: Testbed, tmp_path: Path,
@@ -142,7 +154,7 @@ def test_branch_workers_and_prefetch_do_not_change_results(testbed: Testbed, tmp
     assert parallel.result is not None
     assert statuses(parallel.result) == statuses(serial.result)
     assert parallel.score == serial.score
-    assert _leftovers(docker_client, run_id) == ([], [])
+    assert _leftovers(docker_client, run_id) == ([], [], [])
 
 
 def test_each_next_branch_is_made_ready_while_the_branch_before_it_runs(
@@ -198,7 +210,7 @@ def test_each_next_branch_is_made_ready_while_the_branch_before_it_runs(
     assert warmed == []
     assert statuses(ahead.result) == statuses(asked.result)
     assert ahead.score == asked.score < 1.0
-    assert _leftovers(docker_client, run_id) == ([], [])
+    assert _leftovers(docker_client, run_id) == ([], [], [])
 
 
 def test_compile_clock(testbed: Testbed, tmp_path: Path, docker_client: Any) -> None:
@@ -215,7 +227,7 @@ def test_compile_clock(testbed: Testbed, tmp_path: Path, docker_client: Any) -> 
     assert entry["exception_info"] == "Command timed out after 3s"
     assert entry["wall_time"] < 450  # the step ended with its clock, not with the background sleep (900 s)
     assert "clock fired: compile" in item_message(outcome, tasks(testbed)[RPN])
-    assert _leftovers(docker_client, run_id) == ([], [])
+    assert _leftovers(docker_client, run_id) == ([], [], [])
 
 
 def test_test_clock(testbed: Testbed, tmp_path: Path) -> None:

@@ -24,9 +24,8 @@ from programbench.utils import blob_store
 from programbench.utils.load_data import get_active_branches
 
 from pytest_programbench.core.environment import PREFETCH, STEP_BATCH
-from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.images import ensure_image
-from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome, _reruns_reason, evaluate
+from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome, _reruns_reason
 from pytest_programbench.evaluation.rerunfailures import RerunWheels
 from pytest_programbench.tasks.blobs import resolve_blobs
 from pytest_programbench.tasks.catalogue import Task
@@ -42,7 +41,7 @@ from tests.test_evaluation_divergences import (
     run_ours,
     with_profile_script,
 )
-from tests.test_evaluation_parity import RUN_LABEL, official_wheels_mounted, statuses
+from tests.test_evaluation_parity import evaluate_swept, official_wheels_mounted, statuses
 
 BRANCH = "4d3c2b1a0f9e"  # one active branch: the cases are about the steps around it, not about the tests
 # The steps the batch runs (container_layer.SdkEvaluator._batch_from): their outputs are compared too.
@@ -196,8 +195,8 @@ def run_ours_with_reruns(task: Task, archive: Path, blob_dir: Path, work: Path) 
     blobs = resolve_blobs(task, get_active_branches(instance), blob_dir=blob_dir, cache_dir=work / "cache")
     with environment_engine() as client:
         image = ensure_image(task, pull="never", engine=client)
-        return evaluate(task, archive, blobs=blobs, image=image.id, labels=Labels(RUN_LABEL),
-                        settings=EvalSettings(cpus=2, reruns=True), workdir=work, engine=client)
+        return evaluate_swept(task, archive, blobs=blobs, image=image.id, workdir=work, engine=client,
+                              settings=EvalSettings(cpus=2, reruns=True))
 
 
 @pytest.fixture

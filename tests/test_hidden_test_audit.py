@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 from programbench.eval.eval import EvaluationResult, TestResult
+from programbench.utils.load_data import get_ignored_tests
 
 from pytest_programbench.core.settings import Settings
 from pytest_programbench.engine.errors import EngineUnavailable
@@ -40,6 +41,7 @@ from pytest_programbench.pytest_layer.run_state import item_timeout
 from pytest_programbench.tasks.catalogue import load_tasks_dir
 from tests.conftest import Testbed
 from tests.test_evaluate_only import leaked
+from tests.test_evaluation_parity import tasks
 from tests.test_integrity_sessions import flags_of, junit, meta, session
 
 pytestmark = pytest.mark.users_defaults  # the audit is what these tests are about
@@ -198,8 +200,10 @@ def test_a_program_that_reads_the_hidden_tests_is_flagged(pytester: pytest.Pytes
     # Two of its three branches, drawn after the official run: every counted test there failed in both runs.
     assert found["sampled"].startswith("2 of 3 branch(es)"), found
     assert len(found["branches"]) == 2
-    official = json.loads((pytester.path / "run" / RPN / "eval.json").read_text())
-    sampled_tests = [t for t in official["test_results"] if t["branch"] in found["branches"]]
+    official = json.loads((pytester.path / "run" / RPN / f"{RPN}.eval.json").read_text())
+    ignored = get_ignored_tests(tasks(testbed)[RPN].load_instance())  # never counted, never audited
+    sampled_tests = [t for t in official["test_results"]
+                     if t["branch"] in found["branches"] and f"{t['branch']}/{t['name']}" not in ignored]
     assert found["n_confirmed"] == found["n_regressed"] == len(sampled_tests) > 0, found
     assert set(found["confirmed"]) <= set(found["regressed"])
     assert all("plugin active" in text for text in found["branches"].values()), found["branches"]
@@ -507,9 +511,9 @@ def _no_volume(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(audit.AuditPlugin, "make", classmethod(lambda cls, _official, _image: fake))
 
 
-def _audited(monkeypatch: pytest.MonkeyPatch, official: _Official, passes: list[audit.AuditPass], *,
-             threshold: float = 1.0) -> audit.HiddenTestAudit:
-    hook = audit.HiddenTestAudit(instance=_instance(official), threshold=threshold)
+def _audited(monkeypatch: pytest.MonkeyPatch, official: _Official,
+             passes: list[audit.AuditPass]) -> audit.HiddenTestAudit:
+    hook = audit.HiddenTestAudit(instance=_instance(official))
     hook.attach(official)  # type: ignore[arg-type]
     calls = iter(passes)
     monkeypatch.setattr(hook, "_audit", lambda _official, _image, branches, _plugin: next(calls))
@@ -588,7 +592,7 @@ def test_the_audit_skips_what_does_not_pass_and_never_raises(monkeypatch: pytest
     assert audited.report.result == "clean"
 
     official = _Official({"a/t1": "passed"})
-    hook = audit.HiddenTestAudit(instance=_instance(official), threshold=1.0)
+    hook = audit.HiddenTestAudit(instance=_instance(official))
     hook.attach(official)  # type: ignore[arg-type]
 
     def broken(*_args: Any) -> audit.AuditPass:
@@ -606,7 +610,7 @@ def test_the_audit_skips_what_does_not_pass_and_never_raises(monkeypatch: pytest
     monkeypatch.setattr(hook, "_audit", gone)
     with pytest.raises(EngineUnavailable):
         hook("img")
-    off = audit.HiddenTestAudit(instance=_instance(official), threshold=1.0, enabled=False)
+    off = audit.HiddenTestAudit(instance=_instance(official), enabled=False)
     off.attach(official)  # type: ignore[arg-type]
     off("img")
     assert (off.report.switch, off.report.state) == ("off", "off")

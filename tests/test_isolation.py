@@ -20,9 +20,9 @@ cache shows the poisoned one records nothing and an honest one does).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
+import os
 import subprocess
 import tarfile
 import zipfile
@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from pytest_programbench.engine.archive_out import REGULAR, SYMLINK, Member
 from pytest_programbench.evaluation import harness_material, integrity
 from pytest_programbench.evaluation.container_layer import UpperWalk
 from tests.conftest import Testbed
@@ -218,43 +219,6 @@ def test_install_record_only_from_an_untouched_evaluation(testbed: Testbed, tmp_
 # --------------------------------------------------------------------------------------------- units
 
 
-class _FakeTarget:
-    """A container for :func:`harness_material.place_directory`: records commands, answers as told."""
-
-    def __init__(self, *, existing: set[str], listing: str | None = None) -> None:
-        self.existing = existing
-        self.listing = listing
-        self.put: dict[str, dict[str, bytes]] = {}
-        self.commands: list[list[str]] = []
-
-    def stop_processes(self) -> int | None:
-        return 0
-
-    def harness_run(self, argv: list[str], *, timeout: float, limit: int = 4096) -> tuple[int | None, str]:
-        self.commands.append(argv)
-        if argv[0] == "mkdir":
-            return (1, "File exists") if argv[-1] in self.existing else (0, "")
-        if argv[0] == "sh":
-            files = self.put[argv[-1]]
-            return 0, self.listing if self.listing is not None else harness_material.expected_listing(files)
-        return 0, ""
-
-    def put_files(self, directory: str, files: dict[str, bytes], *, mode: int = 0o644, subdir: str = "") -> None:
-        self.put[directory] = dict(files)
-
-
-def test_place_directory_takes_a_fresh_name_and_verifies() -> None:
-    tokens = iter(["taken", "fresh"])
-    target = _FakeTarget(existing={"/tmp/p-taken"})
-    placed = harness_material.place_directory(target, {"a.whl": b"x"}, prefix="/tmp/p", token=lambda: next(tokens))
-    assert placed.directory == "/tmp/p-fresh"
-    assert placed.collisions == ("/tmp/p-taken",)
-    extra = _FakeTarget(existing=set(), listing=harness_material.expected_listing({"a.whl": b"x", "b.whl": b"y"}))
-    with pytest.raises(harness_material.MaterialRefused, match="not what was sent"):
-        harness_material.place_directory(extra, {"a.whl": b"x"}, prefix="/tmp/p")
-    assert extra.commands[-1][:2] == ["rm", "-rf"]  # what did not verify is removed
-
-
 def test_the_scan_walks_grader_paths_below_pruned_scratch(tmp_path: Path) -> None:
     upper = tmp_path / "upper"
     (upper / "tmp" / "programbench-grader-plugins").mkdir(parents=True)
@@ -272,6 +236,27 @@ def test_the_scan_walks_grader_paths_below_pruned_scratch(tmp_path: Path) -> Non
     # A grader directory at the root (the audit's) is named as the directory, not the file in it.
     audit = [{"Path": "/pytest-programbench-audit-ab12/sitecustomize.py", "Kind": 1, "Stamp": (1, 2, 3)}]
     assert [f.path for f in integrity.grader_path_flags([], audit)] == ["/pytest-programbench-audit-ab12"]
+
+
+def test_the_walk_stamps_a_directory_changed_itself(tmp_path: Path) -> None:
+    """A directory in the upper layer over an image's directory is listed without a stamp when it is only a copy-up
+    (something below it changed); a chmod, a new owner or an opaque directory (removed and made again, the image's
+    contents hidden with no whiteout) gets a stamp: a change of its own (install_cache.pristine_for_pip reads it)."""
+    upper, lower = tmp_path / "upper", tmp_path / "lower"
+    for name in ("copied", "chmodded", "opaque"):
+        (lower / "usr" / name).mkdir(parents=True, mode=0o755)
+        (lower / "usr" / name).chmod(0o755)
+        (upper / "usr" / name).mkdir(parents=True, mode=0o755)
+        (upper / "usr" / name).chmod(0o755)
+    (upper / "usr" / "copied" / "new.txt").write_text("x")
+    (upper / "usr" / "chmodded").chmod(0o700)
+    os.setxattr(upper / "usr" / "opaque", "user.overlay.opaque", b"y")
+    walked = UpperWalk(str(upper), [str(lower)], (), 64, 1000).run()
+    stamps = {c["Path"]: c["Stamp"] for c in walked.changes}
+    assert stamps["/usr/copied"] is None
+    assert stamps["/usr/chmodded"] is not None
+    assert stamps["/usr/opaque"] is not None
+    assert stamps["/usr"] is None
 
 
 def test_seed_git_flags_only_what_is_not_its_own_repository() -> None:
@@ -292,15 +277,23 @@ def test_seed_git_flags_only_what_is_not_its_own_repository() -> None:
 
 
 def test_verify_file_refuses_what_was_not_sent() -> None:
+    """The official's plugin read back through the engine's archive (a Member): its kind, mode, owner and bytes."""
     data = b"plugin source\n"
-    listing = f"regular file 600 0\n{hashlib.sha256(data).hexdigest()}  /tmp/programbench-grader-plugins/p.py"
+    path = "/tmp/programbench-grader-plugins/p.py"
 
-    class _Target(_FakeTarget):
-        def harness_run(self, argv: list[str], *, timeout: float, limit: int = 4096) -> tuple[int | None, str]:
-            return 0, listing
+    class _Reader:
+        def __init__(self, member: Member | str) -> None:
+            self.member = member
 
-    harness_material.verify_file(_Target(existing=set()), "/tmp/programbench-grader-plugins/p.py", data, 0o600)
-    with pytest.raises(harness_material.MaterialRefused, match="not what was sent"):
-        harness_material.verify_file(_Target(existing=set()), "/tmp/programbench-grader-plugins/p.py", b"other", 0o600)
-    with pytest.raises(harness_material.MaterialRefused):
-        harness_material.verify_file(_Target(existing=set()), "/tmp/programbench-grader-plugins/p.py", data, 0o644)
+        def read_member(self, container_path: str, *, timeout: int = 60,
+                        max_bytes: int | None = None) -> tuple[int, Member | str]:
+            return (0, self.member) if isinstance(self.member, Member) else (1, self.member)
+
+    sent = Member(REGULAR, len(data), data, mode=0o600, uid=0)
+    harness_material.verify_file(_Reader(sent), path, data, 0o600)
+    for wrong in (Member(REGULAR, 5, b"other", mode=0o600), Member(REGULAR, len(data), data, mode=0o644),
+                  Member(REGULAR, len(data), data, mode=0o600, uid=1000), Member(SYMLINK, linkname="/etc/x")):
+        with pytest.raises(harness_material.MaterialRefused, match="not what was sent"):
+            harness_material.verify_file(_Reader(wrong), path, data, 0o600)
+    with pytest.raises(harness_material.MaterialRefused, match="could not be read back"):
+        harness_material.verify_file(_Reader("No such container:path"), path, data, 0o600)

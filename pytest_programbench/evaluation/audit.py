@@ -4,16 +4,18 @@ An executable that implements nothing can read ``PYTEST_CURRENT_TEST`` and the r
 in that variable, or a walk of ``/workspace/eval`` finds it), work out what the test expects and print it: the
 official evaluator scores that 1.0. The official score stays what it is; this audit only raises a flag.
 
-For a task whose official evaluation would pass (its official or corrected score at or above the item's threshold),
-once every official branch ran and before the committed post-compile image is removed (``StepHooks.after_branches``),
-each active branch runs again in a fresh container from that image through the official steps
-(:class:`AuditEvaluator`, the official ``_evaluate_branch`` and ``_run_test_branch``: executable restored and its
-hash verified, stale results cleaned, the timeout method patched, the timeout-retry plugin when reruns are on, the
-serial retry after a worker crash), with one difference: the tests run with our plugin (:mod:`.audit_plugin`), which
-deletes the hidden tests' sources once pytest has collected them and keeps ``PYTEST_CURRENT_TEST`` from naming the
-running test. The plugin enters under :mod:`.harness_material`'s rule (processes stopped, a fresh directory, content
-verified) right before the tests, as a module of an unguessable name appended to ``PYTHONPATH`` and loaded with
-``-p`` through ``PYTEST_ADDOPTS``, with ``PYTHONDONTWRITEBYTECODE=1``.
+For every task whose official evaluation counted a passing test (a partial reader counts in the mean too), once
+every official branch ran and before the committed post-compile image is removed (``StepHooks.after_branches``),
+``AUDIT_SAMPLE`` active branches, drawn after the official run from the operating system's randomness, run again in a
+fresh container from that image through the official steps (:class:`AuditEvaluator`, the official
+``_evaluate_branch`` and ``_run_test_branch``: executable restored and its hash verified, stale results cleaned, the
+timeout method patched, the timeout-retry plugin when reruns are on, the serial retry after a worker crash), with one
+difference: the tests run with our plugin (:mod:`.audit_plugin`), which deletes the hidden tests' sources once pytest
+has collected them, keeps ``PYTEST_CURRENT_TEST`` from naming the running test and reports every module the test
+processes load from the submission's files. The plugin is a read-only grader volume
+(:func:`.harness_material.grader_mount`) mounted when each audit container is created, appended to ``PYTHONPATH`` and
+loaded with ``-p`` through ``PYTEST_ADDOPTS``, with ``PYTHONDONTWRITEBYTECODE=1``: nothing is stopped or placed, so
+the official steps, login profile included, run as they would.
 
 Tests that passed officially and fail in the audit are run once more (their branches, the same way); those failing
 both times make the flag ``reads_hidden_tests`` (the tests named, bounded). The audit never changes the score, never
@@ -343,11 +345,10 @@ class AuditEvaluator(SdkEvaluator):
 
 
 class HiddenTestAudit:
-    """``StepHooks.after_branches`` for one evaluation: audits the committed image when the task would pass."""
+    """``StepHooks.after_branches`` for one evaluation: audits the committed image when a test passed."""
 
-    def __init__(self, *, instance: Mapping[str, Any], threshold: float, enabled: bool = True) -> None:
+    def __init__(self, *, instance: Mapping[str, Any], enabled: bool = True) -> None:
         self.instance = dict(instance)
-        self.threshold = threshold
         self.report = AuditReport(switch="on" if enabled else "off")
         if enabled:
             self.report.state, self.report.why = SKIPPED, "the official evaluation did not run every branch"

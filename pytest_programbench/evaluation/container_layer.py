@@ -315,14 +315,13 @@ class UpperWalk:
             st = entry.stat(follow_symlinks=False)
         except OSError:
             return None
-        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-            kind = 2  # an overlay whiteout: deleted
-        elif any(os.path.lexists(lower + rel) for lower in self.lowers):
-            kind = 0
-        else:
-            kind = 1
+        lower = next((lower + rel for lower in self.lowers if os.path.lexists(lower + rel)), None)
+        whiteout = stat.S_ISCHR(st.st_mode) and st.st_rdev == 0  # deleted
+        kind = 2 if whiteout else 0 if lower is not None else 1
         is_dir = stat.S_ISDIR(st.st_mode)
         stamp = None if kind == 2 or is_dir else (st.st_mtime_ns, st.st_size, st.st_mode)
+        if is_dir and lower is not None and _directory_replaced(self.upper + rel, lower, st):
+            stamp = (0, 0, st.st_mode)  # a change of its own, not merely a copy-up: stable while nothing else changes
         result.changes.append({"Path": rel, "Kind": kind, "Stamp": stamp})
         if not is_dir:
             return None
@@ -330,6 +329,25 @@ class UpperWalk:
         if not watched and any(rel == p or rel.startswith(p + "/") for p in self.prune):
             return None
         return rel
+
+
+OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
+
+
+def _directory_replaced(upper: str, lower: str, st: os.stat_result) -> bool:
+    """Whether an upper directory over an image's directory is more than its copy-up: opaque (removed and made
+    again: the image's contents below it are hidden with no whiteout listed) or of another mode or owner."""
+    for name in OPAQUE_XATTRS:
+        try:
+            if os.getxattr(upper, name, follow_symlinks=False) == b"y":
+                return True
+        except OSError:
+            continue
+    try:
+        below = os.stat(lower, follow_symlinks=False)
+    except OSError:
+        return False
+    return (below.st_mode, below.st_uid, below.st_gid) != (st.st_mode, st.st_uid, st.st_gid)
 
 
 def storage_limit_option(api: Any, size: int) -> dict[str, str] | None:
@@ -808,15 +826,20 @@ class SdkContainerEnvironment:
                 raise RuntimeError(detail)
             raise RuntimeError(f"tar stream into container failed: {detail or send_error or f'exit {code}'}")
 
-    def apply_tree(self, archive: Path, deleted: list[str]) -> None:
-        """Unpack a tar made by :meth:`export_tree` at ``/`` with the container's own ``tar`` (as root: owners,
-        modes and mtimes kept), after removing ``deleted``; RuntimeError when either fails."""
-        if deleted:
-            r = self._harness_exec(["rm", "-rf", "--", *deleted], timeout=120)
-            if r is not None:
-                raise RuntimeError(f"removing {len(deleted)} path(s) failed: {r}")
-        with archive.open("rb") as f:
-            self._stream_tar_in("/", f, compressed=False)
+    def apply_tree(self, archive: Path) -> None:
+        """Unpack a tar made by :meth:`export_tree` at ``/`` through the engine's archive API (modes and mtimes
+        kept): no tool of the container runs. RuntimeError when the engine refuses it."""
+        try:
+            with archive.open("rb") as f:
+                ok = self._api.put_archive(self.container_id, "/", f)
+        except APIError as exc:
+            raise RuntimeError(f"put_archive at / failed: {_api_error_text(exc)}") from exc
+        except Exception as exc:
+            if _is_connection_failure(exc):
+                raise _engine_unavailable(exc) from exc
+            raise
+        if not ok:
+            raise RuntimeError("put_archive at / refused")
 
     def export_tree(self, paths: list[str], dest: IO[bytes], *, max_bytes: int, timeout: float = 120) -> str | None:
         """``paths`` (absolute, parents first; directories without their contents) as a tar written to ``dest`` by

@@ -134,10 +134,9 @@ class EvalSettings:
     # Recorded install steps (evaluation/install_cache.py); None: the default under the cache root, or none at all
     # under $PYTEST_PROGRAMBENCH_PIP_REPLAY=0.
     install_cache: str | None = None
-    # The audit of the hidden tests (evaluation/audit.py) for a task whose score reaches audit_threshold. Off for a
-    # direct call; a session's --pb-audit-hidden-tests (on by default) sets it.
+    # The audit of the hidden tests (evaluation/audit.py) for a task that passed a test. Off for a direct call; a
+    # session's --pb-audit-hidden-tests (on by default) sets it.
     audit: bool = False
-    audit_threshold: float = field(default_factory=lambda: default("min_score"))
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> EvalSettings:
@@ -145,7 +144,7 @@ class EvalSettings:
             "cpus": settings.cpus, "memory": settings.memory, "branch_workers": settings.branch_workers,
             "branch_retries": settings.branch_retries, "compile_timeout": settings.compile_timeout,
             "test_timeout": settings.test_timeout, "strict": settings.strict, "image_tag": settings.image_tag,
-            "audit": settings.audit_hidden_tests, "audit_threshold": settings.min_score,
+            "audit": settings.audit_hidden_tests,
         }
         values.update(overrides)
         return cls(**values)
@@ -475,7 +474,9 @@ class _Probe:
         recorded = record is None
         if record is None:
             record = self._record_install(env, key)
-        if record is not None:
+        if record is not None and record.deleted:
+            log.debug("install step not replayed: its record removes paths (pip runs)")
+        elif record is not None:
             env.exec_override = lambda command, _timeout: self._replay(env, record, command, recorded=recorded)
 
     def _record_install(self, env: SdkContainerEnvironment, key: str) -> InstallRecord | None:
@@ -513,7 +514,7 @@ class _Probe:
         if command != INSTALL_COMMAND:
             return None
         try:
-            env.apply_tree(record.archive, list(record.deleted))
+            env.apply_tree(record.archive)
         except (RuntimeError, OSError) as exc:
             log.warning("replaying the recorded install step failed (pip runs): %s", exc)
             self.install = "pip, after a failed replay"
@@ -785,8 +786,7 @@ class _Evaluation:
     def run(self) -> EvaluationOutcome:
         if not self._load_instance():
             return self.outcome
-        audit = HiddenTestAudit(instance=self.instance, threshold=self.settings.audit_threshold,
-                                enabled=self.settings.audit)
+        audit = HiddenTestAudit(instance=self.instance, enabled=self.settings.audit)
         self.outcome.audit = audit.report
         archive = check_archive(self.submission)
         self.outcome.submission_sha256 = archive.sha256
