@@ -193,8 +193,17 @@ check_owners() {
     printf '[setup %4ds] REFUSED: %s exists and %s; re-tagging it would break its runs.\n' "$SECONDS" "$ref" "$why" >&2
     refused=1
   done < <(fixture_images)
-  [ "$refused" = 0 ] || die "nothing was changed. Give the test bed an engine of its own (DOCKER_HOST), or remove" \
-    "those tags if nothing needs them (docker image rm REF); PB_TESTBED_REPLACE=1 replaces another checkout's images"
+  [ "$refused" = 0 ] && return
+  # Pasteable: a second dockerd (the same /etc/docker/daemon.json, its own socket, data and exec roots) and the
+  # variable that points this script and the test suite at it.
+  cat >&2 <<HINT
+Give the test bed an engine of its own: paste these two lines, then run this script again in the same shell:
+  setsid nohup dockerd --host unix:///run/pb-testbed.sock --data-root /var/lib/pb-testbed --exec-root /run/pb-testbed --pidfile /run/pb-testbed.pid >>/var/log/pb-testbed-dockerd.log 2>&1 </dev/null &
+  export DOCKER_HOST=unix:///run/pb-testbed.sock
+Or replace another checkout's images on this engine: PB_TESTBED_REPLACE=1 bash $TB/setup.sh
+Or remove those tags if nothing needs them: docker image rm REF
+HINT
+  die "nothing was changed"
 }
 
 # $1 instance id, $2 build context

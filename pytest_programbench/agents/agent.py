@@ -347,6 +347,9 @@ class AgentRunner:
                 notes.append(f"no known-good solution for {self.task.instance_id} (looked for "
                              f"{self.task.task_dir / 'solution'} and ../solutions/{self.task.instance_id})")
                 self._log(notes[-1])
+                if self.check_command:  # the user's input, like a missing command: an error, and the session stops
+                    raise AgentCommandMissing(f"--pb-agent reference: {notes[-1]}; `reference` replays a task's "
+                                              "known-good solution, so it runs only on tasks that have one")
                 return 1, False
         else:
             assert self.spec.replay_dir is not None

@@ -84,6 +84,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SchedulingPlugin(session), SCHEDULING_PLUGIN)
 
 
+NOTHING_ASKED = ("programbench: no tasks collected, none was asked for: any --pb-* option (e.g. --pb-language go), a "
+                 "programbench::<id> argument or ini pb_enable = true selects them")
+
+
+def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> str | None:
+    """Nothing selected and no task asked for: ``pytest --co -q`` or ``-k pandoc`` beside another suite would otherwise
+    say only "no tests collected". Not on xdist's controller, which collects nothing itself."""
+    if items or opted_in(config) or config.pluginmanager.has_plugin("dsession"):
+        return None
+    return NOTHING_ASKED
+
+
 def opted_in(config: pytest.Config) -> bool:
     """Any ``--pb-*`` flag or a ``programbench::<id>`` argument opts in; so does ini ``pb_enable`` when pytest runs
     from the rootdir with no path."""

@@ -25,7 +25,7 @@ from docker.errors import DockerException, ImageNotFound
 from programbench.constants import HF_REPO_ID, HF_REVISION
 from programbench.utils.load_data import get_active_branches
 
-from pytest_programbench.agents.agent import AgentEnvError, agent_env
+from pytest_programbench.agents.agent import AgentEnvError, agent_env, find_solution
 from pytest_programbench.agents.command_check import (
     COMMAND_CHECK_TIMEOUT,
     checkable_word,
@@ -357,6 +357,9 @@ def check_agent(report: PreflightReport, spec: AgentSpec, settings: Settings, *,
                 present: Mapping[str, str], identity: RunIdentity, env: Mapping[str, str],
                 engine: DockerEngine) -> None:
     """The agent's command is found where it will run: the host, or a sample sandbox (after the set-up command)."""
+    if spec.kind == "reference":
+        report.add("agent", spec.label, *_solutions(tasks))
+        return
     if spec.kind != "command":
         report.add("agent", spec.label, True, "a preset")
         return
@@ -379,6 +382,16 @@ def check_agent(report: PreflightReport, spec: AgentSpec, settings: Settings, *,
         return
     report.add(*_command_in_sandbox(word, settings, sample, image_id=present[sample.instance_id], identity=identity,
                                     env=env, engine=engine))
+
+
+def _solutions(tasks: Sequence[Task]) -> tuple[bool, str]:
+    """``reference`` replays a task's known-good solution: a task without one could only fail to compile."""
+    lacking = [t.instance_id for t in tasks if find_solution(t) is None]
+    if not lacking:
+        return True, "a preset; every selected task has a known-good solution"
+    shown = ", ".join(lacking[:5]) + (f" and {len(lacking) - 5} more" if len(lacking) > 5 else "")
+    return False, (f"{len(lacking)} of {len(tasks)} selected tasks have no known-good solution for `reference` to "
+                   f"replay (<task dir>/solution/ or <tasks dir>/../solutions/<id>/): {shown}")
 
 
 def _command_in_sandbox(word: str, settings: Settings, task: Task, *, image_id: str, identity: RunIdentity,

@@ -289,9 +289,22 @@ class SessionReporting:
             if self.end_failed and session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.pb.settings.package:
-            try:
-                packaged = package(self.pb.identity.path)
-            except PackageError as exc:
-                self.end_lines.append(("programbench package", [f"not packaged: {exc}"]))
-            else:
-                self.end_lines.append(("programbench package", packaged.lines()))
+            self._package(session)
+
+    def _package(self, session: pytest.Session) -> None:
+        """--pb-package that packaged nothing fails the session: a CI step that asked for a package must not pass."""
+        try:
+            packaged = package(self.pb.identity.path)
+        except PackageError as exc:
+            self.end_lines.append(("programbench package", [f"not packaged: {exc}"]))
+            reason = f"programbench: --pb-package packaged nothing: {exc}"
+        else:
+            self.end_lines.append(("programbench package", packaged.lines()))
+            if packaged.packaged:
+                return
+            reason = ("programbench: --pb-package packaged nothing: none of the run's tasks is a ProgramBench "
+                      "benchmark task with an eval.json and a submission.tar.gz"
+                      + (f" (not benchmark tasks: {', '.join(packaged.skipped)})" if packaged.skipped else ""))
+        self.end_failed = "\n".join(filter(None, (self.end_failed, reason)))
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED

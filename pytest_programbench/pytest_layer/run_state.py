@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
@@ -213,6 +214,18 @@ def item_timeout(task: Task, settings: Settings) -> int:
     return (1 + settings.infra_retries) * (agent + evaluation) + TIMEOUT_MARGIN
 
 
+def forgotten_tasks_dir(submissions: SubmissionsDir, selected: Sequence[Task]) -> None:
+    """Submissions of tasks the catalogue lacks and none for a selected task: tasks of the user's own whose
+    ``--pb-tasks-dir`` was forgotten. Without this, every task deselected, an empty report and exit 5."""
+    unknown = submissions.unknown_ids
+    if not unknown or any(submissions.has(t.instance_id) for t in selected):
+        return
+    shown = ", ".join(unknown[:3]) + (f" (+{len(unknown) - 3} more)" if len(unknown) > 3 else "")
+    raise pytest.UsageError(
+        f"--pb-submissions: {submissions.root} holds tasks that are not in the catalogue ({shown}) and none for a "
+        "selected task; tasks of your own need --pb-tasks-dir DIR (the folder holding <id>/task.yaml, tests.json)")
+
+
 class RunState:
     """The opted-in session's state, apart from its hooks (``session.ProgramBenchSession`` adds those): settings,
     selection, identity, agent, engines, summary. Its companions (reporting, stops, xdist, scheduling, progress, the
@@ -261,6 +274,7 @@ class RunState:
         self.without_submission: list[str] = []
         if settings.submissions:
             self.submissions = SubmissionsDir(Path(settings.submissions), catalogue)
+            forgotten_tasks_dir(self.submissions, selection.tasks)
             if not settings.require_all:
                 self.without_submission = [t.instance_id for t in selection.tasks
                                            if not self.submissions.has(t.instance_id)]

@@ -1,0 +1,159 @@
+"""A newcomer's first hour (issue 43): each rough edge met on a fresh machine, through the real session or script
+that shows it. A refusal gives a hint the user can paste; a session where nothing asked for tasks says so; a run that
+could only fail or do nothing is a usage error naming the option; a step that did nothing exits non-zero."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import TESTBED, Testbed
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+RPN = "pbfix__rpn.0b5e55e"
+CALCULATOR = "testorg__calculator.abc1234"
+HINT_SOCKET = "/run/pb-testbed.sock"
+
+
+def _setup(copy: Path, tag: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PB_TESTBED_REPLACE"}
+    return subprocess.run(["bash", str(copy / "setup.sh")], capture_output=True, text=True, timeout=600,
+                          env={**env, "PB_PYTHON": sys.executable, "PB_TESTBED_IMAGE_TAG": tag})
+
+
+def _stop_engine(pidfile: Path, data_root: Path, exec_root: Path) -> None:
+    """The dockerd the hint started, by its pid (nothing else), and its roots."""
+    if pidfile.is_file():
+        pid = int(pidfile.read_text().strip())
+        os.kill(pid, 15)
+        for _ in range(60):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+    for root in (data_root, exec_root):
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_setup_refusal_gives_lines_that_start_an_engine_of_its_own(docker_client: Any, tmp_path: Path) -> None:
+    """testbed/setup.sh (the main job's first step) refuses an engine holding a foreign image of a test-bed name; its
+    hint holds the two lines that start an engine of its own, pasted here as they are: a second dockerd answers on
+    the socket the hint exports. The variable that allows replacing is named too."""
+    if Path(HINT_SOCKET).exists():
+        pytest.fail(f"{HINT_SOCKET} exists: another engine started from the hint is running", pytrace=False)
+    copy = tmp_path / "testbed"
+    shutil.copytree(TESTBED, copy, ignore=shutil.ignore_patterns(".state", "__pycache__"))
+    tag = f"pbtest-{uuid.uuid4().hex[:8]}"
+    calculator = f"programbench/{CALCULATOR.replace('__', '_1776_')}:{tag}"
+    base = next(i for i in docker_client.images.list() if any(t.startswith("pb-testbed-base:") for t in i.tags))
+    base.tag(calculator)  # no test-bed label: another process's image
+    try:
+        refused = _setup(copy, tag)
+    finally:
+        docker_client.images.remove(calculator)
+    assert refused.returncode != 0, refused.stdout + refused.stderr
+    lines = refused.stderr.splitlines()
+    start = lines.index("Give the test bed an engine of its own: paste these two lines, then run this script again "
+                        "in the same shell:")
+    pasted = [line.strip() for line in lines[start + 1:start + 3]]
+    assert pasted[1] == f"export DOCKER_HOST=unix://{HINT_SOCKET}"
+    assert f"Or replace another checkout's images on this engine: PB_TESTBED_REPLACE=1 bash {copy}/setup.sh" in lines
+    assert lines[-1].endswith("ERROR: nothing was changed")
+
+    roots = re.findall(r"--(?:data|exec)-root (\S+)", pasted[0])
+    pidfile = Path(re.findall(r"--pidfile (\S+)", pasted[0])[0])
+    try:
+        answered = subprocess.run(
+            ["bash", "-c", "\n".join([*pasted, "for i in $(seq 60); do docker version -f '{{.Server.Version}}' "
+                                      "2>/dev/null && exit 0; sleep 1; done; exit 1"])],
+            capture_output=True, text=True, timeout=120)
+        assert answered.returncode == 0, answered.stderr + Path("/var/log/pb-testbed-dockerd.log").read_text()[-2000:]
+        assert answered.stdout.strip()
+    finally:
+        _stop_engine(pidfile, Path(roots[0]), Path(roots[1]))
+
+
+def test_a_session_that_asked_for_no_task_says_so_in_one_line(pytester: pytest.Pytester) -> None:
+    """With the plugin installed beside another suite, ``--co -q`` and ``-k pandoc`` that select nothing say why no
+    task is there; a session that collects its own tests hears nothing of us."""
+    pytester.makepyfile(test_other="def test_a():\n    pass\n")
+    for args in (["--co", "-q"], ["-k", "pandoc"], ["--co", "-q", "-k", "pandoc"]):
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+        hints = [line for line in result.outlines if line.startswith("programbench:")]
+        if "-k" in args:
+            assert hints == ["programbench: no tasks collected, none was asked for: any --pb-* option (e.g. "
+                             "--pb-language go), a programbench::<id> argument or ini pb_enable = true selects them"]
+        else:
+            assert hints == [], result.outlines
+    empty = pytester.mkdir("empty")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--co", "-q", str(empty))
+    assert [line for line in result.outlines if line.startswith("programbench: no tasks collected")], result.outlines
+
+
+def _no_solution_tasks(pytester: pytest.Pytester, testbed: Testbed) -> Path:
+    """The rpn task (its image is the test bed's) in a tasks dir with no known-good solution beside it."""
+    tasks = pytester.mkdir("tasks")
+    shutil.copytree(testbed.tasks_dir / RPN, tasks / RPN)
+    return tasks
+
+
+def test_reference_agent_without_a_known_good_solution_is_refused(pytester: pytest.Pytester,
+                                                                 testbed: Testbed) -> None:
+    """``--pb-agent reference`` replays each task's known-good solution. On a task with none, preflight says so in a
+    row, and a run stops at the first sandbox with that reason (an error, not a score), nothing evaluated."""
+    tasks = _no_solution_tasks(pytester, testbed)
+    common = ["-p", "no:cacheprovider", "--pb-tasks-dir", str(tasks), "--pb-blob-dir", str(testbed.blob_dir),
+              "--pb-pull", "never", "--pb-filter", RPN, "--pb-agent", "reference"]
+    pre = pytester.runpytest_subprocess(*common, "--pb-preflight", "--pb-output", str(pytester.path / "pre"),
+                                        timeout=300)
+    assert pre.ret != 0
+    out = pre.stdout.str()
+    assert "1 of 1 selected tasks have no known-good solution for `reference` to replay" in out, out[-3000:]
+    assert RPN in out.split("no known-good solution", 1)[1]
+
+    run_dir = pytester.path / "run"
+    result = pytester.runpytest_subprocess(*common, "--pb-output", str(run_dir), timeout=600)
+    out = result.stdout.str()
+    result.assert_outcomes(errors=1)
+    assert "programbench: stopping: --pb-agent reference: no known-good solution for " + RPN in out, out[-3000:]
+    assert not (run_dir / RPN / f"{RPN}.eval.json").exists()
+
+
+def test_submissions_of_unknown_tasks_name_the_forgotten_tasks_dir(pytester: pytest.Pytester,
+                                                                  testbed: Testbed) -> None:
+    """Submissions of the user's own tasks without ``--pb-tasks-dir``: a usage error naming the option, not an
+    empty run (exit 5, an empty report, the cause in a warning)."""
+    run_dir = pytester.path / "run"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pb-submissions", str(testbed.submissions),
+                                           "--pb-output", str(run_dir), timeout=300)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "holds tasks that are not in the catalogue" in err, err
+    assert RPN in err
+    assert "tasks of your own need --pb-tasks-dir DIR" in err
+    assert not run_dir.exists()
+
+
+def test_package_that_packaged_nothing_fails_the_session(pytester: pytest.Pytester, testbed: Testbed) -> None:
+    """``--pb-package`` on a run of tasks that are not the benchmark's: the session exits non-zero with the reason,
+    though its one task passed (a CI step must not go green)."""
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
+        "--pb-pull", "never", "--pb-filter", RPN, "--pb-submissions", str(testbed.submissions),
+        "--pb-output", str(pytester.path / "run"), "--pb-package", timeout=600)
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["programbench: --pb-package packaged nothing: programbench's package_run: No "
+                                 "packageable instances found under * (it packages ProgramBench's own benchmark "
+                                 "tasks only, *)"])
