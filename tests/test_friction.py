@@ -4,11 +4,15 @@ could only fail or do nothing is a usage error naming the option; a step that di
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import re
 import shutil
+import struct
 import subprocess
 import sys
+import termios
 import time
 import uuid
 from pathlib import Path
@@ -157,3 +161,47 @@ def test_package_that_packaged_nothing_fails_the_session(pytester: pytest.Pytest
     result.stdout.fnmatch_lines(["programbench: --pb-package packaged nothing: programbench's package_run: No "
                                  "packageable instances found under * (it packages ProgramBench's own benchmark "
                                  "tasks only, *)"])
+
+
+def _on_a_tty(args: list[str], cwd: Path, timeout: float = 600) -> str:
+    """A session whose stdout is a terminal (as a user's is): what it wrote, carriage returns and all."""
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))  # a terminal's size: rows, columns
+    env = {**os.environ, "COLUMNS": "160", "LINES": "50"}
+    with subprocess.Popen([sys.executable, "-m", "pytest", *args], stdin=subprocess.DEVNULL, stdout=sub,
+                          stderr=sub, cwd=cwd, env=env) as proc:
+        os.close(sub)
+        chunks: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the session ended: the terminal's other side is closed
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(main)
+        proc.wait(timeout=60)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_the_deselection_line_is_short_and_on_its_own_line(pytester: pytest.Pytester, testbed: Testbed) -> None:
+    """An evaluate-only run of one submission over the whole catalogue (202 tasks deselected) under ``-n 2`` on a
+    terminal: the note names three tasks and counts the rest, and starts a line of its own, after xdist's status line
+    (which ends in a carriage return). The live progress view (the default on a terminal) draws pytest's unfinished
+    line itself; off here, so the line is pytest's and xdist's alone."""
+    subs = pytester.mkdir("subs")
+    shutil.copytree(testbed.submissions / RPN, subs / RPN)
+    out = _on_a_tty(["-p", "no:cacheprovider", "-n", "2", "--pb-tasks-dir", str(testbed.tasks_dir),
+                     "--pb-blob-dir", str(testbed.blob_dir), "--pb-pull", "never", "--pb-submissions", str(subs),
+                     "--pb-output", str(pytester.path / "run"), "--pb-progress", "off"], pytester.path)
+    # What the terminal shows of each line: the text after its last carriage return, colours left out.
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out)
+    shown = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in plain.split("\n")]
+    notes = [line for line in shown if "have no submission in" in line]
+    assert len(notes) == 1, out[-3000:]
+    assert notes[0].startswith("programbench: 202 selected tasks have no submission in "), repr(notes[0])
+    assert notes[0].endswith("(+199 more; --pb-require-all makes a missing one an error)"), notes[0]
+    assert len(notes[0]) < 300 + len(str(subs)), len(notes[0])
+    assert "1 passed" in out, out[-3000:]

@@ -214,6 +214,9 @@ def item_timeout(task: Task, settings: Settings) -> int:
     return (1 + settings.infra_retries) * (agent + evaluation) + TIMEOUT_MARGIN
 
 
+DESELECTED_NAMED = 3  # tasks without a submission named in the header line; the rest counted
+
+
 def forgotten_tasks_dir(submissions: SubmissionsDir, selected: Sequence[Task]) -> None:
     """Submissions of tasks the catalogue lacks and none for a selected task: tasks of the user's own whose
     ``--pb-tasks-dir`` was forgotten. Without this, every task deselected, an empty report and exit 5."""
@@ -323,8 +326,10 @@ class RunState:
         --pb-require-all)."""
         if not self.without_submission:
             return []
-        shown = ", ".join(self.without_submission[:20])
-        more = f" (+{len(self.without_submission) - 20} more)" if len(self.without_submission) > 20 else ""
+        # A few names: every evaluate-only run of part of the catalogue says this, once, in the header.
+        shown = ", ".join(self.without_submission[:DESELECTED_NAMED])
+        left = len(self.without_submission) - DESELECTED_NAMED
+        more = f" (+{left} more; --pb-require-all makes a missing one an error)" if left > 0 else ""
         return [f"programbench: {len(self.without_submission)} selected tasks have no submission in "
                 f"{self.settings.submissions} and were deselected: {shown}{more}"]
 

@@ -60,5 +60,7 @@ class XdistHooks:
             reporter = self.pb.config.pluginmanager.get_plugin("terminalreporter")
             for line in self.pb.deselected_lines():
                 if reporter is not None:
+                    if reporter.isatty:  # xdist's status line ends in a carriage return, not a newline
+                        reporter.write("\n")
                     reporter.write_line(line)
         self.pb.start_summary(ids)
