@@ -205,3 +205,22 @@ def test_the_deselection_line_is_short_and_on_its_own_line(pytester: pytest.Pyte
     assert notes[0].endswith("(+199 more; --pb-require-all makes a missing one an error)"), notes[0]
     assert len(notes[0]) < 300 + len(str(subs)), len(notes[0])
     assert "1 passed" in out, out[-3000:]
+
+
+def test_a_corrupt_submission_is_named_as_the_user_passed_it(pytester: pytest.Pytester, testbed: Testbed) -> None:
+    """``--pb-submissions DIR`` whose archive is not gzip: the failure names DIR's file, not the run directory's
+    copy of it (the user fixes the one they passed)."""
+    subs = pytester.mkdir("my-submissions")
+    (subs / RPN).mkdir()
+    (subs / RPN / "submission.tar.gz").write_bytes(b"\x00garbage" * 64)
+    run_dir = pytester.path / "run"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
+        "--pb-pull", "never", "--pb-filter", RPN, "--pb-submissions", str(subs), "--pb-output", str(run_dir),
+        timeout=600)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    mine = subs / RPN / "submission.tar.gz"
+    assert f"invalid_submission_archive: {mine} is not gzip-compressed (the evaluator unpacks it with tar -xzf)" \
+        in out, out[-3000:]
+    assert str(run_dir / RPN / "submission.tar.gz") not in out

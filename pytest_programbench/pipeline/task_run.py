@@ -489,6 +489,9 @@ class TaskRun:
                 workdir=self.artifacts.dir,
                 engine=self.engine_client(),
             )
+        source = self.meta.get("submission_source")
+        if source and result.error_details:  # the file the user passed, not our copy of it in the run directory
+            result.error_details = result.error_details.replace(str(submission), str(source))
         self.meta["evaluation"] = result.meta()
         if result.infra_error is None and self.key.kind != GOLD:
             # After the evaluation, on the host: the hidden tests' options against the agent's calls (coverage.py).
