@@ -1,6 +1,7 @@
 """Evaluation wall time: the official ``programbench eval`` against ``pytest --pb-submissions`` on the same submissions.
 
-    python bench/bench_eval.py [--repeat N] [--variant good] [--branches N] [--only NAME]... [--skip NAME]...
+    python bench/bench_eval.py [--repeat N] [--variant good] [--branches N | --realistic] [--only NAME]...
+                               [--skip NAME]...
 
 Runs, on copies of the test bed's run directory ``testbed/.state/submissions/<variant>`` (all four fixture tasks):
 
@@ -14,6 +15,13 @@ Runs, on copies of the test bed's run directory ``testbed/.state/submissions/<va
 * ``pytest -n 1``, ``pytest -n 2`` — the plugin, reruns on (the host's cached wheels).
 * ``pytest -n 1, reruns off`` — the plugin without wheels (``PYTEST_PROGRAMBENCH_WHEELS`` pointing nowhere): the
   like-for-like comparison with the offline ``official`` row.
+* ``pytest -n 1, audit off``, ``pytest -n 2, audit off`` — the plugin, reruns on, ``--pb-audit-hidden-tests off``.
+
+Every row records the machine's one-minute load average before and after it; with ``--repeat N`` the
+configurations run in turn N times (ours and the official's interleaved) and the best of each is kept.
+
+``--realistic`` replaces the tasks by one of the medians of the real tasks: the test bed's rpn (its image and good
+submission) with ten branches of 170 generated tests each, every test running the executable once.
 
 ``--branches N`` gives each of the test bed's own three tasks N active branches (its own repeated under new ids,
 blobs copied), the shape of a real task (about ten branches; the fixtures have two or three), and leaves out the
@@ -113,6 +121,58 @@ def widened(work: Path, env: dict[str, str], source: Path, branches: int) -> tup
     return {**env, "PB_TESTBED_TASKS_DIR": str(tasks_root), "PB_TESTBED_BLOB_DIR": str(blobs_root)}, runs
 
 
+REALISTIC_TASK = "pbfix__rpn.0b5e55e"  # its good submission prints a sum of integers as the integer
+
+
+def realistic(work: Path, env: dict[str, str], source: Path, branches: int = 10, tests: int = 170
+              ) -> tuple[dict[str, str], Path]:
+    """The realistic task: the test bed's rpn (its image and submission) with ``branches`` active branches of
+    ``tests`` tests each, the medians of the real tasks. Every test runs the executable once, as a real hidden test
+    does (``rpn A B +`` printing the sum); each branch keeps rpn's own ``run.sh`` and ``pytest.ini``. Returns the
+    environment pointing at its tasks and blob directories and the run directory holding its one submission."""
+    import io
+    import tarfile
+
+    bed_tasks, bed_blobs = Path(env["PB_TESTBED_TASKS_DIR"]), Path(env["PB_TESTBED_BLOB_DIR"])
+    tasks_root, blobs_root, runs = work / "real-tasks", work / "real-blobs", work / "real-runs" / source.name
+    task = bed_tasks / REALISTIC_TASK
+    shutil.copytree(task, tasks_root / task.name, ignore=shutil.ignore_patterns("tests"))
+    original = sorted(json.loads((task / "tests.json").read_text())["branches"])
+    with tarfile.open(bed_blobs / task.name / "tests" / f"{original[0]}.tar.gz") as tar:
+        kept = {m.name: (m, tar.extractfile(m).read() if m.isfile() else b"")  # type: ignore[union-attr]
+                for m in tar.getmembers() if m.name in ("./eval/run.sh", "./eval/pytest.ini")}
+    listed = {}
+    for k in range(branches):
+        branch = f"{k:04x}5e55e0{k:02x}"
+        module = f"test_wide_{k:02d}"
+        lines = ['"""Generated: one run of the executable per test."""', "", "import subprocess", "", ""]
+        names = []
+        for i in range(tests):
+            a, b = 7 * i + k, 3 * i + 1
+            lines += [f"def test_sum_{i:04d}():",
+                      f"    r = subprocess.run(['./executable', '{a}', '{b}', '+'], stdin=subprocess.DEVNULL,",
+                      "                       capture_output=True, text=True, timeout=10)",
+                      f"    assert (r.returncode, r.stdout) == (0, '{a + b}\\n')", "", ""]
+            names.append(f"tests.{module}.test_sum_{i:04d}")
+        listed[branch] = {"ignore_reason": "", "ignored": False, "ignored_tests": [], "tests": names}
+        blob = blobs_root / task.name / "tests" / f"{branch}.tar.gz"
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(blob, "w:gz") as out:
+            for name in ("./", "./eval/", "./eval/tests/"):
+                info = tarfile.TarInfo(name)
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                out.addfile(info)
+            for member, data in kept.values():
+                out.addfile(member, io.BytesIO(data))
+            data = "\n".join(lines).encode()
+            info = tarfile.TarInfo(f"./eval/tests/{module}.py")
+            info.size, info.mode = len(data), 0o644
+            out.addfile(info, io.BytesIO(data))
+    (tasks_root / task.name / "tests.json").write_text(json.dumps({"branches": listed}, indent=2))
+    shutil.copytree(source / task.name, runs / task.name)
+    return {**env, "PB_TESTBED_TASKS_DIR": str(tasks_root), "PB_TESTBED_BLOB_DIR": str(blobs_root)}, runs
+
+
 def scores_from_eval_json(run_dir: Path, tasks_dir: Path) -> dict[str, float]:
     """Per-task scores of a run directory, the official way (``programbench info``'s computation)."""
     from programbench.eval.eval import EvaluationResult
@@ -174,6 +234,11 @@ def timed(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path) -> tuple
     return time.monotonic() - started, proc.returncode
 
 
+def load_average() -> float:
+    """The machine's one-minute load average (the machine is shared: every row says what it ran beside)."""
+    return round(os.getloadavg()[0], 2)
+
+
 def run_official(name: str, source: Path, work: Path, tasks_dir: Path, env: dict[str, str],
                  wheels: str, workers: int = 1) -> dict[str, Any]:
     slug = name.replace("+", "-").replace(" ", "")
@@ -183,13 +248,14 @@ def run_official(name: str, source: Path, work: Path, tasks_dir: Path, env: dict
     cmd = [sys.executable, "-c", OFFICIAL_SHIM, str(tasks_dir), wheels, "eval", str(run_dir), "--docker-cpus", "2"]
     if workers > 1:
         cmd += ["-w", str(workers)]
+    load = load_average()
     seconds, rc = timed(cmd, env=penv, cwd=work, log=work / f"{slug}.log")
     return {"name": name, "seconds": seconds, "returncode": rc, "scores": scores_from_eval_json(run_dir, tasks_dir),
-            "breakdown": step_breakdown(run_dir)}
+            "breakdown": step_breakdown(run_dir), "load": [load, load_average()]}
 
 
 def run_plugin(name: str, source: Path, work: Path, tasks_dir: Path, env: dict[str, str], workers: int,
-               reruns: bool) -> dict[str, Any]:
+               reruns: bool, audit: bool = True) -> dict[str, Any]:
     slug = name.replace(" ", "").replace(",", "-").replace("=", "")
     run_copy = work / f"{slug}-input" / source.name
     shutil.copytree(source, run_copy)
@@ -202,11 +268,14 @@ def run_plugin(name: str, source: Path, work: Path, tasks_dir: Path, env: dict[s
            env["PB_TESTBED_BLOB_DIR"], "--pb-cpus", "2", "--pb-output", str(output)]
     if workers > 1:
         cmd += ["-n", str(workers)]
+    if not audit:
+        cmd += ["--pb-audit-hidden-tests", "off"]
     cwd = work / f"{slug}-cwd"
     cwd.mkdir()
+    load = load_average()
     seconds, rc = timed(cmd, env=penv, cwd=cwd, log=work / f"{slug}.log")
     return {"name": name, "seconds": seconds, "returncode": rc, "scores": scores_from_eval_json(output, tasks_dir),
-            "breakdown": step_breakdown(output)}
+            "breakdown": step_breakdown(output), "load": [load, load_average()]}
 
 
 def select_skipped(names: list[str], skip: list[str], only: list[str]) -> set[str]:
@@ -237,6 +306,8 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[], help="run only this configuration (repeatable)")
     parser.add_argument("--branches", type=int, default=0,
                         help="give each of the test bed's own tasks this many branches (its own repeated)")
+    parser.add_argument("--realistic", action="store_true",
+                        help="only the realistic task: rpn with 10 branches of 170 generated tests each")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
 
@@ -245,7 +316,9 @@ def main() -> None:
     if not source.is_dir():
         sys.exit(f"no run directory {source}")
     work_root = Path(tempfile.mkdtemp(prefix="pb-bench-"))
-    if args.branches > 0:
+    if args.realistic:
+        env, source = realistic(work_root, env, source)
+    elif args.branches > 0:
         env, source = widened(work_root, env, source, args.branches)
     from pytest_programbench.evaluation.rerunfailures import ensure_wheels
 
@@ -263,11 +336,16 @@ def main() -> None:
         ("pytest -n 2", lambda w, t: run_plugin("pytest -n 2", source, w, t, env, 2, True)),
         ("pytest -n 1, reruns off", lambda w, t: run_plugin("pytest -n 1, reruns off", source, w, t, env, 1, False)),
         ("pytest -n 2, reruns off", lambda w, t: run_plugin("pytest -n 2, reruns off", source, w, t, env, 2, False)),
+        ("pytest -n 1, audit off", lambda w, t: run_plugin("pytest -n 1, audit off", source, w, t, env, 1, True,
+                                                           audit=False)),
+        ("pytest -n 2, audit off", lambda w, t: run_plugin("pytest -n 2, audit off", source, w, t, env, 2, True,
+                                                           audit=False)),
     ]
     names = [name for name, _run in configs]
     skip = select_skipped(names, args.skip, args.only)
     if not wheels.available:
-        skip |= {"official+wheels", "official+wheels -w 2", "pytest -n 1", "pytest -n 2"}
+        skip |= {"official+wheels", "official+wheels -w 2", "pytest -n 1", "pytest -n 2", "pytest -n 1, audit off",
+                 "pytest -n 2, audit off"}
     rows: dict[str, dict[str, Any]] = {}
     try:
         tasks_dir = merged_tasks_dir(work_root, env)
@@ -278,8 +356,8 @@ def main() -> None:
                 work = work_root / f"{attempt}-{name.replace(' ', '').replace(',', '-').replace('+', '-')}"
                 work.mkdir()
                 row = run(work, tasks_dir)
-                print(f"[{attempt + 1}/{args.repeat}] {name}: {row['seconds']:.1f} s (exit {row['returncode']})",
-                      file=sys.stderr)
+                print(f"[{attempt + 1}/{args.repeat}] {name}: {row['seconds']:.1f} s (exit {row['returncode']}, "
+                      f"load {row['load'][0]} -> {row['load'][1]})", file=sys.stderr)
                 best = rows.get(name)
                 row["all_seconds"] = [*(best or {}).get("all_seconds", []), round(row["seconds"], 2)]
                 if best is None or row["seconds"] < best["seconds"]:
@@ -295,7 +373,8 @@ def main() -> None:
     tasks = sorted(next(iter(rows.values()))["scores"]) if rows else []
     print()
     print(f"{len(tasks)} submissions from {source} ({', '.join(tasks)}); best of {args.repeat}")
-    print(f"{'configuration':26s} {'wall s':>8s} {'÷ official':>11s} {'÷ off.+wheels':>14s} {'mean score':>11s}")
+    print(f"{'configuration':26s} {'wall s':>8s} {'÷ official':>11s} {'÷ off.+wheels':>14s} {'mean score':>11s} "
+          f"{'load':>11s}")
     for name, row in rows.items():
         ratio = f"{row['seconds'] / base:.2f}x" if base else "-"
         ratio_w = f"{row['seconds'] / base_wheels:.2f}x" if base_wheels else "-"
@@ -303,9 +382,11 @@ def main() -> None:
         row["ratio_official"] = round(row["seconds"] / base, 3) if base else None
         row["ratio_official_wheels"] = round(row["seconds"] / base_wheels, 3) if base_wheels else None
         row["mean_score"] = mean
-        print(f"{name:26s} {row['seconds']:8.1f} {ratio:>11s} {ratio_w:>14s} {mean:11.3f}")
+        load = f"{row['load'][0]}-{row['load'][1]}"
+        print(f"{name:26s} {row['seconds']:8.1f} {ratio:>11s} {ratio_w:>14s} {mean:11.3f} {load:>11s}")
     for name, theirs in (("pytest -n 2", "official -w 2"), ("pytest -n 2, reruns off", "official -w 2"),
-                         ("pytest -n 2", "official+wheels -w 2")):
+                         ("pytest -n 2", "official+wheels -w 2"), ("pytest -n 2, audit off", "official+wheels -w 2"),
+                         ("pytest -n 1, audit off", "official+wheels")):
         parallel = rows.get(theirs, {}).get("seconds")
         if parallel and name in rows:
             rows[name][f"ratio_{theirs}"] = round(rows[name]["seconds"] / parallel, 3)
@@ -337,7 +418,8 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = RESULTS / f"bench_eval-{stamp}.json"
-    out.write_text(json.dumps({"when": stamp, "variant": args.variant, "branches": args.branches, "repeat": args.repeat,
+    out.write_text(json.dumps({"when": stamp, "variant": args.variant, "branches": args.branches,
+                               "realistic": args.realistic, "repeat": args.repeat,
                                "cores": os.cpu_count(), "tasks": tasks, "rows": rows}, indent=2, default=str))
     print(f"wrote {out}")
 
