@@ -48,6 +48,7 @@ def compare_finished_runs(config: pytest.Config) -> int:
     return int(pytest.ExitCode.OK)
 
 
+DEFAULT_RUNS = "pb-runs"  # where runs go without --pb-output: --pb-report reads their recorded tasks directories
 # Options --pb-report reads; any other --pb-* option asks for a run, which it does not do.
 REPORT_OPTIONS = frozenset({"--pb-report", "--pb-tasks-dir", "--pb-registry-ignore"})
 
@@ -59,7 +60,8 @@ def report_foreign_run(config: pytest.Config) -> int:
                            "nothing: {extra} cannot go with it")
     try:
         run, path = foreign_runs.report(Path(values["report"]), tasks_dirs=values.get("tasks_dirs") or (),
-                                        ignore_file=values.get("registry_ignore"))
+                                        ignore_file=values.get("registry_ignore"),
+                                        runs_beside=[config.invocation_params.dir / DEFAULT_RUNS])
     except foreign_runs.ForeignRunError as exc:
         raise pytest.UsageError(f"--pb-report: {exc}") from None
     writer = create_terminal_writer(config)

@@ -440,12 +440,41 @@ def report_data(run: ForeignRun, *, ignore_file: str | None = None) -> dict[str,
     return data
 
 
-def report(path: Path, *, tasks_dirs: Sequence[str] = (), ignore_file: str | None = None) -> tuple[ForeignRun, Path]:
-    """``--pb-report DIR``: our report.html for a foreign run, written into DIR; nothing is run."""
+RECORDS_READ = 50  # our run directories whose recorded tasks directories --pb-report reads, newest first
+
+
+def recorded_tasks_dirs(roots: Iterable[Path]) -> list[str]:
+    """The tasks directories our runs in ``roots`` were made with (their pb-run.json, read bounded), newest first:
+    what ``--pb-compare`` takes from its side of ours, for ``--pb-report``, which has none."""
+    runs: list[Path] = []
+    for root in dict.fromkeys(r.expanduser().resolve() for r in roots):
+        try:
+            runs += [d for d in root.iterdir() if (d / RUN_MARKER).is_file()]
+        except OSError:
+            continue
+    runs.sort(key=lambda d: (d / RUN_MARKER).stat().st_mtime, reverse=True)
+    found: list[str] = []
+    for run in runs[:RECORDS_READ]:
+        try:
+            record = foreign_files.read_json(run / RUN_MARKER, root=run, limit=foreign_files.RECORD_MAX)
+        except ForeignFileError:
+            continue
+        settings = record.get("settings") if isinstance(record, dict) else None
+        dirs = settings.get("tasks_dirs") if isinstance(settings, dict) else None
+        found += [d for d in dirs or () if isinstance(d, str) and Path(d).is_dir()]
+    return list(dict.fromkeys(found))
+
+
+def report(path: Path, *, tasks_dirs: Sequence[str] = (), ignore_file: str | None = None,
+           runs_beside: Iterable[Path] = ()) -> tuple[ForeignRun, Path]:
+    """``--pb-report DIR``: our report.html for a foreign run, written into DIR; nothing is run. Without
+    ``tasks_dirs``, the tasks directories our runs in ``runs_beside`` (and beside DIR) used, as --pb-compare does."""
     kind = detect(path.expanduser().resolve())
     if kind == OURS:
         raise ForeignRunError(f"{path} is {OURS.text}: its report.html is written by the run itself "
                               f"({path / 'report.html'})")
+    if not tasks_dirs:
+        tasks_dirs = recorded_tasks_dirs([path.expanduser().resolve().parent, *runs_beside])
     run = read(path, kind, tasks_dirs=tasks_dirs)
     try:
         data = report_data(run, ignore_file=ignore_file)

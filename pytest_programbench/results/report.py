@@ -314,7 +314,7 @@ def render(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskScope
         tokens=data.get("tokens") or {}, settings=data.get("settings") or {},
         when=_when(data.get("started"), data.get("updated")),
         bars={name: error_bar(head.get(f"{name}_ci")) for name in ("mean_over_scored", "mean_over_selection")},
-        bar_box=(BAR_PAD, BAR_PAD + BAR_WIDTH), spread_box=(SPREAD_PAD, SPREAD_PAD + SPREAD_WIDTH),
+        bar_box=(BAR_PAD, BAR_PAD + BAR_WIDTH), spread_box=(SPREAD_PAD, SPREAD_PAD + SPREAD_WIDTH), foreign=foreign,
     )
 
 
