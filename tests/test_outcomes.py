@@ -125,7 +125,7 @@ def test_every_outcome_class_in_its_column(pytester: pytest.Pytester, testbed: T
     assert head["resolved"] == 1
     result.stdout.fnmatch_lines([
         "mean over scored tasks:  * (3 scored)",
-        "mean over the selection: * (5 selected, unscored count 0)",
+        "mean over the selection: * (5 selected; the 2 unscored count as 0)",
         "errors (2, infrastructure, not scored):",
     ])
     # The cause, not xdist's "[gw0] linux -- Python ..." header, in the reasons and the errors list.

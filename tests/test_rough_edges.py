@@ -138,7 +138,7 @@ def test_the_summary_says_each_mean_once_within_100_columns(pytester: pytest.Pyt
         "mean over scored tasks", "mean over the selection"], block
     result.stdout.fnmatch_lines([
         "mean over scored tasks:  0.750, 95% CI [[]0.500, 1.000[]] (2 scored)",
-        "mean over the selection: 0.500, 95% CI [[]0.000, 1.000[]] (3 selected, unscored count 0)",
+        "mean over the selection: 0.500, 95% CI [[]0.000, 1.000[]] (3 selected; the 1 unscored count as 0)",
         "  95% CI: bootstrap percentile, 9999 resamples, seed *, over 2 tasks (one attempt per task:*",
     ])
     too_wide = [line for line in block if len(line) >= WIDTH]

@@ -465,6 +465,10 @@ class RunSummary:
                 lines.append(f"{name:<{width}}  " + "  ".join(f"{c!s:>8}" for c in cells))
             lines.append("")
         head = self.headline()
+        if self.attempts > 1:  # beside pass@k, "0 resolved" and "15.5/16 tests" must say what they count
+            lines.append(f"with {self.attempts} attempts per task, a task's score and tests are the means over its "
+                         "attempts: resolved and ≥0.95 count tasks whose mean reached 1.0 and 0.95 (every attempt); "
+                         "pass@k and resolved@k below count any of k")
         intervals = self.intervals()
         lines.extend(mean_lines(head, intervals))
         lines.extend(basis_lines(head["scores"]))
@@ -494,11 +498,20 @@ class RunSummary:
 def mean_lines(head: Mapping[str, Any], intervals: Mapping[str, Any]) -> list[str]:
     """Each mean once, with its interval, then how the intervals were computed: every line under 100 columns."""
     lines = []
+    unscored = head["selected"] - head["scored"]
+    # Nothing scored (a Ctrl-C before the first verdict): a mean of zeros with a zero-width interval would read as
+    # a measured 0.
+    nothing = head["scored"] == 0
+    if nothing:
+        selection = f"nothing scored: {head['selected']} selected, none scored yet"
+    elif unscored:
+        selection = f"{head['selected']} selected; the {unscored} unscored count as 0"
+    else:
+        selection = f"{head['selected']} selected, all scored"
     for label, key, count in (("mean over scored tasks: ", "mean_over_scored", f"{head['scored']} scored"),
-                              ("mean over the selection:", "mean_over_selection",
-                               f"{head['selected']} selected, unscored count 0")):
-        ci = intervals.get(f"{key}_ci")
-        value = "-" if head[key] is None else f"{head[key]:.3f}"
+                              ("mean over the selection:", "mean_over_selection", selection)):
+        ci = None if nothing else intervals.get(f"{key}_ci")
+        value = "-" if head[key] is None or nothing else f"{head[key]:.3f}"
         lines.append(f"{label} {value}{', ' + bounds_text(ci) if ci else ''} ({count})")
     methods = dict.fromkeys(method_text(ci) for key in ("mean_over_scored_ci", "mean_over_selection_ci")
                             if (ci := intervals.get(key)))
