@@ -93,7 +93,7 @@ def test_compare_page_fits_1400_px_with_scores_names_and_an_axis(tmp_path: Path)
     assert ticks["+1"] > (left + right) / 2
     assert f"mean score difference, new {MINUS} base" in dom
     # Totals are numbers as a reader writes them; the coverage line says who explored more.
-    assert re.search(r'<tr data-total="total_tokens"><td>total_tokens</td><td class="num" data-side="base">'
+    assert re.search(r'<tr data-total="total_tokens"><td>total tokens</td><td class="num" data-side="base">'
                      r"370,368</td>", dom)
     assert attr_of(dom, "explored", "data-fewer") == "0"
     assert attr_of(dom, "explored", "data-more") == "3"

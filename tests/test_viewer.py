@@ -7,14 +7,18 @@ from __future__ import annotations
 import html
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import pytest
 
+from pytest_programbench.results import compare
 from pytest_programbench.results.report import render
 from pytest_programbench.results.summary import RunSummary, TaskRecord
-from tests.test_report import chromium
+from tests.test_compare_page import _run
+from tests.test_report import attr_of, chromium
 
 WIDE, NARROW = 1300, 500  # Chromium's headless window is at least 500 px wide
 # The longest ids of the benchmark, each with two flags and a failing test: the widest rows a run has.
@@ -79,3 +83,94 @@ def test_the_task_table_fits_the_page(tmp_path: Path, width: int) -> None:
     else:
         assert wrap["width"] > wrap["box"], size  # the rest is a scroll away, inside the table's box
         assert size["task"]["left"] >= 0
+
+
+# Every word of the compare page's table headers, sides, numbers and totals on one line: a word broken over two lines
+# ("fail→p / ass") has client rectangles at two heights.
+BROKEN_WORDS = """<script>addEventListener("load", function () {
+  var broken = [], checked = 0;
+  document.querySelectorAll("#tasks thead th, #tasks td.side, #tasks td.num, #totals th, #totals td").forEach(
+    function (cell) {
+      var walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT), node;
+      while ((node = walker.nextNode())) {
+        var re = /\\S+/g, m;
+        while ((m = re.exec(node.data))) {
+          var range = document.createRange();
+          range.setStart(node, m.index); range.setEnd(node, m.index + m[0].length);
+          var tops = {};
+          Array.prototype.forEach.call(range.getClientRects(), function (r) {
+            if (r.width) tops[Math.round(r.top)] = 1;
+          });
+          checked++;
+          if (Object.keys(tops).length > 1) broken.push(m[0]);
+        }
+      }
+    });
+  document.body.setAttribute("data-words", JSON.stringify({checked: checked, broken: broken,
+    page: document.documentElement.scrollWidth, inner: innerWidth}));
+});</script></body>"""
+
+
+def _compared(root: Path) -> tuple[Path, Path, Path]:
+    """Two finished runs of three tasks with flips (tests/test_compare_page.py's), each with its report.html."""
+    tasks = {f"pbfix__task{i}.{i:07d}": (7, 11) for i in range(3)}
+    base, new = root / "runs" / "base", root / "runs" / "new"
+    _run(base, tasks, 6.0, True)
+    _run(new, {k: (5, 11) for k in tasks}, 65.6, False)
+    for run in (base, new):
+        data = json.loads((run / "summary.json").read_text())
+        for row in data["tasks"].values():  # _run's coverage is compare's part of it: the report's is fuller
+            for key, value in (("sources", 0), ("calls", None), ("notes", [])):
+                (row.get("coverage") or {}).setdefault(key, value)
+        (run / "report.html").write_text(render(run, data, lambda _iid: None))
+    written = compare.write(base, new)
+    assert written.pair_html is not None
+    return base, new, written.pair_html
+
+
+@pytest.mark.parametrize("width", [WIDE, NARROW])
+def test_the_compare_page_breaks_no_word(tmp_path: Path, width: int) -> None:
+    """compare.html at 1,300 px and on a narrow window: no word of the task table's headers, sides and numbers, or
+    of the totals, is broken over two lines; the page does not scroll sideways (the task table scrolls in its box);
+    the totals are named as a reader names them, never by compare.json's keys."""
+    _, new, _ = _compared(tmp_path)
+    page = new / "compare.html"
+    probe = page.with_name(f"compare.words-{width}.html")
+    probe.write_text(page.read_text().replace("</body>", BROKEN_WORDS, 1))
+    dom = chromium(f"--window-size={width},900", "--dump-dom", probe.as_uri(), profile=tmp_path / "chromium").stdout
+    chromium(f"--window-size={width},1400", f"--screenshot={new / f'compare-{width}.png'}", page.as_uri(),
+             profile=tmp_path / "chromium")
+    found = re.search(r'data-words="([^"]*)"', dom)
+    assert found is not None, "the probe did not run"
+    words = json.loads(html.unescape(found.group(1)))
+    assert words["checked"] > 50, words
+    assert words["broken"] == [], words
+    assert words["page"] <= words["inner"], words
+    totals = [html.unescape(t) for t in re.findall(r'<tr data-total="[^"]+"><td>([^<]*)</td>', dom)]
+    assert "total tokens" in totals
+    assert "agent time (s)" in totals
+    assert [t for t in totals if "_" in t] == [], totals
+
+
+def test_each_comparison_is_kept_and_links_into_both_reports(tmp_path: Path) -> None:
+    """``--pb-compare`` against a second base keeps the first comparison (a page per pair beside compare.html, the
+    latest); each page links to both runs' report.html and from each task to its panel there."""
+    base, new, first = _compared(tmp_path)
+    kept = first.read_text()
+    other = tmp_path / "runs" / "other"
+    shutil.copytree(base, other)
+    second = compare.write(other, new).pair_html
+    assert second is not None
+    assert second != first
+    assert first.read_text() == kept
+    assert (new / "compare.html").read_text() == second.read_text()
+    dom = chromium("--dump-dom", first.as_uri(), profile=tmp_path / "chromium").stdout
+    for side, run in (("base", base), ("new", new)):
+        href = attr_of(dom, f"{side}-report", "href")
+        assert (first.parent / unquote(urlparse(href).path)).resolve() == run / "report.html", href
+        links = re.findall(rf'<a class="task-report" data-side="{side}" href="([^"]+)"', dom)
+        assert len(links) == 3
+        for link in links:
+            target = urlparse(html.unescape(link))
+            assert (first.parent / unquote(target.path)).resolve() == run / "report.html"
+            assert f'id="{target.fragment}"' in (run / "report.html").read_text()

@@ -22,7 +22,10 @@ bootstrap still resamples tasks. ``method`` in compare.json says which.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
@@ -656,14 +659,46 @@ def basis_lines(scores: Mapping[str, Any] | None) -> list[str]:
             f"the {basis['base']} score decided the base run, the {basis['new']} score the new one"]
 
 
-def render_html(result: Mapping[str, Any]) -> str:
+# compare.json's totals as a reader names them (the keys stay the file's).
+TOTAL_LABELS = MappingProxyType({"input_tokens": "input tokens", "output_tokens": "output tokens",
+                                 "total_tokens": "total tokens", "cost_usd": "cost (USD)",
+                                 "agent_seconds": "agent time (s)", "evaluation_seconds": "evaluation time (s)"})
+
+
+def total_label(key: str) -> str:
+    return TOTAL_LABELS.get(key, key.replace("_", " "))
+
+
+def render_html(result: Mapping[str, Any], reports: Mapping[str, str] | None = None) -> str:
+    """``reports``: side -> a relative link to that run's report.html, for the sides that have one."""
     template = files("pytest_programbench.results").joinpath("templates", "compare.html.j2").read_text()
     # finalize: every printed value made printable (control bytes escaped) before autoescape (markup escaped)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              finalize=html_text)
     env.filters["score"] = score_text
     env.filters["num"] = number_text
-    return env.from_string(template).render(result=result, interval_text=interval_text)
+    env.filters["total_label"] = total_label
+    return env.from_string(template).render(result=result, interval_text=interval_text, reports=reports or {})
+
+
+_PAIR_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def pair_name(base: Path) -> str:
+    """A file-name stem for the comparison with ``base``, one per base: readable from its directory name, kept
+    apart from any other base of the same name by a hash of its full path (--pb-compare keeps every pair)."""
+    readable = _PAIR_UNSAFE.sub("-", base.name)[:60].strip("-.") or "run"
+    return f"compare-{readable}-{hashlib.sha256(str(base).encode()).hexdigest()[:8]}"
+
+
+def report_links(base: ComparedRun, new: ComparedRun) -> dict[str, str]:
+    """Links from a comparison in ``new`` to each side's report.html, relative, for the sides that are run
+    directories of ours and have one (a foreign directory's report.html is whatever its author put there)."""
+    links = {}
+    for side, run in (("base", base), ("new", new)):
+        if run.kind == foreign_runs.OURS.name and (run.path / "report.html").is_file():
+            links[side] = Path(os.path.relpath(run.path / "report.html", new.path)).as_posix()
+    return links
 
 
 def score_text(value: Any) -> str:
@@ -686,6 +721,7 @@ class Written:
     result: dict[str, Any]
     json_path: Path
     html_path: Path
+    pair_html: Path | None = None  # this pair's own page, kept when another base is compared
 
     @property
     def gate_failure(self) -> str:
@@ -699,6 +735,8 @@ class Written:
         if gate_row is not None and not gate_row["failed"]:
             out.append(gate_row["message"])
         out.append(f"comparison: {self.json_path}, {self.html_path}")
+        if self.pair_html is not None:
+            out.append(f"this pair's own, kept when another base is compared: {self.pair_html}")
         return [printable(line) for line in out]
 
 
@@ -754,7 +792,11 @@ def write(base_dir: Path, new_dir: Path, *, ledger: FlakyTests | None = None, ma
         raise CompareError(str(exc)) from None
     result = compare(base, new, ledger=ledger, max_regression=max_regression, ignore=ignore,
                      ignore_file=registry_ignore)
-    json_path, html_path = new.path / COMPARE_JSON, new.path / COMPARE_HTML
-    atomic_write_text(json_path, json.dumps(result, indent=2))
-    atomic_write_text(html_path, render_html(result))
-    return Written(result, json_path, html_path)
+    # compare.json/html: the latest comparison (where scripts look); the pair's own files keep every earlier one.
+    page = render_html(result, report_links(base, new))
+    text = json.dumps(result, indent=2)
+    stem = pair_name(base.path)
+    for name, content in ((f"{stem}.json", text), (f"{stem}.html", page), (COMPARE_JSON, text),
+                          (COMPARE_HTML, page)):
+        atomic_write_text(new.path / name, content)
+    return Written(result, new.path / COMPARE_JSON, new.path / COMPARE_HTML, new.path / f"{stem}.html")
