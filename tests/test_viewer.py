@@ -6,20 +6,27 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pytest
 
+from pytest_programbench.agents import agent_presets
 from pytest_programbench.results import compare
 from pytest_programbench.results.report import render
 from pytest_programbench.results.summary import RunSummary, TaskRecord
+from tests.conftest import TESTBED, Testbed
+from tests.scripted_models import ScriptedModels, Step
 from tests.test_compare_page import _run
 from tests.test_report import attr_of, chromium
 
+RPN = "pbfix__rpn.0b5e55e"
 WIDE, NARROW = 1300, 500  # Chromium's headless window is at least 500 px wide
 # The longest ids of the benchmark, each with two flags and a failing test: the widest rows a run has.
 LONG_IDS = ["wintermute-cell__ngrrram.8ea13c3", "tree-sitter__tree-sitter.5e23cca", "yassinebridi__serpl.c48a9d7"]
@@ -174,3 +181,63 @@ def test_each_comparison_is_kept_and_links_into_both_reports(tmp_path: Path) -> 
             target = urlparse(html.unescape(link))
             assert (first.parent / unquote(target.path)).resolve() == run / "report.html"
             assert f'id="{target.fragment}"' in (run / "report.html").read_text()
+
+
+HOSTILE_TEXT = "Probing <script>document.body.id='owned'</script> the reference."
+HOSTILE_OUTPUT = '<img src=x onerror="document.title=1">'
+TRANSCRIPT_STEPS = (
+    Step(HOSTILE_TEXT, f'/workspace/binary 1 2 +; echo "binary exited $?"; echo \'{HOSTILE_OUTPUT}\'', 1200, 40, 500),
+    Step("Copying the solution.", f"cp -r /pb-testbed/solutions/{RPN}/. /workspace/src/", 1500, 60, 1100),
+    Step("Done: the solution is in /workspace/src.", None, 1700, 25, 1400),
+)
+
+
+@pytest.fixture(scope="module")
+def claude_run(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed) -> Path:
+    """A real session: claude-code, steered by the scripted model server through the relay, probes the reference
+    (its output carrying markup), copies the solution in and says done. Its task directory."""
+    parsed = agent_presets.parse("claude-code")
+    assert parsed is not None
+    agent_presets.ensure_installed(*parsed)
+    root = tmp_path_factory.mktemp("claude-run")
+    run_dir = root / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROGRAMBENCH_")}
+    with ScriptedModels(TRANSCRIPT_STEPS) as server:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir),
+             "--pb-blob-dir", str(testbed.blob_dir), "--pb-filter", RPN, "--pb-pull", "never", "--pb-cpus", "2",
+             "--pb-agent", "claude-code", "--pb-model", "scripted-model", "--pb-model-endpoint", server.base_url,
+             "--pb-agent-mount", f"{TESTBED}:/pb-testbed", "--pb-agent-timeout", "600", "--pb-output", str(run_dir)],
+            cwd=root, env=env, capture_output=True, text=True, timeout=900)
+        sent = server.sent.output_tokens
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    (run_dir / "sent-output-tokens").write_text(str(sent))
+    return run_dir
+
+
+@pytest.mark.parametrize("width", [WIDE, NARROW])
+def test_the_transcript_of_a_real_attempt(claude_run: Path, width: int, tmp_path: Path) -> None:
+    """transcript.html of a real attempt, in headless Chromium: the prompt, each model call with its text and tool
+    calls and their output, the reference's call in between, tokens and time per step; the agent's markup shown as
+    text (no element, no script run); the page as wide as the window; the report links to it."""
+    page = claude_run / RPN / "transcript.html"
+    dom = chromium(f"--window-size={width},900", "--dump-dom", page.as_uri(), profile=tmp_path / "chromium").stdout
+    assert re.search(r"<body>", dom), "a script of the agent's ran"
+    assert "<img" not in dom
+    assert "<title>Transcript" in dom
+    sources = re.findall(r'<li class="step [a-z]+" data-step="\d+" data-source="([a-z]+)"', dom)
+    assert sources[0] == "user"
+    assert sources.count("agent") == len(TRANSCRIPT_STEPS)
+    assert "system" in sources[sources.index("agent"):], sources  # the reference's call, after the first model call
+    text = html.unescape(re.sub(r"<[^>]+>", "", dom))
+    assert HOSTILE_TEXT in text
+    assert HOSTILE_OUTPUT in text
+    assert "binary exited 0" in text
+    assert '/workspace/binary called: ["/workspace/binary", "1", "2", "+"]' in text
+    sent = int((claude_run / "sent-output-tokens").read_text())
+    out = [int(n.replace(",", "")) for n in re.findall(r'<span class="tokens">tokens [\d,]+ in, ([\d,]+) out', dom)]
+    assert sum(out) == sent
+    assert len(re.findall(r'<span class="took">[\d.]+ s to the next step</span>', dom)) >= len(TRANSCRIPT_STEPS)
+    size = measured(page, width, {"steps": "#steps"}, tmp_path / "chromium")
+    assert size["page"] <= size["inner"], size
+    assert 'href="pbfix__rpn.0b5e55e/transcript.html"' in (claude_run / "report.html").read_text()

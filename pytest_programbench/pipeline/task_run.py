@@ -44,6 +44,7 @@ from pytest_programbench.results.atomic import atomic_copy
 from pytest_programbench.results.corrected import recomputed_fields
 from pytest_programbench.results.gold import GoldError, reference_bytes, require_reference_built, write_submission
 from pytest_programbench.results.task_meta import TaskMeta
+from pytest_programbench.results.transcript import write_transcript
 from pytest_programbench.results.verdict import InfrastructureError, TaskOutcome
 from pytest_programbench.sandbox.sandbox import (
     Sandbox,
@@ -327,6 +328,11 @@ class TaskRun:
             self.meta["atif"] = builder.write().name
         except (OSError, ValueError) as exc:
             self.agent_notes.append(f"trajectory.atif.json not written: {exc}")
+            return
+        try:  # the same steps as a page a person reads (results/transcript.py)
+            write_transcript(self.artifacts.dir)
+        except OSError as exc:
+            self.agent_notes.append(f"transcript.html not written: {exc}")
 
     def write_prompt(self, sandbox: Sandbox, *, on_host: bool) -> str:
         """The prompt (task docs + rules, the prompt hook applied), written to the sandbox's prompt file."""

@@ -133,7 +133,8 @@ def task_rows(run_dir: Path, data: dict[str, Any], scope: Callable[[str], TaskSc
     for iid, row in data.get("tasks", {}).items():
         task_dir = run_dir / iid
         links = {label: href for label, name in (
-            ("agent.log", "agent.log"), ("trajectory", f"{iid}.traj.json"), ("eval.json", f"{iid}.eval.json"),
+            ("transcript", "transcript.html"), ("agent.log", "agent.log"), ("trajectory", f"{iid}.traj.json"),
+            ("eval.json", f"{iid}.eval.json"),
             ("pb-meta.json", "pb-meta.json")) if (href := foreign_files.link(run_dir, f"{iid}/{name}")) is not None}
         flags = list(row.get("integrity_flags") or [])
         attempts = attempt_rows(run_dir, iid, row, scope(iid), events_max=events_max, progress=progress)
