@@ -15,12 +15,14 @@ name and no test source; the budget the item's backstop counts holds the audit.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
 import subprocess
 import sys
 import tarfile
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -447,6 +449,33 @@ def test_the_plugin_reports_modules_loaded_from_the_workspace(tmp_path: Path, mo
     assert all("setproctitle" in path for path in imports), report  # its source, or pytest's rewritten bytecode
 
 
+@pytest.mark.parametrize("xdist", [False, True])
+def test_the_plugin_runs_only_the_drawn_tests_or_all_of_them(tmp_path: Path, xdist: bool) -> None:
+    """The drawn tests, named as the JUnit file names them (without "eval."), run and nothing else, in every process;
+    a list that matches nothing runs every test and says so, so the audit never compares fewer than it thinks."""
+    tree, plugins, module = _plugin_tree(tmp_path)
+    select = tmp_path / "select"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(plugins)]),
+           "PYTEST_ADDOPTS": f"-p {module}", "PYTHONDONTWRITEBYTECODE": "1", "SEEN_DIR": str(tmp_path),
+           audit_plugin.SELECT_VARIABLE: str(select)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    args = [sys.executable, "-m", "pytest", "hidden", "-p", "no:cacheprovider", "-q", "--junitxml", "results.xml",
+            *(["-n", "2"] if xdist else ["-p", "no:xdist"])]
+    for listed, ran in ((["hidden.test_two.test_two_plain\n"], {"test_two_plain"}),
+                        (["no.such.test\n"], {"test_one_plain", "test_one_with_env", "test_two_plain",
+                                              "test_two_with_env"})):
+        for stale in (tree / "hidden").glob("test_*.py"):
+            stale.write_text("from hidden import helpers\n" + SPIED_TEST.format(n=stale.stem.removeprefix("test_")))
+        (plugins / audit_plugin.REPORT_NAME).unlink(missing_ok=True)
+        select.write_text("".join(listed))
+        done = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        cases = {c.get("name") for c in ET.parse(tree / "results.xml").getroot().iter("testcase")}
+        assert cases == ran
+        report = (plugins / audit_plugin.REPORT_NAME).read_text()
+        assert audit.ran_every_test(report) == (len(ran) == 4), report
+
+
 def test_plugin_reports_say_when_the_plugin_was_not_active() -> None:
     assert audit.plugin_reports("") == (0, 0, [])
     assert audit.plugin_reports("withheld=3 failed=0 every_phase=1 \n")[:2] == (1, 3)
@@ -516,7 +545,9 @@ def _audited(monkeypatch: pytest.MonkeyPatch, official: _Official,
     hook = audit.HiddenTestAudit(instance=_instance(official))
     hook.attach(official)  # type: ignore[arg-type]
     calls = iter(passes)
-    monkeypatch.setattr(hook, "_audit", lambda _official, _image, branches, _plugin: next(calls))
+    # Each pass records the tests the audit drew for it, as the real one does.
+    monkeypatch.setattr(hook, "_audit", lambda _official, _image, selection, _plugin: dataclasses.replace(
+        next(calls), selection={b: list(names) for b, names in selection.items()}))
     _no_volume(monkeypatch)
     hook("programbench-compiled/x:0")
     return hook

@@ -37,7 +37,7 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +76,7 @@ TREE = f"{WORKSPACE_DIR}/eval"  # where every branch's archive puts its tests
 MODULE_PREFIX = audit_plugin.MODULE_PREFIX
 REPORT_DIR_PREFIX = f"{harness_material.AUDIT_DIR_PREFIX.strip('/')}-report"  # a grader path: watched as such
 REPORT_MAX_BYTES = 1 << 20
+SELECT_NAME = "select"
 PLUGIN_TREE_LINE = 'TREE = "/workspace/eval"'
 SHOW_TESTS = 5  # tests named in the flag
 SHOW_IMPORTS = 8  # modules named in the workspace_import flag
@@ -83,6 +84,9 @@ SHOW_IMPORTS = 8  # modules named in the workspace_import flag
 # cannot see or predict the draw): a program reading the tests of every branch is caught in any of them, one reading
 # those of k of n branches with probability 1 - C(n-k, s) / C(n, s) (README, "The audit of the hidden tests").
 AUDIT_SAMPLE = 2
+# Tests run per drawn branch, drawn the same way among those that passed officially: a program that reads r of a
+# branch's m passing tests fails at least one drawn test with probability 1 - C(m-r, t) / C(m, t).
+AUDIT_TESTS = 10
 MESSAGE_CHARS = 120  # of each named test's failure message
 # What the official pipeline raises inside the submission's windows (as evaluation.OFFICIAL_RAISES, which scores them
 # 0): in an audit branch, that branch's tests count as failing.
@@ -105,13 +109,19 @@ def plugin_source(tree: str = TREE) -> bytes:
     return text.replace(PLUGIN_TREE_LINE, f"TREE = {tree!r}", 1).encode("utf-8")
 
 
-def audit_command(directory: str, module: str, report: str) -> str:
+def audit_command(directory: str, module: str, report: str, select: str) -> str:
     """What runs before the official ``run_tests`` command in the same login shell: the plugin importable (after
     whatever the image or its profile put on ``PYTHONPATH``), loaded by every pytest of the run, reporting to
-    ``report``, no bytecode written."""
+    ``report``, running the tests ``select`` names, no bytecode written."""
     return (f'export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}"{shlex.quote(directory)} '
             f'PYTEST_ADDOPTS="${{PYTEST_ADDOPTS:-}} -p {module}" PYTHONDONTWRITEBYTECODE=1 '
-            f'{audit_plugin.REPORT_VARIABLE}={shlex.quote(report)} && ')
+            f'{audit_plugin.REPORT_VARIABLE}={shlex.quote(report)} '
+            f'{audit_plugin.SELECT_VARIABLE}={shlex.quote(select)} && ')
+
+
+def ran_every_test(text: str) -> bool:
+    """Whether the plugin said it could match none of the drawn tests and so ran them all."""
+    return any(line.startswith(f"selected={audit_plugin.SELECTED_ALL} ") for line in text.splitlines())
 
 
 def reported_imports(text: str) -> list[str]:
@@ -193,9 +203,19 @@ class AuditPass:
     results: dict[str, TestResult] = field(default_factory=dict)  # canonical branch/name -> a result, failures first
     branches: dict[str, BranchAudit] = field(default_factory=dict)
     timeouts: list[str] = field(default_factory=list)
+    selection: dict[str, list[str]] = field(default_factory=dict)  # branch -> the drawn tests (names, no branch)
 
     def compared(self) -> list[str]:
         return [b for b, audit in self.branches.items() if not audit.problem]
+
+    def ran(self, name: str) -> bool:
+        """Whether the canonical ``branch/name`` was among the tests this pass ran (all of its branch's when the
+        plugin could match none of the drawn ones)."""
+        branch, _sep, test = name.partition("/")
+        audit = self.branches.get(branch)
+        if audit is None:
+            return False
+        return test in self.selection.get(branch, ()) or any(ran_every_test(text) for text in audit.reports)
 
     def imports(self) -> list[str]:
         """Every module a test process of these runs loaded from the submission's files."""
@@ -272,7 +292,8 @@ class AuditEvaluator(SdkEvaluator):
 
     branch_phase_word = "audit"  # its branches show as the phase "audit 1/3", never as the official's again
 
-    def __init__(self, official: SdkEvaluator, branches: list[str], plugin: AuditPlugin) -> None:
+    def __init__(self, official: SdkEvaluator, branches: list[str], plugin: AuditPlugin,
+                 selection: Mapping[str, Sequence[str]]) -> None:
         super().__init__(
             # The plugin is in place, read-only, from the moment each container exists: nothing is stopped or
             # placed before the tests, so the official steps (login profile included) run as they would.
@@ -288,6 +309,7 @@ class AuditEvaluator(SdkEvaluator):
         self._has_rerunfailures = official._has_rerunfailures
         self.reports: dict[str, list[str]] = {}
         self.plugin = plugin
+        self.selection = selection  # branch -> the tests its runs run (JUnit names without "eval.")
 
     def _new_env(self, image: str, *, serial_pytest: bool = False) -> SdkContainerEnvironment:  # type: ignore[override]
         try:
@@ -312,26 +334,27 @@ class AuditEvaluator(SdkEvaluator):
         if step_name != RUN_TESTS_STEP:
             return super()._run_step(command, env=env, log_buf=log_buf, step_name=step_name,
                                      accept_failure=accept_failure, timeout=timeout)
-        report = self._report_file(env)
-        result = super()._run_step(audit_command(self.plugin.mount.target, self.plugin.module, report) + command,
-                                   env=env, log_buf=log_buf, step_name=step_name, accept_failure=accept_failure,
-                                   timeout=timeout)
         branch = str(getattr(self._current, "branch", None) or "?")
+        report, select = self._report_file(env, self.selection.get(branch, ()))
+        result = super()._run_step(audit_command(self.plugin.mount.target, self.plugin.module, report, select)
+                                   + command, env=env, log_buf=log_buf, step_name=step_name,
+                                   accept_failure=accept_failure, timeout=timeout)
         text = self._read_report(env, report)
         with self._envs_lock:
             self.reports.setdefault(branch, []).append(text)
         return result
 
     @staticmethod
-    def _report_file(env: SdkContainerEnvironment) -> str:
-        """An empty report file in a fresh directory of an unguessable name, made through the engine's archive API
-        (no tool of the container's runs)."""
+    def _report_file(env: SdkContainerEnvironment, selected: Sequence[str]) -> tuple[str, str]:
+        """An empty report file and the list of the tests to run, in a fresh directory of an unguessable name, made
+        through the engine's archive API (no tool of the container's runs): their paths."""
         name = f"{REPORT_DIR_PREFIX}-{secrets.token_hex(8)}"
+        listing = "".join(f"{test}\n" for test in selected).encode("utf-8")
         try:
-            env.put_files("/", {audit_plugin.REPORT_NAME: b""}, mode=0o666, subdir=name)
+            env.put_files("/", {audit_plugin.REPORT_NAME: b"", SELECT_NAME: listing}, mode=0o666, subdir=name)
         except RuntimeError as exc:
             raise AuditUnavailable(f"the audit's report file was not made: {exc}") from exc
-        return f"/{name}/{audit_plugin.REPORT_NAME}"
+        return f"/{name}/{audit_plugin.REPORT_NAME}", f"/{name}/{SELECT_NAME}"
 
     @staticmethod
     def _read_report(env: SdkContainerEnvironment, report: str) -> str:
@@ -403,20 +426,23 @@ class HiddenTestAudit:
             plugin.remove(official)
 
     def _audit_sample(self, official: SdkEvaluator, image: str, branches: list[str], plugin: AuditPlugin) -> None:
-        first = self._audit(official, image, branches, plugin)
+        drawn = {b: sample_tests(sorted(self._passed(official.result, [b])), AUDIT_TESTS) for b in branches}
+        first = self._audit(official, image, {b: [n.split("/", 1)[1] for n in names] for b, names in drawn.items()},
+                            plugin)
         self._record_imports(first)
         regressed = self._record_first_run(official, first)
         problems = _first_run_problems(first)
         flaky = ""
         if regressed:
-            again = [b for b in branches if any(name.startswith(f"{b}/") for name in regressed)]
+            again = {b: [n.split("/", 1)[1] for n in regressed if n.startswith(f"{b}/")] for b in branches}
+            again = {b: names for b, names in again.items() if names}
             progress.info("[%s] audit: %d test(s) failed without their sources; their %d branch(es) once more",
                           official.instance_id, len(regressed), len(again))
             second = self._audit(official, image, again, plugin)
             self._record_imports(second)
             if self._confirm(regressed, first, second):
                 return
-            problems += _second_run_problems(again, second)
+            problems += _second_run_problems(list(again), second)
             flaky = _flaky(regressed, second)
         self._conclude(problems, flaky)
 
@@ -433,8 +459,8 @@ class HiddenTestAudit:
         self.flags = [*(f for f in self.flags if f.kind != WORKSPACE_IMPORT), flag]
 
     def _record_first_run(self, official: SdkEvaluator, first: AuditPass) -> list[str]:
-        """The report of the first run; the tests that passed officially and failed in it (regressed)."""
-        officially = self._passed(official.result, first.compared())
+        """The report of the first run; the tests that passed officially, ran in it, and failed (regressed)."""
+        officially = {n for n in self._passed(official.result, first.compared()) if first.ran(n)}
         regressed = sorted(officially - first.passed)
         self.report.regressed = regressed
         self.report.branches = {b: a.summary() for b, a in first.branches.items()}
@@ -514,9 +540,12 @@ class HiddenTestAudit:
 
     # ------------------------------------------------------------------------------------------- running
 
-    def _audit(self, official: SdkEvaluator, image: str, branches: list[str], plugin: AuditPlugin) -> AuditPass:
-        evaluator = AuditEvaluator(official, branches, plugin)
-        outcome = AuditPass(branches={b: BranchAudit() for b in branches})
+    def _audit(self, official: SdkEvaluator, image: str, selection: Mapping[str, Sequence[str]],
+               plugin: AuditPlugin) -> AuditPass:
+        branches = list(selection)
+        evaluator = AuditEvaluator(official, branches, plugin, selection)
+        outcome = AuditPass(branches={b: BranchAudit() for b in branches},
+                            selection={b: list(names) for b, names in selection.items()})
         lock = threading.Lock()
 
         def one(branch: str) -> None:
@@ -575,6 +604,11 @@ class HiddenTestAudit:
             else:
                 outcome.results[name] = test
         return outcome
+
+
+def sample_tests(names: list[str], size: int) -> list[str]:
+    """``size`` of ``names`` (all when there are no more), drawn from the operating system's randomness."""
+    return sorted(names) if len(names) <= size else sorted(secrets.SystemRandom().sample(names, size))
 
 
 def sample_branches(branches: list[str], size: int) -> list[str]:

@@ -19,6 +19,10 @@ In every process that runs tests, right before its first test:
   a stand-in of the same shape replaces it there (a test that reads it still finds a value), so the program's
   environment never names the running test.
 
+Only the tests the audit drew run (``PB_AUDIT_SELECT``: their JUnit names, one a line): the others are deselected
+at collection, the same way in every process; when none can be matched every test runs, and the report says so
+(``selected=all``), so the audit compares them all.
+
 And in every process that loads it, from the moment it loads: every module the process loads from the submission's
 files (under :data:`WORKSPACE`, outside the tests' tree), whatever its name, is measured from the process itself: an
 audit hook (``sys.addaudithook``: it cannot be removed) sees each importable file opened and each module's code run;
@@ -48,12 +52,18 @@ try:
     from _pytest import runner as _runner
 except ImportError:  # every pytest has it; the wrapper around the test function still hides the variable then
     _runner = None  # type: ignore[assignment]
+try:
+    from _pytest.junitxml import mangle_test_address
+except ImportError:  # without it no test can be named as the JUnit file names it: every test runs (SELECTED_ALL)
+    mangle_test_address = None  # type: ignore[assignment]
 
 TREE = "/workspace/eval"  # the harness rewrites this line with the hidden tests' tree (audit.plugin_source)
 VARIABLE = "PYTEST_CURRENT_TEST"
 STAND_IN = "tests/test_hidden.py::test_hidden ({})"  # pytest's shape: "<node id> (<phase>)"
 WORKSPACE = os.path.dirname(TREE)  # the submission's files: a module loaded from here (outside TREE) is reported
 REPORT_VARIABLE = "PB_AUDIT_REPORT"
+SELECT_VARIABLE = "PB_AUDIT_SELECT"  # a file of the tests to run (JUnit names, without a leading "eval."), one a line
+SELECTED_ALL = "all"
 REPORT_NAME = "report"
 MODULE_PREFIX = "pb_audit_"  # the name the harness loads this file under
 PLUGIN_NAME = "pytest-programbench-audit"
@@ -256,6 +266,41 @@ class Audit:
         line = "withheld={} failed={} every_phase={} {}\n".format(
             removed, len(failed), int(self.every_phase), "; ".join(failed)[:500])
         _REPORT.write(line)
+
+
+def junit_name(nodeid: str) -> str:
+    """The name the JUnit file gives a test (``classname.name``, as the official parser joins them), without a
+    leading ``eval.``."""
+    full = ".".join(mangle_test_address(nodeid))
+    return full[len("eval."):] if full.startswith("eval.") else full
+
+
+def _selection() -> "set[str] | None":
+    path = os.environ.get(SELECT_VARIABLE)
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as chosen:
+            return {line.strip() for line in chosen if line.strip()}
+    except OSError:
+        return None
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: "list[pytest.Item]") -> None:
+    """Only the tests the audit drew run (the same in every process: each collects the same items); when none of them
+    can be matched, every test runs (the audit then compares them all: it costs more, it never sees less)."""
+    wanted = _selection()
+    if wanted is None:
+        return
+    chosen = [mangle_test_address is not None and junit_name(item.nodeid) in wanted for item in items]
+    kept = [item for item, keep in zip(items, chosen) if keep]  # noqa: B905 - Python 3.6+ here: no strict=
+    if not kept:
+        _REPORT.write(f"selected={SELECTED_ALL} of={len(items)}\n")
+        return
+    dropped = [item for item, keep in zip(items, chosen) if not keep]  # noqa: B905 - as above
+    items[:] = kept
+    config.hook.pytest_deselected(items=dropped)
+    _REPORT.write(f"selected={len(kept)} of={len(kept) + len(dropped)}\n")
 
 
 def pytest_configure(config: pytest.Config) -> None:
