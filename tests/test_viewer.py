@@ -241,3 +241,43 @@ def test_the_transcript_of_a_real_attempt(claude_run: Path, width: int, tmp_path
     size = measured(page, width, {"steps": "#steps"}, tmp_path / "chromium")
     assert size["page"] <= size["inner"], size
     assert 'href="pbfix__rpn.0b5e55e/transcript.html"' in (claude_run / "report.html").read_text()
+
+
+@pytest.mark.parametrize("width", [WIDE, NARROW])
+def test_the_index_lists_the_runs_and_compares_any_two(pytester: pytest.Pytester, testbed: Testbed,
+                                                       width: int) -> None:
+    """Two real evaluate-only sessions into one directory (the good submission, then the partly wrong one), the
+    second compared with the first: index.html there lists both, newest first, with their means, links to each
+    report and to the comparison, and for two runs a link picks, the command that compares them."""
+    root = pytester.path / "runs"
+    means = {}
+    for name, subs in (("good", testbed.submissions), ("wrong", testbed.submissions.parent / "wrong")):
+        done = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir",
+            str(testbed.blob_dir), "--pb-pull", "never", "--pb-filter", "pbfix__catlike", "--pb-submissions",
+            str(subs), "--pb-output", str(root / name),
+            *(("--pb-compare", str(root / "good")) if name == "wrong" else ()), timeout=600)
+        means[name] = json.loads((root / name / "summary.json").read_text())["headline"]["mean_over_scored"]
+        assert done.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), done.stdout.str()[-3000:]
+    assert means["good"] == 1.0
+    assert means["wrong"] < 1.0
+    page = root / "index.html"
+    dom = chromium(f"--window-size={width},900", "--dump-dom", page.as_uri() + "#compare=good,wrong",
+                   profile=pytester.path / "chromium").stdout
+    assert 'id="pick" data-ready="yes"' in dom
+    assert re.findall(r'<tr data-run="([^"]+)">', dom) == ["wrong", "good"]
+    for name in ("good", "wrong"):
+        row = re.search(rf'<tr data-run="{name}">(.*?)</tr>', dom, re.S)
+        assert row is not None
+        assert f'<a class="report" href="{name}/report.html">' in row.group(1)
+        shown = re.search(r'data-key="mean_over_scored">([^<]*)<', row.group(1))
+        assert shown is not None
+        assert shown.group(1) == f"{means[name]:.4f}"
+    comparisons = re.findall(r'<a class="comparison" href="([^"]+)"', dom)
+    assert len(comparisons) == 1
+    assert (root / html.unescape(comparisons[0])).is_file()
+    command = html.unescape(re.sub(r"<[^>]+>", "", re.search(r'<pre id="compare-command">(.*?)</pre>', dom,
+                                                              re.S).group(1)))  # type: ignore[union-attr]
+    assert command == f"pytest --pb-compare {root / 'good'},{root / 'wrong'}"
+    size = measured(page, width, {"runs": "#runs"}, pytester.path / "chromium")
+    assert size["page"] <= size["inner"], size

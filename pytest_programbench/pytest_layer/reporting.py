@@ -26,6 +26,7 @@ from pytest_programbench.results.gold import build_ledger, ledger_lines, write_l
 from pytest_programbench.results.package import PackageError, package
 from pytest_programbench.results.registry import leaderboard
 from pytest_programbench.results.report import TaskScope, write_report
+from pytest_programbench.results.run_index import INDEX_FILE, write_index
 from pytest_programbench.results.verdict import tail_lines
 from pytest_programbench.sandbox.proxy_build import ProxyBuildError, build_client
 from pytest_programbench.sandbox.sandbox import storage_limit, storage_quota
@@ -81,6 +82,16 @@ class SessionReporting:
         self._check_min_mean(session)
         self._write_gold_ledger()
         self._compare_and_package(session)
+        if self.pb.summary is not None:  # last: it lists this run's comparisons too
+            self._write_index()
+
+    def _write_index(self) -> None:
+        """index.html beside this run: the runs of its directory, one page (results/run_index.py); never fails."""
+        root = self.pb.identity.path.parent
+        try:
+            write_index(root)
+        except Exception as exc:
+            log.warning("could not write %s: %s", root / INDEX_FILE, exc)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
