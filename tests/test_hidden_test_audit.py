@@ -218,8 +218,10 @@ def test_a_program_that_reads_the_hidden_tests_is_flagged(pytester: pytest.Pytes
     assert all("plugin active" in t for t in clean["branches"].values())
     # A wrong program that passes some tests is audited too (a partial reader would count in the mean), and an
     # honest one comes out clean: no flag, the item fails on its score alone.
+    # (tuiish's screen tests wait on a terminal: on a loaded machine one can fail once, which the second run answers:
+    # "unconfirmed", never a flag.)
     wrong = meta(pytester, TUIISH)["evaluation"]["audit"]
-    assert (wrong["state"], wrong["result"], wrong["regressed"]) == ("ran", "clean", []), wrong
+    assert (wrong["state"], wrong["result"]) in (("ran", "clean"), ("ran", "unconfirmed")), wrong
     assert flags_of(pytester, TUIISH) == set()
     summary = json.loads((pytester.path / "run" / "summary.json").read_text())
     assert summary["headline"]["errors"] == 0
