@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -281,3 +282,43 @@ def test_the_index_lists_the_runs_and_compares_any_two(pytester: pytest.Pytester
     assert command == f"pytest --pb-compare {root / 'good'},{root / 'wrong'}"
     size = measured(page, width, {"runs": "#runs"}, pytester.path / "chromium")
     assert size["page"] <= size["inner"], size
+
+
+@pytest.mark.parametrize("width", [WIDE, NARROW])
+def test_a_running_session_is_followed_in_live_html(testbed: Testbed, tmp_path: Path, width: int) -> None:
+    """A real session whose agent takes a while: live.html, opened in headless Chromium while it runs, reloads
+    itself and shows the task in flight in its agent phase; once the session ends it says so, stops reloading and
+    links the report."""
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROGRAMBENCH_")}
+    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir),
+            "--pb-blob-dir", str(testbed.blob_dir), "--pb-filter", RPN, "--pb-pull", "never", "--pb-cpus", "2",
+            "--pb-agent", "sleep 20", "--pb-output", str(run_dir)]
+    page = run_dir / "live.html"
+    with subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if page.is_file() and f"{RPN}" in page.read_text() and " agent " in page.read_text():
+                    break
+                time.sleep(0.5)
+            dom = chromium(f"--window-size={width},900", "--dump-dom", page.as_uri(),
+                           profile=tmp_path / "chromium").stdout
+            chromium(f"--window-size={width},900", f"--screenshot={run_dir / f'live-running-{width}.png'}",
+                     page.as_uri(), profile=tmp_path / "chromium")
+        finally:
+            proc.wait(timeout=600)
+    assert re.search(r'<meta http-equiv="refresh" content="\d+">', dom)
+    assert 'data-state="running"' in dom
+    progress = html.unescape(re.sub(r"<[^>]+>", "", re.search(r'<pre id="progress">(.*?)</pre>', dom,
+                                                               re.S).group(1)))  # type: ignore[union-attr]
+    assert "1 running" in progress, progress
+    assert RPN in progress
+    assert " agent " in progress, progress
+    size = measured(page, width, {"progress": "#progress"}, tmp_path / "chromium")
+    assert size["page"] <= size["inner"], size
+    done = chromium("--dump-dom", page.as_uri(), profile=tmp_path / "chromium").stdout
+    assert 'data-state="finished"' in done
+    assert "http-equiv" not in done
+    assert '<a href="report.html">' in done
+    assert (run_dir / "report.html").is_file()

@@ -15,6 +15,7 @@ are said once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from rich.text import Text
 
 from pytest_programbench.core import environment
 from pytest_programbench.results.atomic import atomic_write_text
+from pytest_programbench.results.live_page import LivePage
 from pytest_programbench.text.printable import printable
 
 PROGRESS_DIR = ".progress"
@@ -512,6 +514,7 @@ class ProgressView:
         self._thread: threading.Thread | None = None
         self._said: set[str] = set()
         self._last_in_flight: dict[str, Any] | None = None
+        self.page = LivePage(run_dir)  # live.html: the same view for a browser (results/live_page.py)
 
     # -- lifecycle
 
@@ -527,6 +530,9 @@ class ProgressView:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        with contextlib.suppress(Exception):  # the page never stops a run
+            self.poll()
+            self.page.write(self.page_lines(), finished=True)
         if self.screen is not None:
             self.screen.close()
             self.screen = None
@@ -536,6 +542,7 @@ class ProgressView:
         while not self._stop.is_set():
             try:
                 self.poll()
+                self.page.write(self.page_lines())
                 if time.monotonic() >= next_show:
                     self.show()
                     next_show = time.monotonic() + self.interval
@@ -560,6 +567,13 @@ class ProgressView:
             if in_flight != self._last_in_flight:
                 self._last_in_flight = in_flight
                 self.on_in_flight({f.task: f.as_dict() for f in snapshot.in_flight})
+
+    def page_lines(self) -> list[str]:
+        """live.html's lines: the full view, whatever the terminal shows (-q, off)."""
+        counts = self.counts()
+        if counts is None:
+            return []
+        return render(counts, self.snapshot, time.monotonic() - self.started, quiet=False)
 
     def lines(self) -> list[str]:
         counts = self.counts()
