@@ -5,6 +5,7 @@ screenshot beside it for a person to look at."""
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import os
 import re
@@ -322,3 +323,49 @@ def test_a_running_session_is_followed_in_live_html(testbed: Testbed, tmp_path: 
     assert "http-equiv" not in done
     assert '<a href="report.html">' in done
     assert (run_dir / "report.html").is_file()
+
+
+SEGMENTS = """<script>addEventListener("load", function () {
+  var bar = document.querySelector(".phasebar"), out = [];
+  document.querySelectorAll("details").forEach(function (d) { d.open = true; });
+  bar.querySelectorAll(".seg.lvl1").forEach(function (s) {
+    var r = s.getBoundingClientRect();
+    out.push([s.getAttribute("data-phase"), getComputedStyle(s).backgroundColor, Math.round(r.left),
+              Math.round(r.right)]);
+  });
+  document.body.setAttribute("data-segments", JSON.stringify(out));
+});</script></body>"""
+
+
+def test_the_timeline_bar_has_labels_an_axis_a_legend_and_branches_apart(pytester: pytest.Pytester,
+                                                                         testbed: Testbed) -> None:
+    """A real evaluate-only run of a task with three branches: its timeline bar labels each segment, has an axis
+    from 0 to the task's span and a legend, and two adjacent segments of the evaluation row never share a colour."""
+    run_dir = pytester.path / "run"
+    done = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
+        "--pb-pull", "never", "--pb-filter", RPN, "--pb-submissions", str(testbed.submissions),
+        "--pb-output", str(run_dir), timeout=600)
+    done.assert_outcomes(passed=1)
+    page = run_dir / "report.html"
+    text = page.read_text()
+    bar = re.search(r'<div class="phasebar"[^>]*>(.*?)</div>\s*<div class="phase-axis">(.*?)</div>\s*'
+                    r'<div class="phase-legend">(.*?)</div>', text, re.S)
+    assert bar is not None, "the bar, its axis and its legend, in that order"
+    labels = re.findall(r'data-phase="([^"]+)"[^>]*>([^<]*)</div>', bar.group(1))
+    assert labels
+    assert all(name == label for name, label in labels), labels
+    assert "agent" in bar.group(3)
+    assert "evaluation" in bar.group(3)
+    probe = page.with_name("report.segments.html")
+    probe.write_text(text.replace("</body>", SEGMENTS, 1))
+    dom = chromium(f"--window-size={WIDE},900", "--dump-dom", probe.as_uri(), profile=pytester.path / "chromium").stdout
+    found = re.search(r'data-segments="([^"]*)"', dom)
+    assert found is not None
+    segments = json.loads(html.unescape(found.group(1)))
+    assert len([s for s in segments if s[0].startswith("branch ")]) == 3, segments
+    for before, after in itertools.pairwise(segments):
+        if abs(after[2] - before[3]) <= 2:  # adjacent on the screen
+            assert before[1] != after[1], (before, after)
+    chromium(f"--window-size={WIDE},1400", f"--screenshot={run_dir / 'timeline-1300.png'}", probe.as_uri(),
+             profile=pytester.path / "chromium")
