@@ -20,6 +20,11 @@ pb_venv '[dev,mini,ssh]'
 "$PY" -m ruff check .
 "$PY" -m mypy
 .venv/bin/lint-imports
+# The docs site (mkdocs.yml), built strictly and offline: a broken link or anchor, a page outside the nav, or a
+# generated table (docs/hooks.py) placed on no page fails the suite here.
+docs_site=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 "$PY" -m mkdocs build --strict --quiet --site-dir "$docs_site"
+rm -rf "$docs_site"
 bash testbed/setup.sh
 # Debian's Chromium renders report.html for tests/test_report.py (headless, offline); installed only when missing.
 if ! command -v chromium >/dev/null; then

@@ -1,4 +1,4 @@
-"""``--pb-compare``: README's commands run as written: two real evaluate-only runs of the fixture tasks that differ in
+"""``--pb-compare``: the docs' commands run as written: two real evaluate-only runs of the fixture tasks that differ in
 one task (its submission the ``wrong`` variant), compared at the end of the second run, then as two finished runs, then
 the second packaged and verified by the official CLI; the flips, the delta, the interval and the p-value recomputed
 here from the runs' own files; ``--pb-max-regression`` fails the session on the regression and passes on the
@@ -25,17 +25,16 @@ from scipy.stats import bootstrap
 from pytest_programbench.results import statistics
 from tests import official_catalogue
 from tests.conftest import Testbed
-from tests.test_readme import fenced, section
+from tests.docs_text import fenced, section
 from tests.test_report import attr_of, chromium
 
-# users_defaults: README's commands run as written
+# users_defaults: the docs' commands run as written
 pytestmark = [pytest.mark.usefixtures("clean_env"), pytest.mark.users_defaults]
 
 CATLIKE = "pbfix__catlike.c47c47c"
 RPN = "pbfix__rpn.0b5e55e"
 
 
-README_SECTION = "Comparing runs, and a leaderboard entry"
 
 
 def counted_statuses(run_dir: Path, tasks_dir: Path, iid: str) -> dict[str, str]:
@@ -56,7 +55,7 @@ def compare_finished(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 
 def readme_commands(pytester: pytest.Pytester, testbed: Testbed) -> list[tuple[str, Any]]:
-    """README's commands run as written in a directory whose pytest.ini points at the test bed (two of its tasks;
+    """The docs' commands run as written in a directory whose pytest.ini points at the test bed (two of its tasks;
     ``pb_min_score = 0.5``, so the partly wrong task passes its item and the regression gate alone fails a session),
     with ``runs/baseline`` the good submissions and ``runs/candidate`` the same but one task's the wrong variant."""
     runs = testbed.submissions.parent
@@ -74,7 +73,8 @@ def readme_commands(pytester: pytest.Pytester, testbed: Testbed) -> list[tuple[s
         pb_min_score = 0.5
     """)
     done: list[tuple[str, Any]] = []
-    for command in fenced(section(README_SECTION).split("\n### ")[0]):  # its subsection: test_compare_foreign.py
+    # The page's first section only; its "Against ..." subsection is test_compare_foreign.py's.
+    for command in fenced(section("comparing.md", "Comparing runs, and a leaderboard entry", subsections=False)):
         words = shlex.split(command)
         if words[0] == "pytest":
             done.append((command, pytester.runpytest_subprocess(*words[1:], timeout=900)))

@@ -1,4 +1,4 @@
-"""``--pb-compare`` and ``--pb-report`` on runs that are not ours: README's commands run as written on the test bed.
+"""``--pb-compare`` and ``--pb-report`` on runs that are not ours: the docs' commands run as written on the test bed.
 
 ``runs/theirs`` (the test bed's correct submissions of catlike and rpn) is evaluated by the official CLI itself
 (``programbench eval``, pointed at the test bed's tasks by tests/official_catalogue.py), then packaged by
@@ -30,16 +30,14 @@ from programbench.utils.load_data import get_active_branches, get_ignored_tests,
 
 from tests import official_catalogue
 from tests.conftest import GUARD_PLUGIN, MACHINE_CACHE, REPO, Testbed
-from tests.test_compare import README_SECTION
+from tests.docs_text import fenced, section
 from tests.test_corrected_score import stripped_tasks
 from tests.test_leaderboard_entry import per_task_scores, recompute, register_entry
-from tests.test_readme import fenced, section
 from tests.test_report import attr_of, chromium, text_of
 
 CATLIKE = "pbfix__catlike.c47c47c"
 RPN = "pbfix__rpn.0b5e55e"
 TASKS = (CATLIKE, RPN)
-SUBSECTION = "### Against a `programbench eval` run or a leaderboard entry"
 OFFICIAL_KIND = "a programbench eval output directory (<id>/<id>.eval.json)"
 ENTRY_KIND = "a leaderboard entry or packaged submission (_stats/score.json)"
 OURS_KIND = "a pytest-programbench run directory"
@@ -48,9 +46,7 @@ X, Y, Z = "abishekvashok__cmatrix.5c082c6", "agourlay__zip-password-finder.70470
 
 
 def readme_commands() -> list[str]:
-    text = section(README_SECTION)
-    assert SUBSECTION in text, "the compare section's subsection on foreign runs"
-    return fenced(text[text.index(SUBSECTION):])
+    return fenced(section("comparing.md", "Against a `programbench eval` run or a leaderboard entry"))
 
 
 @dataclass

@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from tests.conftest import TESTBED, Testbed
-from tests.test_readme import fenced, section
+from tests.docs_text import fenced, section
 
-# users_defaults: README's commands run as written
+# users_defaults: the docs' commands run as written
 pytestmark = [pytest.mark.usefixtures("clean_env"), pytest.mark.users_defaults]
 
 COIN = "pbfix__coin.c0112ab"
@@ -34,7 +34,6 @@ STEADY = f"{BRANCH}/tests.test_coin.test_joins_words"
 N = 6
 
 
-README_SECTION = "Attempts, and the reference's own noise"
 
 
 IMAGE = "programbench/pbfix_1776_coin.c0112ab"
@@ -56,7 +55,7 @@ def reference_sha256(docker_client: Any, image: str) -> str:
 
 def test_the_readme_commands_gold_ledger_and_attempts(pytester: pytest.Pytester, testbed: Testbed,
                                                       docker_client: Any) -> None:
-    """README's commands as written, in a directory whose pytest.ini points at the gold fixture task: --pb-gold 6
+    """The docs' commands as written, in a directory whose pytest.ini points at the gold fixture task: --pb-gold 6
     finds exactly the impossible and the flaky test with the right ceiling; then gold run 1's submission (an odd run:
     the flaky test fails) evaluated in 3 attempts with the ledger read back and --pb-ignore-flaky."""
     # The real case: the official deletes every submitted file with the reference's bytes before compile.sh.
@@ -72,7 +71,7 @@ def test_the_readme_commands_gold_ledger_and_attempts(pytester: pytest.Pytester,
         pb_cpus = 2
         pb_progress = off
     """)
-    commands = [shlex.split(c) for c in fenced(section(README_SECTION))]
+    commands = [shlex.split(c) for c in fenced(section("attempts.md", "Attempts, and the reference's own noise"))]
     assert [c[:2] for c in commands] == [["pytest", "--pb-gold"], ["pytest", "--pb-submissions"]], commands
     gold = pytester.runpytest_subprocess(*commands[0][1:], timeout=900)
     run_dir = pytester.path / "pb-runs" / "gold"

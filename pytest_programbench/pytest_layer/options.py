@@ -1,7 +1,7 @@
 """Every ``--pb-*`` option, declared once: CLI flag, ini key ``pb_<name>``, parsing and validation.
 
-The declarations are data so that the plugin hook stays a loop, the README table can be generated, and the
-opt-in rule ("any ``--pb-*`` option given") has one source of truth.
+The declarations are data so that the plugin hook stays a loop, the docs site's table is generated from them
+(``reference_tables.py``), and the opt-in rule ("any ``--pb-*`` option given") has one source of truth.
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ class Option:
     metavar: str | None = None
     parser: Callable[[str, Any], Any] | None = None  # (flag, raw value) -> value; None: the kind's
     field_names: tuple[str, ...] = ()  # Settings fields set; None: the name's; several: the parser returns a tuple
+    # The docs site's options table (pytest_layer/reference_tables.py): the default as a reader should see it, where
+    # Settings' value does not say it (one computed from the machine, or None standing for a behaviour); and Markdown
+    # after the help, for what only the docs can give (links into the site).
+    default_text: str = ""
+    docs: str = ""
 
     @property
     def flag(self) -> str:
@@ -242,39 +247,52 @@ _KIND_PARSERS: dict[str, Callable[[str, Any], Any]] = {
 }
 
 _TO_1 = (0.0, 1.0)
+CLI_AGENTS = "agents.md#cli-agents-codex-claude-code-opencode"  # the docs site's page of the agent presets
 
 # The one table: listing order is ``--help`` order within a section. Unset options take Settings' defaults.
 OPTIONS: tuple[Option, ...] = (
     # Selection
     Option("language", "Select tasks by language (c, cpp, go, rust, haskell, java; aliases rs, hs). "
-           "Repeatable or comma-separated.", "selection", "list", "LANG", field_names=("languages",)),
+           "Repeatable or comma-separated.", "selection", "list", "LANG", field_names=("languages",),
+           default_text="all"),
     Option("difficulty", "Select tasks by difficulty (easy, medium, hard, unset). Repeatable or comma-separated.",
-           "selection", "list", "LEVEL", field_names=("difficulties",)),
+           "selection", "list", "LEVEL", field_names=("difficulties",), default_text="all"),
     Option("filter", "Select task ids matching this regex (re.match, like programbench's --filter).",
            "selection", metavar="REGEX"),
     Option("slice", "Keep tasks[A:B] after filtering (like programbench's --slice).", "selection", metavar="A:B"),
     Option("shuffle", "Shuffle tasks with this seed before filtering and slicing.", "selection", "int", "SEED"),
     Option("tasks-dir", "Add tasks from DIR (official layout: <id>/task.yaml, tests.json, optional Dockerfile, "
            "optional tests/<branch>/). Repeatable.", "selection", "list", "DIR", _dirs, ("tasks_dirs",)),
-    Option("include-fixtures", "Include the bundled testorg__* fixture tasks.", "selection", "bool"),
+    Option("include-fixtures", "Include the bundled `testorg__*` fixture tasks.", "selection", "bool"),
     # Work
-    Option("agent", "Agent command run in each task's sandbox (or a preset: reference, replay:DIR, "
-           "mini-swe-agent).", "agent", metavar="CMD"),
-    Option("agent-env", "Pass NAME (from the host environment) or NAME=VALUE to the agent. Repeatable.",
-           "agent", "list", "NAME[=VALUE]", _raw_seq),
+    Option("agent", "Agent: a shell command run as the agent user in /workspace/src of each task's sandbox, or a "
+           "preset: reference, replay:DIR, mini-swe-agent, codex, claude-code, opencode (optionally NAME@VERSION).",
+           "agent", metavar="CMD", docs=f"See [CLI agents]({CLI_AGENTS}) and [Customising](customising.md) (an agent "
+           "written in Python)."),
+    Option("agent-env", "Pass NAME (from the host environment) or NAME=VALUE to the agent (values never written "
+           "out). Repeatable.", "agent", "list", "NAME[=VALUE]", _raw_seq,
+           docs="See [the agent's environment](agents.md#the-agents-environment)."),
     Option("agent-mount", "Mount HOST_DIR read-only into the sandbox (at DIR, default the same path). Repeatable.",
            "agent", "list", "HOST_DIR[:DIR]", _raw_seq, ("agent_mounts",)),
-    Option("agent-setup", "Command run as root in the sandbox before the agent.", "agent", metavar="CMD"),
-    Option("agent-on-host", "Run the agent command on the host; it drives the sandbox by container id.",
-           "agent", "bool"),
-    Option("agent-timeout", "Agent wall clock in seconds.", "agent", "int", "SECONDS", _int(1)),
+    Option("agent-setup", "Command run as root in the sandbox before the agent, on the agent's clock; a failure is a "
+           "note in the item's message and pb-meta.json, and the agent runs whatever it was.", "agent", metavar="CMD"),
+    Option("agent-on-host", "Run the agent command on the host; it drives the sandbox by container id, with "
+           "PB_CONTAINER_ID and PB_SANDBOX_EXEC (a prefix running a shell command in the sandbox as the agent).",
+           "agent", "bool", docs="See [the agent's environment](agents.md#the-agents-environment)."),
+    Option("agent-timeout", "Agent wall clock in seconds, inside the sandbox and from the host; seconds the relay "
+           "held its model requests are given back (up to this much again or --pb-model-retry-budget, the longer).",
+           "agent", "int", "SECONDS", _int(1), docs=f"See [CLI agents]({CLI_AGENTS}): held requests give the clock "
+           "back."),
     Option("agent-final-grace", "Seconds an agent working by tool calls may go on without a model request after "
            "its final answer (a reply with no tool call) before its processes are ended and its work scored; the "
            "record says so (a CLI can hang after its last message). 0: never.", "agent", "float", "SECONDS",
-           _float(0.0)),
-    Option("prompt-template", "Jinja2 template for the agent prompt.", "agent", metavar="FILE"),
-    Option("model", "Model name for agent presets such as mini-swe-agent.", "model", metavar="NAME"),
-    Option("model-endpoint", "The only address the agent may reach, through a relay.", "model", metavar="URL"),
+           _float(0.0), docs=f"See [CLI agents]({CLI_AGENTS})."),
+    Option("prompt-template", "Jinja2 template for the agent prompt (written to PB_PROMPT_FILE).", "agent",
+           metavar="FILE", default_text="built in"),
+    Option("model", "Model name for agent presets such as mini-swe-agent.", "model", metavar="NAME",
+           docs=f"The relay pins it: a call naming another model is refused ([CLI agents]({CLI_AGENTS}))."),
+    Option("model-endpoint", "The only address the agent may reach, through a recording relay.", "model",
+           metavar="URL"),
     Option("model-key-env", "Host environment variable whose value the relay adds as the API key (the sandbox "
            "never sees it).", "model", metavar="NAME"),
     Option("model-retry-budget", "Seconds one model request may be retried for (429, 5xx, 529, connection "
@@ -283,122 +301,139 @@ OPTIONS: tuple[Option, ...] = (
     Option("model-allow-server-tools", "Let the relay forward provider-side tools (web search, code execution, "
            "MCP, file search...) and every API of the endpoint (files, batches, stored responses...), not only model "
            "calls: the internet through the model API. Recorded in the run and its leaderboard package.", "model",
-           "bool"),
+           "bool", docs="Without it the relay forwards model calls only and refuses the rest with a 403 the agent can "
+           "read, and the item is flagged `provider_tools_requested` (see [CLI agents]("
+           f"{CLI_AGENTS})); recorded in the run's identity and in `submission.yaml` (`harness.model_server_tools`)."),
     Option("model-failures-scored", "Score tasks whose model API was unavailable or rejected the key (the "
-           "agent's half-finished work) instead of making them errors.", "model", "bool"),
+           "agent's half-finished work; today's behaviour elsewhere) instead of making them errors.", "model", "bool"),
     Option("budget", "USD the run may spend on the model (tokens at --pb-token-price): no new task starts once spent "
            "plus the running tasks' projected cost passes it; past 1.1 times it the relay refuses model requests and "
-           "the running tasks end as errors naming the budget.", "model", "float", "USD", _float(0.0)),
+           "the running tasks end as errors naming the budget.", "model", "float", "USD", _float(0.0),
+           default_text="no budget", docs=f"See [CLI agents]({CLI_AGENTS}): budget."),
     Option("agent-replay", "Answer the agent's model requests from RUN_DIR's recorded conversation (each task's "
            "model-replay.jsonl), never calling the endpoint; the first request that differs makes the task an error "
-           "naming it, with a diff.", "agent", metavar="RUN_DIR", parser=_dir),
+           "naming it, with a diff.", "agent", metavar="RUN_DIR", parser=_dir,
+           docs=f"See [CLI agents]({CLI_AGENTS}): replay."),
     Option("model-concurrency", "At most N model requests in flight upstream at once across every worker of the "
            "run (lock files in the run directory; a request waits for a slot, recorded and shown live).", "model",
-           "int", "N", _int(1)),
+           "int", "N", _int(1), default_text="no cap"),
     Option("model-rpm", "At most N model requests a minute upstream across every worker of the run (a token bucket "
            "of N in the run directory, refilled at N a minute; every retry counts; a request waits for a token, "
-           "recorded and shown live).", "model", "int", "N", _int(1)),
+           "recorded and shown live).", "model", "int", "N", _int(1), default_text="no cap"),
     Option("model-tpm", "At most N model tokens a minute across every worker of the run (a token bucket of N, "
            "refilled at N a minute, charged with each answer's metered tokens; requests wait while it is below "
-           "zero, recorded and shown live).", "model", "int", "N", _int(1)),
-    Option("submissions", "Evaluate existing submissions (<id>/submission.tar.gz) instead of running an agent.",
-           "agent", metavar="DIR", parser=_dir),
+           "zero, recorded and shown live).", "model", "int", "N", _int(1), default_text="no cap"),
+    Option("submissions", "Evaluate existing submissions (<id>/submission.tar.gz) instead of running an agent; a "
+           "selected task without one is deselected (see --pb-require-all).", "agent", metavar="DIR", parser=_dir),
     Option("require-all", "With --pb-submissions, selected tasks without a submission fail with score 0.",
            "agent", "bool"),
     # Sandbox
     Option("sandbox-cpus", "CPUs of the agent sandbox (default min(20, cores)).", "sandbox", "float", "N",
-           _float(0.01)),
+           _float(0.01), default_text="min(20, cores)"),
     Option("sandbox-memory", "Memory of the agent sandbox (default min(60g, 80% of RAM)).", "sandbox",
-           metavar="SIZE", parser=to_bytes),
+           metavar="SIZE", parser=to_bytes, default_text="min(60g, 80% of RAM)"),
     # Evaluation
     Option("image-tag", "Tag of the task images.", "evaluation", metavar="TAG"),
     Option("pull", "Pull missing task images (missing) or never.", "evaluation", metavar="never|missing",
            parser=_pull),
     Option("cpus", "CPUs per evaluation container (default min(10, cores)); exported as "
-           "PYTEST_XDIST_AUTO_NUM_WORKERS.", "evaluation", "int", "N", _int(1)),
+           "PYTEST_XDIST_AUTO_NUM_WORKERS.", "evaluation", "int", "N", _int(1), default_text="min(10, cores)"),
     Option("memory", "Memory limit per evaluation container (default: none).", "evaluation", metavar="SIZE",
-           parser=to_bytes),
+           parser=to_bytes, default_text="none"),
     Option("branch-workers", "Hidden test branches evaluated in parallel per task.", "evaluation", "int", "N",
-           _int(1)),
+           _int(1), docs="As `programbench eval`."),
     Option("branch-retries", "Retries of a branch whose JUnit shows an xdist worker crash.", "evaluation", "int",
-           "N", _int(0)),
+           "N", _int(0), docs="As `programbench eval`."),
     Option("compile-timeout", "compile.sh wall clock in seconds.", "evaluation", "int", "SECONDS", _int(1)),
     Option("test-timeout", "Wall clock of one hidden branch run in seconds.", "evaluation", "int", "SECONDS",
            _int(1)),
-    Option("min-score", "Score at or above which an item passes.", "evaluation", "float", "X", _float(*_TO_1)),
+    Option("min-score", "Score at or above which an item passes.", "evaluation", "float", "X", _float(*_TO_1),
+           default_text="1.0"),
     Option("strict", "Neutralise flagged files (conftest.py, pytest config, sitecustomize) before evaluating.",
-           "evaluation", "bool"),
+           "evaluation", "bool", docs="A deliberate difference: see [Evaluation](evaluation.md)."),
     Option("allow-flags", "Let flagged submissions pass on their score alone.", "evaluation", "bool"),
     Option("score", "Which score decides the verdict, the headline and --pb-min-mean: official (programbench's, the "
            "leaderboard's) or corrected (the official scoring with test names compared without a leading 'eval.', "
            "upstream ProgramBench issue #56). Both are always reported.", "evaluation", metavar="official|corrected",
-           parser=_score_basis, field_names=("score_basis",)),
+           parser=_score_basis, field_names=("score_basis",), docs="See [the official scorer's name defect]("
+           "evaluation.md#the-official-scorers-name-defect-and-the-corrected-score)."),
     Option("audit-hidden-tests", "For a task that passed any test: run the hidden tests of 2 of its branches (drawn "
            "after the official run) once more with their sources withheld once collected and PYTEST_CURRENT_TEST "
            "naming no test; tests that then fail (twice) flag the item reads_hidden_tests, a module the test "
            "processes load from the workspace flags it workspace_import, an audit it obstructs audit_obstructed. The "
            "score stays the official one.", "evaluation",
-           metavar="on|off", parser=_on_off),
+           metavar="on|off", parser=_on_off, docs="See [Evaluation](evaluation.md): the audit of the hidden tests."),
     # Run
-    Option("output", "Run directory (default pb-runs/<UTC>-<run id>).", "run", metavar="DIR"),
-    Option("resume", "Resume RUN_DIR: reuse finished results, re-run missing and errored tasks.", "run",
-           metavar="RUN_DIR", parser=_dir),
-    Option("infra-retries", "Retries of an item that errored for infrastructure reasons.", "run", "int", "N",
-           _int(0)),
+    Option("output", "Run directory (default pb-runs/<UTC>-<run id>).", "run", metavar="DIR",
+           default_text="`pb-runs/<UTC>-<run id>` where pytest runs"),
+    Option("resume", "Resume RUN_DIR: reuse finished results, re-run missing and errored tasks, with the run's "
+           "recorded settings.", "run", metavar="RUN_DIR", parser=_dir, docs="See [Results](results.md)."),
+    Option("infra-retries", "Retries of an item that errored for infrastructure reasons (never of agent "
+           "failures).", "run", "int", "N", _int(0)),
     Option("docker-host", "A Docker engine to run tasks on, with how many tasks it may run at once (default: its "
            "CPUs / --pb-sandbox-cpus); unix://, tcp:// (TLS from DOCKER_TLS_VERIFY/DOCKER_CERT_PATH), ssh://, or "
            "'default' for DOCKER_HOST's. Repeatable: tasks spread over every engine.", "run", "list",
-           "URL[=SLOTS]", _docker_hosts, ("docker_hosts",)),
+           "URL[=SLOTS]", _docker_hosts, ("docker_hosts",), default_text="`DOCKER_HOST`'s engine",
+           docs="See [Scaling](scaling.md)."),
     Option("runtime", "The Docker runtime of every container of a task (sandbox, compile, hidden-test branches, "
            "audit, helpers), e.g. runsc for gVisor: registered on every engine (daemon.json `runtimes`), else a "
            "usage error naming the engine (default: the engine's own).", "run", metavar="NAME",
-           parser=_validate_runtime),
+           parser=_validate_runtime, default_text="the engine's own",
+           docs="Recorded in pb-meta.json and the run's fingerprint; see [Under gVisor]"
+           "(security.md#under-gvisor---pb-runtime-runsc)."),
     Option("docker-concurrency", "Heavy engine operations (create, start, build, pull, commit, remove) in flight "
-           "at once across all workers (0: no cap).", "run", "int", "N", _int(0)),
+           "at once across all workers (0: no cap).", "run", "int", "N", _int(0), default_text="4"),
     Option("prune-images", "Remove a task's image when it is done, if this run built or pulled it.", "run",
            "bool"),
     Option("junit-tests", "Add every hidden test's status to the task's JUnit properties.", "evaluation", "bool"),
-    Option("blob-dir", "Hidden test archives in the PROGRAMBENCH_BLOB_DIR layout.", "evaluation", metavar="DIR",
-           parser=_dir),
+    Option("blob-dir", "Hidden test archives in the PROGRAMBENCH_BLOB_DIR layout; else a task dir's "
+           "tests/<branch>/, else the Hugging Face dataset.", "evaluation", metavar="DIR", parser=_dir,
+           default_text="`$PROGRAMBENCH_BLOB_DIR`"),
     Option("min-mean", "Fail the session when the mean score over the selection is below X.", "run", "float",
            "X", _float(*_TO_1)),
     Option("compare", "Compare this run with the earlier run BASE at session end; BASE,NEW compares two finished "
            "runs and runs nothing (compare.json, compare.html in the newer run's directory). Either may be a "
            "`programbench eval` output directory or a leaderboard entry.", "run", "list",
-           "BASE[,NEW]", _run_dirs),
+           "BASE[,NEW]", _run_dirs, docs="See [Comparing runs](comparing.md)."),
     Option("report", "Write report.html for a run that is not ours (a `programbench eval` output directory or a "
            "leaderboard entry) into DIR, from its files; nothing is collected or run.", "run", metavar="DIR",
-           parser=_dir),
+           parser=_dir, docs="See [Comparing runs]"
+           "(comparing.md#against-a-programbench-eval-run-or-a-leaderboard-entry)."),
     Option("max-regression", "With --pb-compare: fail the session when the 95% CI of the mean score difference "
            "(new - base) reaches below -X.", "run", "float", "X", _float(*_TO_1)),
     Option("attempts", "Independent attempts per task (own sandbox, agent run, submission, evaluation; items "
            "<id>[attempt-N]): per task mean, best, pass@k, resolved@k; the headline's interval resamples attempts "
-           "within tasks.", "run", "int", "K", _int(1)),
+           "within tasks.", "run", "int", "K", _int(1),
+           docs="See [Attempts](attempts.md)."),
     Option("gold", "Evaluate the reference itself as the submission N times per task (items <id>[gold-N]), "
            "through the same evaluation, and write gold-ledger.json: per hidden test passes out of N, the tests "
            "that never pass (impossible) or only sometimes (flaky), per task the ceiling.", "run", "int", "N",
-           _int(1)),
+           _int(1), docs="See [Attempts](attempts.md)."),
     Option("gold-ledger", "A gold-ledger.json (from --pb-gold): each task's ceiling beside its score, and flips "
            "it explains marked in comparisons.", "run", metavar="FILE", parser=_file),
     Option("ignore-flaky", "With --pb-gold-ledger: also score with the ledger's impossible and flaky tests "
            "ignored (a deliberate difference, beside the official score, never instead of it).", "run", "bool"),
     Option("durations", "Start the longest tasks first, by the durations of the earlier run RUN_DIR (default: "
            "pytest's cache of the last run, else each task's hidden tests and branches).", "run",
-           metavar="RUN_DIR",
-           parser=_dir),
+           metavar="RUN_DIR", parser=_dir, default_text="pytest's cache of the last run, else an estimate",
+           docs="See [Running](running.md#longest-first)."),
     Option("package", "Make the run directory a leaderboard submission at session end (programbench submit "
            "package, then the system metadata, trajectories and cost/call statistics it leaves as TODO).", "run",
-           "bool"),
+           "bool", docs="Also on a finished run: `--pb-resume DIR --pb-package`; see [Comparing runs](comparing.md)."),
     Option("registry-ignore", "The leaderboard registry's ignored_tests.json ({instance_id: [test]}): the terminal "
            "and report show the number the leaderboard will show (its per-test map with these tests struck, over 200 "
            "tasks, resolved at 1.0, near-resolved at 0.95) beside ours.", "run", metavar="FILE",
            parser=registry_ignore_map),
-    Option("keep-going", "Run every task even when the agent of the first tasks exited 127/126 (command not found "
-           "or not executable); by default the session stops after 3 such tasks.", "agent", "bool"),
+    Option("keep-going", "Run every task even when the agent command is not found in the first sandbox (`command -v` "
+           "before the agent runs: by default that task is an error naming it and the session stops, nothing "
+           "evaluated), or the agents of the first 3 tasks all exited 127/126 (command not found, not executable; by "
+           "default the session stops then, saying why).", "agent", "bool"),
     Option("preflight", "Check the selection before spending hours (images, hidden test archives, the agent "
            "command in a sample sandbox, the model endpoint and key, disk space), list the tasks like --co, print "
-           "what is missing and exit non-zero if anything is.", "run", "bool"),
-    Option("progress", "Live view of in-flight tasks: auto (in place on a terminal, periodic lines otherwise), "
+           "what is missing and exit non-zero if anything is.", "run", "bool",
+           docs="See [Before spending hours](running.md#before-spending-hours---pb-preflight)."),
+    Option("progress", "Live view of in-flight tasks: auto (in place on a terminal without live logging, periodic "
+           "lines otherwise), "
            "live, lines or off; :SECONDS sets the refresh (live 1, lines 60).", "run", metavar="MODE[:SECONDS]",
            parser=progress_mode, field_names=("progress", "progress_interval")),
     Option("token-price", "USD per million input and output tokens, for the cost in the summary and report.",
