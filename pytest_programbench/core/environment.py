@@ -1,5 +1,6 @@
 """Every environment variable the harness reads, declared once (as ``pytest_layer.options.OPTIONS`` is for options):
-its name, its default as README shows it and what it tunes; README's table is checked against ``VARIABLES``.
+its name, its default as the docs show it and what it tunes; the docs site's table (docs/options.md) is generated from
+``OURS`` (``pytest_layer/reference_tables.py``).
 
 A value that does not parse never stops a run: it is logged and the default is used. Each reader takes the
 environment to read (default: this process's), so a caller that has one in hand (a test, a worker's copy) passes it.
@@ -149,7 +150,7 @@ PYTEST_ADDOPTS = Variable("PYTEST_ADDOPTS", "", "pytest's extra command-line wor
 TERM = Variable("TERM", "", "the terminal's kind (`dumb` and `unknown` get no live view)")
 CC = Variable("CC", "", "the C compiler that builds the static proxy client on the host (else gcc, cc, clang)")
 
-# Every variable above, in the order declared (README's table follows it).
+# Every variable above, in the order declared (the docs' table follows it).
 VARIABLES: tuple[Variable, ...] = tuple(v for v in globals().values() if isinstance(v, Variable))
-# Ours, in README's table; the others' are documented by their owners.
+# Ours, in the docs' table; the others' are documented by their owners.
 OURS: tuple[Variable, ...] = tuple(v for v in VARIABLES if v.name.startswith(("PB_", "PYTEST_PROGRAMBENCH_")))
