@@ -132,13 +132,17 @@ def test_container_is_young():
     age = started - parent_and_start(1)[1]
     print(f"container age {age:.1f} s")
     assert age < 10
-
+'''
+# In the first branch only: it runs while the second branch's container is made ahead, which is then older than the
+# age test's 10 s when its own tests start. (The second branch needs no wait: nothing is made ahead of it.)
+SLOW_TEST = '''
 
 @pytest.mark.timeout(60)
 def test_takes_a_while():
-    time.sleep(20)
+    time.sleep(14)
 '''
 AGE_NAME = "tests.test_aaa_age.test_container_is_young"
+SLOW_NAME = "tests.test_aaa_age.test_takes_a_while"
 
 
 @pytest.mark.docker
@@ -146,13 +150,14 @@ def test_the_made_ahead_container_is_older_as_documented(testbed: Testbed, offic
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """README: the next branch's container, made ready while the branch before it runs, is older when its tests
     start; a program reading its container's age scores differently, and PYTEST_PROGRAMBENCH_PREFETCH=0 restores the
-    official's. Two branches, each a test of the container's age when its tests started (under 10 s) and one taking
-    20 s."""
-    branches = ["0b5e55e01a2b", "4d3c2b1a0f9e"]
-    names = [AGE_NAME, "tests.test_aaa_age.test_takes_a_while"]
-    root = custom_rpn(testbed, tmp_path / "task", active=branches,
-                      extra_tests={b: ("test_aaa_age.py", AGE_TEST, names) for b in branches})
+    official's. Two branches, each a test of the container's age when its tests started (under 10 s); the first also
+    a test taking 14 s, the time its next branch's container made ahead waits."""
+    first, second = branches = ["0b5e55e01a2b", "4d3c2b1a0f9e"]
+    root = custom_rpn(testbed, tmp_path / "task", active=branches, extra_tests={
+        first: ("test_aaa_age.py", AGE_TEST + SLOW_TEST, [AGE_NAME, SLOW_NAME]),
+        second: ("test_aaa_age.py", AGE_TEST, [AGE_NAME])})
     task, instance = load(root)
+    assert get_active_branches(instance) == branches  # evaluated in this order: the slow one first
     archive = rpn_archive(testbed, tmp_path / "s.tar.gz", GOOD_COMPILE)
     official_blobs(root / "blobs")
     summary, official = run_official_cli(instance, archive, tmp_path / "official")
