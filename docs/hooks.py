@@ -1,8 +1,8 @@
 """mkdocs hooks (``hooks:`` in mkdocs.yml): the generated reference tables, and README.md as the site's front page.
 
-A page holds ``<!-- pb:table NAME -->`` where a table of ``pytest_layer/reference_tables.py`` goes (the options, the
-environment variables), rendered from their declarations at every build; a marker naming no table, or a table placed
-on no page, fails the build. ``docs/index.md`` holds ``<!-- pb:readme -->``: README.md, its links into ``docs/``
+A page holds ``<!-- pb:table NAME -->``, a line of its own, where a table of ``pytest_layer/reference_tables.py``
+goes (the options, the environment variables), rendered from their declarations at every build; a marker naming no
+table, or a table placed on no page, fails the build. ``docs/index.md`` holds ``<!-- pb:readme -->``: README.md, its links into ``docs/``
 made the site's own, so the front page has one home and strict mode checks its links too.
 """
 
@@ -16,8 +16,8 @@ from mkdocs.exceptions import PluginError
 
 from pytest_programbench.pytest_layer.reference_tables import TABLES
 
-TABLE = re.compile(r"<!-- pb:table ([\w-]+) -->")
-README_MARKER = "<!-- pb:readme -->"
+TABLE = re.compile(r"^<!-- pb:table ([\w-]+) -->$", re.MULTILINE)  # a line of its own, never quoted text
+README_MARKER = re.compile(r"^<!-- pb:readme -->$", re.MULTILINE)
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 _placed: set[str] = set()
@@ -39,7 +39,7 @@ def expand(markdown: str, where: str) -> str:
         return TABLES[name]()
 
     markdown = TABLE.sub(table, markdown)
-    return markdown.replace(README_MARKER, readme_for_site())
+    return README_MARKER.sub(lambda _: readme_for_site(), markdown)
 
 
 def on_pre_build(config: Any) -> None:
