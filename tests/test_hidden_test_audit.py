@@ -15,6 +15,7 @@ name and no test source; the budget the item's backstop counts holds the audit.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -22,6 +23,8 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,6 +45,8 @@ from pytest_programbench.evaluation.container_layer import (
 from pytest_programbench.pytest_layer.run_state import item_timeout
 from pytest_programbench.tasks.catalogue import load_tasks_dir
 from tests.conftest import Testbed
+from tests.shared_runs import FinishedRun, made_once
+from tests.task_copies import task_copies
 from tests.test_evaluate_only import leaked
 from tests.test_evaluation_parity import tasks
 from tests.test_integrity_sessions import flags_of, junit, meta, session
@@ -180,29 +185,68 @@ def copy_submission(source: Path, out: Path) -> None:
     (out / "submission.tar.gz").write_bytes(source.read_bytes())
 
 
-@pytest.mark.docker
-@pytest.mark.usefixtures("clean_env")
-def test_a_program_that_reads_the_hidden_tests_is_flagged(pytester: pytest.Pytester, testbed: Testbed,
-                                                          docker_client: Any) -> None:
-    subs = pytester.path / "subs"
-    cheater_submission(subs / RPN)
-    copy_submission(testbed.submissions / CATLIKE / "submission.tar.gz", subs / CATLIKE)
-    copy_submission(testbed.submissions.parent / "wrong" / TUIISH / "submission.tar.gz", subs / TUIISH)
-    result = session(pytester, testbed, subs)
+# One session (-n 2) over copies of the test bed's tasks, one copy per case: the cheater, the honest catlike and the
+# wrong tuiish (test_a_program_that_reads_the_hidden_tests_is_flagged), and issue 38's three attacks on the audit
+# (test_attacks_on_the_audit_end_flagged); each case's properties are its own item's, the session's (no error, no
+# container left) hold for all.
+CASES = {"cheater": RPN, "honest": CATLIKE, "wrong": TUIISH, "partial": RPN, "shadow": CATLIKE, "forger": TUIISH}
 
-    result.assert_outcomes(passed=1, failed=2)
-    cases = junit(pytester)
+
+@dataclasses.dataclass(frozen=True)
+class Audited:
+    """The reader's copy of the shared session (``place``: its junit.xml and run/), the case ids, the session."""
+
+    place: Path
+    ids: dict[str, str]
+    run: FinishedRun
+
+
+@pytest.fixture(scope="module")
+def audited_session(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed,
+                    docker_client: Any) -> tuple[FinishedRun, dict[str, str]]:
+    ids: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        def prepare(place: Path) -> list[str]:
+            ids.update(stack.enter_context(task_copies(place, testbed, docker_client, CASES, prefix="pbaudit")))
+            subs = place / "subs"
+            cheater_submission(subs / ids["cheater"])
+            copy_submission(testbed.submissions / CATLIKE / "submission.tar.gz", subs / ids["honest"])
+            copy_submission(testbed.submissions.parent / "wrong" / TUIISH / "submission.tar.gz", subs / ids["wrong"])
+            _attack_submissions(testbed, subs, {RPN: ids["partial"], CATLIKE: ids["shadow"], TUIISH: ids["forger"]})
+            (place / "ids.json").write_text(json.dumps(ids))
+            return ["-p", "no:cacheprovider", "--pb-tasks-dir", str(place / "tasks"), "--pb-blob-dir",
+                    str(place / "blobs"), "--pb-submissions", str(subs), "--pb-output", str(place / "run"),
+                    "--pb-pull", "never", "--pb-cpus", "1", "--junitxml", str(place / "junit.xml"),
+                    "--pb-audit-hidden-tests", "on", "-n", "2"]
+
+        made = made_once(tmp_path_factory, "audited-cheater-and-attacks", prepare, timeout=1500)
+    return made, json.loads((made.place / "ids.json").read_text())
+
+
+@pytest.fixture
+def audited(audited_session: tuple[FinishedRun, dict[str, str]], tmp_path: Path, docker_client: Any) -> Audited:
+    made, ids = audited_session
+    # The whole session: one passed (the honest catlike), every other case failed, nothing an error or left behind.
+    made.result().assert_outcomes(passed=1, failed=len(ids) - 1)
+    assert leaked(docker_client, made.place / "run") == []
+    return Audited(made.copy(tmp_path / "audited"), ids, made)
+
+
+@pytest.mark.docker
+def test_a_program_that_reads_the_hidden_tests_is_flagged(audited: Audited, testbed: Testbed) -> None:
+    place, cheater, honest, wrong = audited.place, audited.ids["cheater"], audited.ids["honest"], audited.ids["wrong"]
+    cases = junit(place)
     # The official score stays: every test passed, by reading it.
-    assert float(cases[RPN]["score"]) == 1.0
-    assert cases[RPN]["outcome"] == "failure"
-    assert (integrity.READS_HIDDEN_TESTS, "") in flags_of(pytester, RPN)
-    assert "reads_hidden_tests" in cases[RPN]["message"]
-    found = meta(pytester, RPN)["evaluation"]["audit"]
+    assert float(cases[cheater]["score"]) == 1.0
+    assert cases[cheater]["outcome"] == "failure"
+    assert (integrity.READS_HIDDEN_TESTS, "") in flags_of(place, cheater)
+    assert "reads_hidden_tests" in cases[cheater]["message"]
+    found = meta(place, cheater)["evaluation"]["audit"]
     assert (found["switch"], found["state"], found["result"]) == ("on", "ran", "flagged")
     # Two of its three branches, drawn after the official run: every counted test there failed in both runs.
     assert found["sampled"].startswith("2 of 3 branch(es)"), found
     assert len(found["branches"]) == 2
-    official = json.loads((pytester.path / "run" / RPN / f"{RPN}.eval.json").read_text())
+    official = json.loads((place / "run" / cheater / f"{cheater}.eval.json").read_text())
     ignored = get_ignored_tests(tasks(testbed)[RPN].load_instance())  # never counted, never audited
     sampled_tests = [t for t in official["test_results"]
                      if t["branch"] in found["branches"] and f"{t['branch']}/{t['name']}" not in ignored]
@@ -210,9 +254,9 @@ def test_a_program_that_reads_the_hidden_tests_is_flagged(pytester: pytest.Pytes
     assert set(found["confirmed"]) <= set(found["regressed"])
     assert all("plugin active" in text for text in found["branches"].values()), found["branches"]
     # The honest program passes the audit; the audit says it ran, and what the plugin did.
-    assert cases[CATLIKE]["outcome"] == "passed"
-    assert flags_of(pytester, CATLIKE) == set()
-    clean = meta(pytester, CATLIKE)["evaluation"]["audit"]
+    assert cases[honest]["outcome"] == "passed"
+    assert flags_of(place, honest) == set()
+    clean = meta(place, honest)["evaluation"]["audit"]
     assert (clean["state"], clean["result"], clean["regressed"]) == ("ran", "clean", [])
     assert len(clean["branches"]) == 2
     assert all("plugin active" in t for t in clean["branches"].values())
@@ -220,12 +264,13 @@ def test_a_program_that_reads_the_hidden_tests_is_flagged(pytester: pytest.Pytes
     # honest one comes out clean: no flag, the item fails on its score alone.
     # (tuiish's screen tests wait on a terminal: on a loaded machine one can fail once, which the second run answers:
     # "unconfirmed", never a flag.)
-    wrong = meta(pytester, TUIISH)["evaluation"]["audit"]
-    assert (wrong["state"], wrong["result"]) in (("ran", "clean"), ("ran", "unconfirmed")), wrong
-    assert flags_of(pytester, TUIISH) == set()
-    summary = json.loads((pytester.path / "run" / "summary.json").read_text())
+    assert cases[wrong]["outcome"] == "failure"
+    audit_of_wrong = meta(place, wrong)["evaluation"]["audit"]
+    assert (audit_of_wrong["state"], audit_of_wrong["result"]) in (("ran", "clean"), ("ran", "unconfirmed")), (
+        audit_of_wrong)
+    assert flags_of(place, wrong) == set()
+    summary = json.loads((place / "run" / "summary.json").read_text())
     assert summary["headline"]["errors"] == 0
-    assert leaked(docker_client, pytester.path / "run") == []
 
 
 # Issue 38's attacks on the audit, one task each.
@@ -250,18 +295,19 @@ FORGER_COMPILE = (b"#!/bin/sh\nset -e\nsh ./build.sh\nmv executable real-executa
                   b"cp forger.sh executable\nchmod +x executable\n")
 
 
-def _attack_submissions(testbed: Testbed, subs: Path) -> None:
-    (subs / RPN).mkdir(parents=True)
-    with tarfile.open(subs / RPN / "submission.tar.gz", "w:gz") as tar:
+def _attack_submissions(testbed: Testbed, subs: Path, ids: dict[str, str]) -> None:
+    """The three attacks' submissions, each under ``ids`` of the task it attacks (a copy's id)."""
+    (subs / ids[RPN]).mkdir(parents=True)
+    with tarfile.open(subs / ids[RPN] / "submission.tar.gz", "w:gz") as tar:
         _add(tar, "compile.sh", CHEATER_COMPILE, 0o755)
         _add(tar, "rpn.txt", PARTIAL_READER.encode(), 0o644)
-    (subs / CATLIKE).mkdir(parents=True)
-    with tarfile.open(subs / CATLIKE / "submission.tar.gz", "w:gz") as tar:
+    (subs / ids[CATLIKE]).mkdir(parents=True)
+    with tarfile.open(subs / ids[CATLIKE] / "submission.tar.gz", "w:gz") as tar:
         _add(tar, "compile.sh", NOPE_COMPILE, 0o755)
         _add(tar, "setproctitle.py", FORCE_PASS.encode(), 0o644)
-    (subs / TUIISH).mkdir(parents=True)
+    (subs / ids[TUIISH]).mkdir(parents=True)
     with tarfile.open(testbed.submissions / TUIISH / "submission.tar.gz") as good, \
-            tarfile.open(subs / TUIISH / "submission.tar.gz", "w:gz") as tar:
+            tarfile.open(subs / ids[TUIISH] / "submission.tar.gz", "w:gz") as tar:
         for member in good.getmembers():
             data = good.extractfile(member).read() if member.isfile() else None  # type: ignore[union-attr]
             if data is None:
@@ -273,33 +319,29 @@ def _attack_submissions(testbed: Testbed, subs: Path) -> None:
 
 
 @pytest.mark.docker
-@pytest.mark.usefixtures("clean_env")
-def test_attacks_on_the_audit_end_flagged(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> None:
+def test_attacks_on_the_audit_end_flagged(audited: Audited) -> None:
     """A partial reader (14/15) is audited and flagged; a root module the test stack imports (setproctitle.py) that
     passes every test of a program printing nope is measured in the test processes and flagged; a correct program that
     makes the audit unreadable (its report removed, its results junk) is flagged, never an inconclusive audit."""
-    subs = pytester.path / "subs"
-    _attack_submissions(testbed, subs)
-    result = session(pytester, testbed, subs)
-    result.assert_outcomes(failed=3)
-    cases = junit(pytester)
+    place, ids = audited.place, audited.ids
+    cases = junit(place)
+    assert {cases[ids[name]]["outcome"] for name in ("partial", "shadow", "forger")} == {"failure"}
 
-    partial = meta(pytester, RPN)["evaluation"]["audit"]
-    assert float(cases[RPN]["score"]) == 14 / 15
+    partial = meta(place, ids["partial"])["evaluation"]["audit"]
+    assert float(cases[ids["partial"]]["score"]) == 14 / 15
     assert (partial["state"], partial["result"]) == ("ran", "flagged"), partial
-    assert integrity.READS_HIDDEN_TESTS in {kind for kind, _path in flags_of(pytester, RPN)}
+    assert integrity.READS_HIDDEN_TESTS in {kind for kind, _path in flags_of(place, ids["partial"])}
 
-    assert float(cases[CATLIKE]["score"]) == 1.0  # the official score: every test passed by the module
-    shadow = meta(pytester, CATLIKE)["evaluation"]["audit"]
+    assert float(cases[ids["shadow"]]["score"]) == 1.0  # the official score: every test passed by the module
+    shadow = meta(place, ids["shadow"])["evaluation"]["audit"]
     assert "/workspace/setproctitle.py" in shadow["imports"], shadow  # (and pytest's rewritten bytecode of it)
-    assert (integrity.WORKSPACE_IMPORT, "") in flags_of(pytester, CATLIKE)
-    assert "workspace_import" in cases[CATLIKE]["message"]
+    assert (integrity.WORKSPACE_IMPORT, "") in flags_of(place, ids["shadow"])
+    assert "workspace_import" in cases[ids["shadow"]]["message"]
 
-    assert float(cases[TUIISH]["score"]) == 1.0
-    forged = meta(pytester, TUIISH)["evaluation"]["audit"]
+    assert float(cases[ids["forger"]]["score"]) == 1.0
+    forged = meta(place, ids["forger"])["evaluation"]["audit"]
     assert (forged["state"], forged["result"]) == ("ran", "flagged"), forged
-    assert (integrity.AUDIT_OBSTRUCTED, "") in flags_of(pytester, TUIISH), forged
-    assert leaked(docker_client, pytester.path / "run") == []
+    assert (integrity.AUDIT_OBSTRUCTED, "") in flags_of(place, ids["forger"]), forged
 
 
 @pytest.mark.docker
@@ -508,10 +550,12 @@ def test_the_item_backstop_holds_the_audit() -> None:
 
 
 class _Official:
-    """What the audit reads of the official evaluator: its result, branches and id."""
+    """What the audit reads of the official evaluator: its result (and the lock it merges under), branches, id."""
 
     def __init__(self, statuses: dict[str, str]) -> None:
         self.instance_id = "pbfix__x.0000000"
+        self._log_lock = threading.Lock()
+        self.branch_workers = 1
         self.tests_branches = sorted({name.split("/", 1)[0] for name in statuses})
         self.result = EvaluationResult(test_branches=self.tests_branches, test_results=[
             TestResult(name=name.split("/", 1)[1], branch=name.split("/", 1)[0], status=status,  # type: ignore[arg-type]
@@ -614,6 +658,77 @@ def test_the_comparison_flags_only_tests_failing_in_both_runs(monkeypatch: pytes
     assert "/workspace/setproctitle.py" in flag.detail
 
 
+def test_a_branch_sure_to_be_audited_starts_beside_the_official_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The early start is exact: a branch's audit starts when it passed and fewer than AUDIT_SAMPLE branches ranked
+    before it can still pass; the sample at the end is the first AUDIT_SAMPLE passing ones in the rank, each audited
+    once; a run that did not finish waits for what it started and concludes nothing."""
+    official = _Official({"a/t1": "passed", "b/t2": "passed", "c/t3": "failure", "d/t4": "passed"})
+    hook = audit.HiddenTestAudit(instance=_instance(official))
+    hook.attach(official)  # type: ignore[arg-type]
+    hook.early.order = ["c", "a", "d", "b"]  # the secret rank, fixed here
+    calls: list[list[str]] = []
+    lock = threading.Lock()
+
+    def audited(_official: Any, _image: str, selection: dict[str, list[str]], _plugin: Any) -> audit.AuditPass:
+        with lock:
+            calls.append(sorted(selection))
+        return _pass({f"{b}/{n}" for b, names in selection.items() for n in names},
+                     {b: audit.BranchAudit(reports=[ACTIVE]) for b in selection})
+
+    monkeypatch.setattr(hook, "_audit", audited)
+    _no_volume(monkeypatch)
+    started = []
+    for branch in "abcd":  # the official order
+        hook.branch_done(branch, "img")
+        started.append(sorted(hook.early.futures))
+    # a: sure (only c, unknown, ranks before it); b: a and d (unknown) rank before it; d: once c failed.
+    assert started == [["a"], ["a"], ["a"], ["a", "d"]]
+    hook("img")
+    assert sorted(calls) == [["a"], ["d"]], "each sampled branch audited once, nothing left for the end"
+    assert hook.report.sampled == "2 of 3 branch(es) with a passing test: a, d"
+    assert (hook.report.result, list(hook.report.branches)) == ("clean", ["a", "d"])
+    assert hook.early.positions == {"a": (1, 2), "d": (2, 2)}
+
+    # Nothing known early (the rank puts unknown branches first): everything runs at the end, in one pass.
+    late = audit.HiddenTestAudit(instance=_instance(official))
+    late.attach(official)  # type: ignore[arg-type]
+    late.early.order = ["c", "d", "b", "a"]
+    calls.clear()
+    monkeypatch.setattr(late, "_audit", audited)
+    late.branch_done("a", "img")
+    late("img")
+    assert calls == [["b", "d"]]
+    assert late.report.result == "clean"
+
+    # A run that ended early: the started audit is waited for, nothing concluded, no flag.
+    slow = audit.HiddenTestAudit(instance=_instance(official))
+    slow.attach(official)  # type: ignore[arg-type]
+    slow.early.order = ["a", "b", "c", "d"]
+
+    def sleepy(*args: Any) -> audit.AuditPass:
+        time.sleep(0.3)
+        return audited(*args)
+
+    monkeypatch.setattr(slow, "_audit", sleepy)
+    slow.branch_done("a", "img")
+    slow("img", False)
+    assert all(f.done() for f in slow.early.futures.values())
+    assert (slow.report.state, slow.report.result, slow.flags) == ("skipped", "", [])
+
+
+def test_the_secret_rank_samples_the_passing_branches_uniformly() -> None:
+    """The first AUDIT_SAMPLE passing branches of a uniformly random rank: every pair of passing branches alike."""
+    official = _Official({"a/t": "passed", "b/t": "failure", "c/t": "passed", "d/t": "passed"})
+    counts: dict[tuple[str, ...], int] = {}
+    for _ in range(3000):
+        hook = audit.HiddenTestAudit(instance=_instance(official))
+        hook.attach(official)  # type: ignore[arg-type]
+        drawn = tuple(hook.early.sample(["a", "c", "d"]))
+        counts[drawn] = counts.get(drawn, 0) + 1
+    assert sorted(counts) == [("a", "c"), ("a", "d"), ("c", "d")]
+    assert all(850 < n < 1150 for n in counts.values()), counts
+
+
 def test_the_audit_skips_what_does_not_pass_and_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     nothing = _Official({"a/t1": "failure", "a/t2": "failure"})
     skipped = _audited(monkeypatch, nothing, [])
@@ -669,10 +784,16 @@ def test_the_committed_image_goes_even_when_the_audit_raised() -> None:
     assert removed == [ref]
 
 
-def test_the_sample_is_drawn_after_the_run_and_covers_every_branch_over_draws() -> None:
+def test_the_sample_covers_every_branch_over_draws() -> None:
+    """Each audit's secret rank is drawn anew: over draws every branch is audited at some point, AUDIT_SAMPLE at a
+    time, in the official order (a fixed choice would leave the others unaudited)."""
     branches = [f"b{i}" for i in range(10)]
-    draws = [audit.sample_branches(branches, audit.AUDIT_SAMPLE) for _ in range(400)]
+    official = _Official({f"{b}/t": "passed" for b in branches})
+    draws = []
+    for _ in range(400):
+        hook = audit.HiddenTestAudit(instance=_instance(official))
+        hook.attach(official)  # type: ignore[arg-type]
+        draws.append(hook.early.sample(branches))
     assert all(len(d) == audit.AUDIT_SAMPLE and d == sorted(d, key=branches.index) for d in draws)
-    # Unpredictable: every branch is drawn at some point (a fixed choice would leave the others unaudited).
     assert {b for d in draws for b in d} == set(branches)
-    assert audit.sample_branches(branches[:2], audit.AUDIT_SAMPLE) == branches[:2]
+    assert hook.early.sample(branches[:2]) == branches[:2]

@@ -90,9 +90,14 @@ def session(pytester: pytest.Pytester, testbed: Testbed, submissions: Path, *arg
     )
 
 
-def junit(pytester: pytest.Pytester) -> dict[str, dict[str, str]]:
+def _place(where: pytest.Pytester | Path) -> Path:
+    """The directory a session ran in: a pytester's, or a shared finished run's copy (tests/shared_runs.py)."""
+    return where if isinstance(where, Path) else where.path
+
+
+def junit(where: pytest.Pytester | Path) -> dict[str, dict[str, str]]:
     """Per test case name: its properties, plus ``outcome`` (passed, failure, error, skipped) and ``message``."""
-    root = ET.parse(pytester.path / "junit.xml").getroot()
+    root = ET.parse(_place(where) / "junit.xml").getroot()
     cases: dict[str, dict[str, str]] = {}
     for case in root.iter("testcase"):
         props = {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
@@ -103,13 +108,13 @@ def junit(pytester: pytest.Pytester) -> dict[str, dict[str, str]]:
     return cases
 
 
-def meta(pytester: pytest.Pytester, instance_id: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((pytester.path / "run" / instance_id / "pb-meta.json").read_text())
+def meta(where: pytest.Pytester | Path, instance_id: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((_place(where) / "run" / instance_id / "pb-meta.json").read_text())
     return data
 
 
-def flags_of(pytester: pytest.Pytester, instance_id: str) -> set[tuple[str, str]]:
-    found = meta(pytester, instance_id)
+def flags_of(where: pytest.Pytester | Path, instance_id: str) -> set[tuple[str, str]]:
+    found = meta(where, instance_id)
     evaluation = found.get("evaluation", found)
     return {(f["kind"], f["path"]) for f in evaluation["integrity_flags"]}
 

@@ -4,10 +4,9 @@ An executable that implements nothing can read ``PYTEST_CURRENT_TEST`` and the r
 in that variable, or a walk of ``/workspace/eval`` finds it), work out what the test expects and print it: the
 official evaluator scores that 1.0. The official score stays what it is; this audit only raises a flag.
 
-For every task whose official evaluation counted a passing test (a partial reader counts in the mean too), once
-every official branch ran and before the committed post-compile image is removed (``StepHooks.after_branches``),
-``AUDIT_SAMPLE`` active branches, drawn after the official run from the operating system's randomness, run again in a
-fresh container from that image through the official steps (:class:`AuditEvaluator`, the official
+For every task whose official evaluation counted a passing test (a partial reader counts in the mean too),
+``AUDIT_SAMPLE`` of the active branches with a passing test run again in a fresh container from the committed
+post-compile image through the official steps (:class:`AuditEvaluator`, the official
 ``_evaluate_branch`` and ``_run_test_branch``: executable restored and its hash verified, stale results cleaned, the
 timeout method patched, the timeout-retry plugin when reruns are on, the serial retry after a worker crash), with one
 difference: the tests run with our plugin (:mod:`.audit_plugin`), which deletes the hidden tests' sources once pytest
@@ -16,6 +15,15 @@ processes load from the submission's files. The plugin is a read-only grader vol
 (:func:`.harness_material.grader_mount`) mounted when each audit container is created, appended to ``PYTHONPATH`` and
 loaded with ``-p`` through ``PYTEST_ADDOPTS``, with ``PYTHONDONTWRITEBYTECODE=1``: nothing is stopped or placed, so
 the official steps, login profile included, run as they would.
+
+Which branches: the audit ranks the active branches in a secret order drawn from the operating system's randomness
+when it is attached (kept in the harness's memory: nothing in a container can see or predict it) and audits the
+first ``AUDIT_SAMPLE`` of them that passed a test officially: a uniform sample of the passing branches, as a draw
+after the run would be. The order lets a branch's audit start as soon as it is certain to be in the sample (it passed
+a test, and too few branches ranked before it can still pass), while the official's next branches run
+(``StepHooks.after_branch``): most of the audit's time is hidden behind the official run. What is left runs once every
+official branch ran and before the image is removed (``StepHooks.after_branches``); a run that did not finish waits
+for, and removes, whatever audit it started.
 
 Tests that passed officially and fail in the audit are run once more (their branches, the same way); those failing
 both times make the flag ``reads_hidden_tests`` (the tests named, bounded). The audit never changes the score, never
@@ -222,6 +230,18 @@ class AuditPass:
         return list(dict.fromkeys(path for audit in self.branches.values() for text in audit.reports
                                   for path in reported_imports(text)))
 
+    @classmethod
+    def merged(cls, passes: Sequence[AuditPass], order: Sequence[str]) -> AuditPass:
+        """One pass of runs made apart (each of other branches), its branches in ``order``."""
+        out = cls()
+        for run in passes:
+            out.passed |= run.passed
+            out.results.update(run.results)
+            out.timeouts += run.timeouts
+        out.branches = {b: a for b in order for run in passes if (a := run.branches.get(b)) is not None}
+        out.selection = {b: names for b in order for run in passes if (names := run.selection.get(b)) is not None}
+        return out
+
     def unreadable(self, branch: str) -> bool:
         """Whether the branch's audit gave no readable result of its own: its tests count as failing."""
         audit = self.branches.get(branch)
@@ -293,11 +313,14 @@ class AuditEvaluator(SdkEvaluator):
     branch_phase_word = "audit"  # its branches show as the phase "audit 1/3", never as the official's again
 
     def __init__(self, official: SdkEvaluator, branches: list[str], plugin: AuditPlugin,
-                 selection: Mapping[str, Sequence[str]]) -> None:
+                 selection: Mapping[str, Sequence[str]], *,
+                 positions: Mapping[str, tuple[int, int]] | None = None) -> None:
         super().__init__(
             # The plugin is in place, read-only, from the moment each container exists: nothing is stopped or
             # placed before the tests, so the official steps (login profile included) run as they would.
-            layer=dataclasses.replace(official.layer, hooks=StepHooks(),
+            # No network: an audit container runs beside the official's branch containers (and other attempts' and
+            # tasks'), which hold the tests; on an engine's default network they could hand it the answers.
+            layer=dataclasses.replace(official.layer, hooks=StepHooks(), network_mode="none",
                                       branch_mounts=(*official.layer.branch_mounts, plugin.mount)),
             tests_branches=branches, tests_by_branch=official.tests_by_branch, ignored_tests=official.ignored_tests,
             ignored_branches=official.ignored_branches, image_name=official.image_name,
@@ -311,6 +334,10 @@ class AuditEvaluator(SdkEvaluator):
         self.plugin = plugin
         self.selection = selection  # branch -> the tests its runs run (JUnit names without "eval.")
 
+        self.positions = dict(positions or {})  # branch -> (audit k, of n), as its progress phase says
+
+    def _position(self, branch: str) -> tuple[int, int]:
+        return self.positions.get(branch) or super()._position(branch)
     def _new_env(self, image: str, *, serial_pytest: bool = False) -> SdkContainerEnvironment:  # type: ignore[override]
         try:
             return super()._new_env(image, serial_pytest=serial_pytest)
@@ -368,7 +395,9 @@ class AuditEvaluator(SdkEvaluator):
 
 
 class HiddenTestAudit:
-    """``StepHooks.after_branches`` for one evaluation: audits the committed image when a test passed."""
+    """The audit of one evaluation: ``attach`` it to the official evaluator, then ``branch_done`` as each official
+    branch finishes (``StepHooks.after_branch``) and ``__call__`` once they all ran or the run ended
+    (``StepHooks.after_branches``): it audits the committed image when a test passed."""
 
     def __init__(self, *, instance: Mapping[str, Any], enabled: bool = True) -> None:
         self.instance = dict(instance)
@@ -379,18 +408,29 @@ class HiddenTestAudit:
         self.flags: list[IntegrityFlag] = []
         self.official: SdkEvaluator | None = None
 
+        self.early = EarlyAudits(self)
     def attach(self, official: SdkEvaluator) -> None:
         self.official = official
 
-    # ------------------------------------------------------------------------------------------- entry point
+        active = set(get_active_branches(self.instance))
+        self.early.rank([b for b in official.tests_branches if b in active])
+    # ------------------------------------------------------------------------------------------- entry points
 
-    def __call__(self, image: str) -> None:
-        """Total: the engine going away is the only exception that leaves (an infrastructure error)."""
+    def branch_done(self, branch: str, image: str) -> None:
+        """An official branch finished: start the audits now certain to be in the sample. Total: never raises (what
+        an early audit met is raised, or said, when the audit concludes)."""
+        if self.enabled and self.official is not None:
+            self.early.branch_done(self.official, branch, image)
+
+    def __call__(self, image: str, complete: bool = True) -> None:
+        """Total: the engine going away is the only exception that leaves (an infrastructure error). ``complete``:
+        every official branch ran; when not, the early audits are stopped and waited for, and nothing is concluded."""
         if not self.enabled or self.official is None:
             return
         started = time.monotonic()
         try:
-            self._run(self.official, image)
+            if complete:
+                self._run(self.official, image)
         except EngineUnavailable:
             raise
         except pytest.fail.Exception as exc:  # the item's backstop: the audit ends, the official result stands
@@ -401,7 +441,8 @@ class HiddenTestAudit:
             log.warning("%s: the audit of the hidden tests failed", self.official.instance_id, exc_info=True)
             self._inconclusive(f"the audit failed: {type(exc).__name__}: {str(exc)[:300]}")
         finally:
-            self.report.seconds = time.monotonic() - started
+            self.early.close(self.official, abandon=not complete)
+            self.report.seconds = self.early.seconds(time.monotonic() - started)
 
     def _inconclusive(self, why: str) -> None:
         self.report.state, self.report.result, self.report.why = RAN, INCONCLUSIVE, why
@@ -415,20 +456,22 @@ class HiddenTestAudit:
         self.report.state, self.report.why = RAN, ""
         active = [b for b in official.tests_branches if b in get_active_branches(self.instance)]
         passing = [b for b in active if self._passed(official.result, [b])]
-        branches = sample_branches(passing, AUDIT_SAMPLE)
+        branches = self.early.sample(passing)
         self.report.sampled = f"{len(branches)} of {len(passing)} branch(es) with a passing test: {', '.join(branches)}"
         progress.info("[%s] audit of the hidden tests: %d of %d branch(es) with the sources withheld",
                       official.instance_id, len(branches), len(passing))
-        plugin = AuditPlugin.make(official, image)
-        try:
-            self._audit_sample(official, image, branches, plugin)
-        finally:
-            plugin.remove(official)
+        self._audit_sample(official, image, branches)
 
-    def _audit_sample(self, official: SdkEvaluator, image: str, branches: list[str], plugin: AuditPlugin) -> None:
-        drawn = {b: sample_tests(sorted(self._passed(official.result, [b])), AUDIT_TESTS) for b in branches}
-        first = self._audit(official, image, {b: [n.split("/", 1)[1] for n in names] for b, names in drawn.items()},
-                            plugin)
+    def drawn_tests(self, official: SdkEvaluator, branch: str) -> list[str]:
+        """The tests a branch's audit runs (JUnit names without the branch): ``AUDIT_TESTS`` of those that passed
+        officially, drawn from the operating system's randomness."""
+        with official._log_lock:  # the official merges its other branches' results under it
+            passed = sorted(self._passed(official.result, [branch]))
+        return [n.split("/", 1)[1] for n in sample_tests(passed, AUDIT_TESTS)]
+
+    def _audit_sample(self, official: SdkEvaluator, image: str, branches: list[str]) -> None:
+        plugin = self.early.plugin(official, image)
+        first = self.early.first_pass(official, image, branches)
         self._record_imports(first)
         regressed = self._record_first_run(official, first)
         problems = _first_run_problems(first)
@@ -543,7 +586,9 @@ class HiddenTestAudit:
     def _audit(self, official: SdkEvaluator, image: str, selection: Mapping[str, Sequence[str]],
                plugin: AuditPlugin) -> AuditPass:
         branches = list(selection)
-        evaluator = AuditEvaluator(official, branches, plugin, selection)
+        evaluator = AuditEvaluator(official, branches, plugin, selection, positions=self.early.positions)
+        with self.early.lock:
+            self.early.live.add(evaluator)
         outcome = AuditPass(branches={b: BranchAudit() for b in branches},
                             selection={b: list(names) for b, names in selection.items()})
         lock = threading.Lock()
@@ -587,6 +632,8 @@ class HiddenTestAudit:
             evaluator._retire()
             evaluator.reaper.close()
         for branch, audit in outcome.branches.items():
+            with self.early.lock:
+                self.early.live.discard(evaluator)
             audit.reports = list(evaluator.reports.get(branch, []))
             audit.worker_crashes = sum(count_worker_crashes(xml) for b, xml, _run in evaluator.attempts
                                        if b == branch)
@@ -607,17 +654,127 @@ class HiddenTestAudit:
 
 
 def sample_tests(names: list[str], size: int) -> list[str]:
+class EarlyAudits:
+    """The audit's branches started while the official run goes on, in a thread pool of the evaluation's branch
+    width: the secret rank, the branches known to pass or not, the started runs, the plugin's one volume."""
+
+    def __init__(self, hook: HiddenTestAudit) -> None:
+        self.hook = hook
+        self.order: list[str] = []  # the active branches in the secret rank
+        self.passing: dict[str, bool] = {}  # branch -> passed a counted test officially (absent: not run yet)
+        self.futures: dict[str, Future[AuditPass]] = {}
+        self.positions: dict[str, tuple[int, int]] = {}  # branch -> (audit k, of n): its progress phase
+        self.live: set[AuditEvaluator] = set()  # evaluators whose containers an abandoned run removes
+        self.lock = threading.Lock()
+        self.pool: ThreadPoolExecutor | None = None
+        self.closed = False
+        self.started_at: float | None = None
+        self._plugin: AuditPlugin | AuditUnavailable | None = None
+
+    def rank(self, active: list[str]) -> None:
+        self.order = secrets.SystemRandom().sample(active, len(active))
+
+    def sample(self, passing: list[str]) -> list[str]:
+        """The first ``AUDIT_SAMPLE`` passing branches in the secret rank (a uniform sample of them), in the
+        official order."""
+        drawn = set([b for b in self.order if b in passing][:AUDIT_SAMPLE])
+        return [b for b in passing if b in drawn]
+
+    def branch_done(self, official: SdkEvaluator, branch: str, image: str) -> None:
+        try:
+            passed = bool(self.hook.drawn_tests(official, branch))
+            with self.lock:
+                if self.closed or branch not in self.order:
+                    return
+                self.passing[branch] = passed
+                for certain in self._certain():
+                    self._start(official, image, certain)
+        except Exception:  # never the official run's failure: a branch not started runs at the end
+            log.warning("%s: the audit of branch %s was not started early", official.instance_id, branch,
+                        exc_info=True)
+
+    def _certain(self) -> list[str]:
+        """Branches passed and not started that are in the sample whatever the branches still to run do: fewer than
+        ``AUDIT_SAMPLE`` branches ranked before them passed or may still pass."""
+        found, ahead = [], 0
+        for b in self.order:
+            if ahead >= AUDIT_SAMPLE:
+                break
+            passed = self.passing.get(b)
+            if passed is False:
+                continue
+            ahead += 1
+            if passed and b not in self.futures:
+                found.append(b)
+        return found
+
+    def _start(self, official: SdkEvaluator, image: str, branch: str) -> None:
+        tests = self.hook.drawn_tests(official, branch)
+        self.positions[branch] = (len(self.positions) + 1, min(AUDIT_SAMPLE, len(self.order)))
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=max(1, official.branch_workers),
+                                           thread_name_prefix="pb-audit-early")
+            self.started_at = time.monotonic()
+        progress.info("[%s] audit of branch %s started beside the official run", official.instance_id, branch)
+        self.futures[branch] = self.pool.submit(self._one, official, image, branch, tests)
+
+    def _one(self, official: SdkEvaluator, image: str, branch: str, tests: list[str]) -> AuditPass:
+        return self.hook._audit(official, image, {branch: tests}, self.plugin(official, image))
+
+    def plugin(self, official: SdkEvaluator, image: str) -> AuditPlugin:
+        """The plugin's volume, made once for every run of this audit (a failure to make it, raised again)."""
+        with self.lock:
+            if self._plugin is None:
+                try:
+                    self._plugin = AuditPlugin.make(official, image)
+                except AuditUnavailable as exc:
+                    self._plugin = exc
+            if isinstance(self._plugin, AuditUnavailable):
+                raise self._plugin
+            return self._plugin
+
+    def first_pass(self, official: SdkEvaluator, image: str, branches: list[str]) -> AuditPass:
+        """The sample's first run: the started branches' results, the others run now (together)."""
+        with self.lock:
+            started = {b: f for b, f in self.futures.items() if b in branches}
+            rest = [b for b in branches if b not in started]
+            for b in rest:
+                self.positions[b] = (len(self.positions) + 1, max(len(self.positions) + 1, len(branches)))
+        passes = {b: future.result() for b, future in started.items()}
+        if rest:
+            selection = {b: self.hook.drawn_tests(official, b) for b in rest}
+            done = self.hook._audit(official, image, selection, self.plugin(official, image))
+            passes.update({b: done for b in rest})
+        unique: list[AuditPass] = []
+        for b in branches:
+            if all(run is not passes[b] for run in unique):
+                unique.append(passes[b])
+        return AuditPass.merged(unique, branches)
+
+    def close(self, official: SdkEvaluator, *, abandon: bool) -> None:
+        """Every started audit ended (an abandoned run's stopped first: their containers removed), the pool shut,
+        the plugin's volume removed. What a run nobody waited for raised is only logged."""
+        with self.lock:
+            self.closed = True
+            live = list(self.live) if abandon else []
+            futures = list(self.futures.values())
+        for evaluator in live:
+            evaluator.cleanup_all()
+        for future in futures:
+            with contextlib.suppress(Exception):
+                future.result()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+        if isinstance(self._plugin, AuditPlugin):
+            self._plugin.remove(official)
+
+    def seconds(self, tail: float) -> float:
+        """The audit's wall time: from its first early start when there was one, else its part at the end."""
+        return time.monotonic() - self.started_at if self.started_at is not None else tail
+
+
     """``size`` of ``names`` (all when there are no more), drawn from the operating system's randomness."""
     return sorted(names) if len(names) <= size else sorted(secrets.SystemRandom().sample(names, size))
-
-
-def sample_branches(branches: list[str], size: int) -> list[str]:
-    """``size`` of ``branches`` (all when there are no more), drawn from the operating system's randomness, in the
-    official order."""
-    if len(branches) <= size:
-        return list(branches)
-    drawn = set(secrets.SystemRandom().sample(branches, size))
-    return [b for b in branches if b in drawn]
 
 
 def _obstructed_flag(confirmed: list[str], first: AuditPass, second: AuditPass) -> IntegrityFlag:

@@ -1221,8 +1221,12 @@ class StepHooks:
     after_step: Callable[[str, SdkContainerEnvironment, dict[str, Any]], None] | None = None
     step_env: Callable[[str, SdkContainerEnvironment], dict[str, str] | None] | None = None
     before_commit: Callable[[SdkContainerEnvironment], None] | None = None  # the compile container's commit
-    # Every branch ran (none raised): the committed image's reference, before it is removed (evaluation/audit.py).
-    after_branches: Callable[[str], None] | None = None
+    # One official branch finished, its result merged: the branch and the committed image (the audit starts its
+    # run of that branch beside the next ones when it is sure to audit it; evaluation/audit.py). Never raises.
+    after_branch: Callable[[str, str], None] | None = None
+    # The branches ended, before the committed image is removed: its reference and whether every branch ran (none
+    # raised); the audit concludes, or stops what it started.
+    after_branches: Callable[[str, bool], None] | None = None
 
 
 @dataclass
@@ -1413,9 +1417,13 @@ class SdkEvaluator(Evaluator):
         branch ran, ``after_branches`` sees the image."""
         self._retire()
         hook = self.layer.hooks.after_branches
-        if hook is not None and compile_env.committed and self.branches_done == len(self.tests_branches):
+        if hook is None or not compile_env.committed:
+            return
+        if self.branches_done == len(self.tests_branches):
             with self._clocked({"phase": "audit"}):
-                hook(compile_env.committed)
+                hook(compile_env.committed, True)
+        else:
+            hook(compile_env.committed, False)
 
     @contextlib.contextmanager
     def _clocked(self, entry: dict[str, Any]) -> Iterator[None]:
@@ -1488,6 +1496,13 @@ class SdkEvaluator(Evaluator):
     def _log_undecodable(self, exc: UndecodableOutput, command: str, step_name: str, log_buf: list[dict[str, Any]],
                          *, seconds: float) -> None:
         """The official raises here too (and scores 0); the step's output stays in the log, escaped."""
+        if self.layer.hooks.after_branch is not None and image:
+            self.layer.hooks.after_branch(branch, image)
+
+    def _position(self, branch: str) -> tuple[int, int]:
+        """The branch's place in this run's phases (k of n; 0 for one it does not list)."""
+        index = self.tests_branches.index(branch) + 1 if branch in self.tests_branches else 0
+        return index, len(self.tests_branches)
         entry = {"step": step_name, "command": command, "wall_time": seconds,
                  "output": exc.output, "returncode": None, "exception_info": f"UnicodeDecodeError: {exc}"}
         log_buf.append(entry)
@@ -1538,9 +1553,9 @@ class SdkEvaluator(Evaluator):
         attempt's JUnit file and pytest's own output were (for :mod:`.results_check`)."""
         self._current.branch = branch
         # Live progress (--log-cli-level=INFO), named by task like the pipeline's phases.
-        position = self.tests_branches.index(branch) + 1 if branch in self.tests_branches else 0
-        progress.info("[%s] %s %d/%d: %s%s", self.instance_id, self.branch_phase_word, position,
-                      len(self.tests_branches), branch, " (serial retry)" if serial_pytest else "")
+        position, of = self._position(branch)
+        progress.info("[%s] %s %d/%d: %s%s", self.instance_id, self.branch_phase_word, position, of, branch,
+                      " (serial retry)" if serial_pytest else "")
         n_before = len(log_buf)
         try:
             with self._clocked({"phase": "branch", "branch": branch, "serial": serial_pytest}):
