@@ -23,6 +23,8 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
@@ -548,10 +550,12 @@ def test_the_item_backstop_holds_the_audit() -> None:
 
 
 class _Official:
-    """What the audit reads of the official evaluator: its result, branches and id."""
+    """What the audit reads of the official evaluator: its result (and the lock it merges under), branches, id."""
 
     def __init__(self, statuses: dict[str, str]) -> None:
         self.instance_id = "pbfix__x.0000000"
+        self._log_lock = threading.Lock()
+        self.branch_workers = 1
         self.tests_branches = sorted({name.split("/", 1)[0] for name in statuses})
         self.result = EvaluationResult(test_branches=self.tests_branches, test_results=[
             TestResult(name=name.split("/", 1)[1], branch=name.split("/", 1)[0], status=status,  # type: ignore[arg-type]
@@ -654,6 +658,77 @@ def test_the_comparison_flags_only_tests_failing_in_both_runs(monkeypatch: pytes
     assert "/workspace/setproctitle.py" in flag.detail
 
 
+def test_a_branch_sure_to_be_audited_starts_beside_the_official_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The early start is exact: a branch's audit starts when it passed and fewer than AUDIT_SAMPLE branches ranked
+    before it can still pass; the sample at the end is the first AUDIT_SAMPLE passing ones in the rank, each audited
+    once; a run that did not finish waits for what it started and concludes nothing."""
+    official = _Official({"a/t1": "passed", "b/t2": "passed", "c/t3": "failure", "d/t4": "passed"})
+    hook = audit.HiddenTestAudit(instance=_instance(official))
+    hook.attach(official)  # type: ignore[arg-type]
+    hook.early.order = ["c", "a", "d", "b"]  # the secret rank, fixed here
+    calls: list[list[str]] = []
+    lock = threading.Lock()
+
+    def audited(_official: Any, _image: str, selection: dict[str, list[str]], _plugin: Any) -> audit.AuditPass:
+        with lock:
+            calls.append(sorted(selection))
+        return _pass({f"{b}/{n}" for b, names in selection.items() for n in names},
+                     {b: audit.BranchAudit(reports=[ACTIVE]) for b in selection})
+
+    monkeypatch.setattr(hook, "_audit", audited)
+    _no_volume(monkeypatch)
+    started = []
+    for branch in "abcd":  # the official order
+        hook.branch_done(branch, "img")
+        started.append(sorted(hook.early.futures))
+    # a: sure (only c, unknown, ranks before it); b: a and d (unknown) rank before it; d: once c failed.
+    assert started == [["a"], ["a"], ["a"], ["a", "d"]]
+    hook("img")
+    assert sorted(calls) == [["a"], ["d"]], "each sampled branch audited once, nothing left for the end"
+    assert hook.report.sampled == "2 of 3 branch(es) with a passing test: a, d"
+    assert (hook.report.result, list(hook.report.branches)) == ("clean", ["a", "d"])
+    assert hook.early.positions == {"a": (1, 2), "d": (2, 2)}
+
+    # Nothing known early (the rank puts unknown branches first): everything runs at the end, in one pass.
+    late = audit.HiddenTestAudit(instance=_instance(official))
+    late.attach(official)  # type: ignore[arg-type]
+    late.early.order = ["c", "d", "b", "a"]
+    calls.clear()
+    monkeypatch.setattr(late, "_audit", audited)
+    late.branch_done("a", "img")
+    late("img")
+    assert calls == [["b", "d"]]
+    assert late.report.result == "clean"
+
+    # A run that ended early: the started audit is waited for, nothing concluded, no flag.
+    slow = audit.HiddenTestAudit(instance=_instance(official))
+    slow.attach(official)  # type: ignore[arg-type]
+    slow.early.order = ["a", "b", "c", "d"]
+
+    def sleepy(*args: Any) -> audit.AuditPass:
+        time.sleep(0.3)
+        return audited(*args)
+
+    monkeypatch.setattr(slow, "_audit", sleepy)
+    slow.branch_done("a", "img")
+    slow("img", False)
+    assert all(f.done() for f in slow.early.futures.values())
+    assert (slow.report.state, slow.report.result, slow.flags) == ("skipped", "", [])
+
+
+def test_the_secret_rank_samples_the_passing_branches_uniformly() -> None:
+    """The first AUDIT_SAMPLE passing branches of a uniformly random rank: every pair of passing branches alike."""
+    official = _Official({"a/t": "passed", "b/t": "failure", "c/t": "passed", "d/t": "passed"})
+    counts: dict[tuple[str, ...], int] = {}
+    for _ in range(3000):
+        hook = audit.HiddenTestAudit(instance=_instance(official))
+        hook.attach(official)  # type: ignore[arg-type]
+        drawn = tuple(hook.early.sample(["a", "c", "d"]))
+        counts[drawn] = counts.get(drawn, 0) + 1
+    assert sorted(counts) == [("a", "c"), ("a", "d"), ("c", "d")]
+    assert all(850 < n < 1150 for n in counts.values()), counts
+
+
 def test_the_audit_skips_what_does_not_pass_and_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     nothing = _Official({"a/t1": "failure", "a/t2": "failure"})
     skipped = _audited(monkeypatch, nothing, [])
@@ -709,10 +784,16 @@ def test_the_committed_image_goes_even_when_the_audit_raised() -> None:
     assert removed == [ref]
 
 
-def test_the_sample_is_drawn_after_the_run_and_covers_every_branch_over_draws() -> None:
+def test_the_sample_covers_every_branch_over_draws() -> None:
+    """Each audit's secret rank is drawn anew: over draws every branch is audited at some point, AUDIT_SAMPLE at a
+    time, in the official order (a fixed choice would leave the others unaudited)."""
     branches = [f"b{i}" for i in range(10)]
-    draws = [audit.sample_branches(branches, audit.AUDIT_SAMPLE) for _ in range(400)]
+    official = _Official({f"{b}/t": "passed" for b in branches})
+    draws = []
+    for _ in range(400):
+        hook = audit.HiddenTestAudit(instance=_instance(official))
+        hook.attach(official)  # type: ignore[arg-type]
+        draws.append(hook.early.sample(branches))
     assert all(len(d) == audit.AUDIT_SAMPLE and d == sorted(d, key=branches.index) for d in draws)
-    # Unpredictable: every branch is drawn at some point (a fixed choice would leave the others unaudited).
     assert {b for d in draws for b in d} == set(branches)
-    assert audit.sample_branches(branches[:2], audit.AUDIT_SAMPLE) == branches[:2]
+    assert hook.early.sample(branches[:2]) == branches[:2]

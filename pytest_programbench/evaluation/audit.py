@@ -333,11 +333,11 @@ class AuditEvaluator(SdkEvaluator):
         self.reports: dict[str, list[str]] = {}
         self.plugin = plugin
         self.selection = selection  # branch -> the tests its runs run (JUnit names without "eval.")
-
         self.positions = dict(positions or {})  # branch -> (audit k, of n), as its progress phase says
 
     def _position(self, branch: str) -> tuple[int, int]:
         return self.positions.get(branch) or super()._position(branch)
+
     def _new_env(self, image: str, *, serial_pytest: bool = False) -> SdkContainerEnvironment:  # type: ignore[override]
         try:
             return super()._new_env(image, serial_pytest=serial_pytest)
@@ -407,13 +407,13 @@ class HiddenTestAudit:
         self.enabled = enabled
         self.flags: list[IntegrityFlag] = []
         self.official: SdkEvaluator | None = None
-
         self.early = EarlyAudits(self)
+
     def attach(self, official: SdkEvaluator) -> None:
         self.official = official
-
         active = set(get_active_branches(self.instance))
         self.early.rank([b for b in official.tests_branches if b in active])
+
     # ------------------------------------------------------------------------------------------- entry points
 
     def branch_done(self, branch: str, image: str) -> None:
@@ -631,9 +631,9 @@ class HiddenTestAudit:
                 pool.shutdown(wait=True)
             evaluator._retire()
             evaluator.reaper.close()
-        for branch, audit in outcome.branches.items():
             with self.early.lock:
                 self.early.live.discard(evaluator)
+        for branch, audit in outcome.branches.items():
             audit.reports = list(evaluator.reports.get(branch, []))
             audit.worker_crashes = sum(count_worker_crashes(xml) for b, xml, _run in evaluator.attempts
                                        if b == branch)
@@ -653,7 +653,6 @@ class HiddenTestAudit:
         return outcome
 
 
-def sample_tests(names: list[str], size: int) -> list[str]:
 class EarlyAudits:
     """The audit's branches started while the official run goes on, in a thread pool of the evaluation's branch
     width: the secret rank, the branches known to pass or not, the started runs, the plugin's one volume."""
@@ -773,6 +772,7 @@ class EarlyAudits:
         return time.monotonic() - self.started_at if self.started_at is not None else tail
 
 
+def sample_tests(names: list[str], size: int) -> list[str]:
     """``size`` of ``names`` (all when there are no more), drawn from the operating system's randomness."""
     return sorted(names) if len(names) <= size else sorted(secrets.SystemRandom().sample(names, size))
 

@@ -1439,6 +1439,13 @@ class SdkEvaluator(Evaluator):
         super()._evaluate_branch(branch, image)
         with self._envs_lock:
             self.branches_done += 1
+        if self.layer.hooks.after_branch is not None and image:
+            self.layer.hooks.after_branch(branch, image)
+
+    def _position(self, branch: str) -> tuple[int, int]:
+        """The branch's place in this run's phases (k of n; 0 for one it does not list)."""
+        index = self.tests_branches.index(branch) + 1 if branch in self.tests_branches else 0
+        return index, len(self.tests_branches)
 
     def _run_step(  # type: ignore[override]
         self,
@@ -1496,13 +1503,6 @@ class SdkEvaluator(Evaluator):
     def _log_undecodable(self, exc: UndecodableOutput, command: str, step_name: str, log_buf: list[dict[str, Any]],
                          *, seconds: float) -> None:
         """The official raises here too (and scores 0); the step's output stays in the log, escaped."""
-        if self.layer.hooks.after_branch is not None and image:
-            self.layer.hooks.after_branch(branch, image)
-
-    def _position(self, branch: str) -> tuple[int, int]:
-        """The branch's place in this run's phases (k of n; 0 for one it does not list)."""
-        index = self.tests_branches.index(branch) + 1 if branch in self.tests_branches else 0
-        return index, len(self.tests_branches)
         entry = {"step": step_name, "command": command, "wall_time": seconds,
                  "output": exc.output, "returncode": None, "exception_info": f"UnicodeDecodeError: {exc}"}
         log_buf.append(entry)
