@@ -2,8 +2,8 @@
 
 A page holds ``<!-- pb:table NAME -->``, a line of its own, where a table of ``pytest_layer/reference_tables.py``
 goes (the options, the environment variables), rendered from their declarations at every build; a marker naming no
-table, or a table placed on no page, fails the build. ``docs/index.md`` holds ``<!-- pb:readme -->``: README.md, its links into ``docs/``
-made the site's own, so the front page has one home and strict mode checks its links too.
+table, or a table placed on no page, fails the build. ``docs/index.md`` holds ``<!-- pb:readme -->``: README.md, its
+links into ``docs/`` made the site's own, so the front page has one home and strict mode checks its links too.
 """
 
 from __future__ import annotations
