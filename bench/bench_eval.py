@@ -255,7 +255,7 @@ def run_official(name: str, source: Path, work: Path, tasks_dir: Path, env: dict
 
 
 def run_plugin(name: str, source: Path, work: Path, tasks_dir: Path, env: dict[str, str], workers: int,
-               reruns: bool, audit: bool = True) -> dict[str, Any]:
+               reruns: bool, audit: bool = True, audit_early: bool = True) -> dict[str, Any]:
     slug = name.replace(" ", "").replace(",", "-").replace("=", "")
     run_copy = work / f"{slug}-input" / source.name
     shutil.copytree(source, run_copy)
@@ -263,6 +263,8 @@ def run_plugin(name: str, source: Path, work: Path, tasks_dir: Path, env: dict[s
     penv = dict(os.environ)
     if not reruns:
         penv["PYTEST_PROGRAMBENCH_WHEELS"] = str(work / "no-wheels")
+    if not audit_early:
+        penv["PYTEST_PROGRAMBENCH_AUDIT_EARLY"] = "0"
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pb-submissions", str(run_copy),
            "--pb-tasks-dir", env["PB_TESTBED_TASKS_DIR"], "--pb-include-fixtures", "--pb-blob-dir",
            env["PB_TESTBED_BLOB_DIR"], "--pb-cpus", "2", "--pb-output", str(output)]
@@ -340,12 +342,17 @@ def main() -> None:
                                                            audit=False)),
         ("pytest -n 2, audit off", lambda w, t: run_plugin("pytest -n 2, audit off", source, w, t, env, 2, True,
                                                            audit=False)),
+        # The audit's branches all after the official's (PYTEST_PROGRAMBENCH_AUDIT_EARLY=0): what the early start saves.
+        ("pytest -n 1, audit late", lambda w, t: run_plugin("pytest -n 1, audit late", source, w, t, env, 1, True,
+                                                            audit_early=False)),
+        ("pytest -n 2, audit late", lambda w, t: run_plugin("pytest -n 2, audit late", source, w, t, env, 2, True,
+                                                            audit_early=False)),
     ]
     names = [name for name, _run in configs]
     skip = select_skipped(names, args.skip, args.only)
     if not wheels.available:
         skip |= {"official+wheels", "official+wheels -w 2", "pytest -n 1", "pytest -n 2", "pytest -n 1, audit off",
-                 "pytest -n 2, audit off"}
+                 "pytest -n 2, audit off", "pytest -n 1, audit late", "pytest -n 2, audit late"}
     rows: dict[str, dict[str, Any]] = {}
     try:
         tasks_dir = merged_tasks_dir(work_root, env)
@@ -386,7 +393,8 @@ def main() -> None:
         print(f"{name:26s} {row['seconds']:8.1f} {ratio:>11s} {ratio_w:>14s} {mean:11.3f} {load:>11s}")
     for name, theirs in (("pytest -n 2", "official -w 2"), ("pytest -n 2, reruns off", "official -w 2"),
                          ("pytest -n 2", "official+wheels -w 2"), ("pytest -n 2, audit off", "official+wheels -w 2"),
-                         ("pytest -n 1, audit off", "official+wheels")):
+                         ("pytest -n 2, audit late", "official+wheels -w 2"), ("pytest -n 1", "official+wheels"),
+                         ("pytest -n 1, audit off", "official+wheels"), ("pytest -n 1, audit late", "official+wheels")):
         parallel = rows.get(theirs, {}).get("seconds")
         if parallel and name in rows:
             rows[name][f"ratio_{theirs}"] = round(rows[name]["seconds"] / parallel, 3)

@@ -858,7 +858,8 @@ class _Evaluation:
         task, settings, instance = self.task, self.settings, self.instance
         task_labels = self.labels if self.labels.task else self.labels.for_task(task.instance_id)
         hooks = probe.hooks()
-        hooks.after_branch = audit.branch_done  # its runs of the branches it is sure to audit start beside the rest
+        if environment.AUDIT_EARLY.enabled():  # the audit of a branch sure to be sampled starts beside the official's
+            hooks.after_branch = audit.branch_done
         hooks.after_branches = audit  # before the committed image goes
         return SdkEvaluator(
             layer=LayerConfig(
