@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pytest_programbench.engine.docker_engine import EngineRun, Engines, Labels, sweep  # noqa: E402
-from pytest_programbench.relay.relay import BRIDGE_SCRIPT  # noqa: E402
+from pytest_programbench.relay.contract import BRIDGE_SCRIPT  # noqa: E402
 from pytest_programbench.relay.relay_bridge import connect_unix  # noqa: E402
 from pytest_programbench.relay.relay_tunnel import RelayTunnel  # noqa: E402
 from pytest_programbench.sandbox.layout import RELAY_PORT  # noqa: E402

@@ -14,8 +14,8 @@ from typing import Literal
 
 import pytest
 
+from pytest_programbench.core.atomic import atomic_write_text
 from pytest_programbench.results import summary as summary_module
-from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.pacing import Pacer
 from pytest_programbench.results.summary import RunSummary, TaskRecord
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pytest_programbench.relay.relay import BRIDGE_SCRIPT
+from pytest_programbench.relay.contract import BRIDGE_SCRIPT
 from pytest_programbench.relay.relay_bridge import (
     ACK,
     ACK_PAYLOAD,

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from pytest_programbench import RUN_LABEL
-from pytest_programbench.relay.relay import BRIDGE_SCRIPT, PLACEHOLDER_KEY, SANDBOX_BRIDGE_PORT, ModelRelay
+from pytest_programbench.relay.contract import BRIDGE_SCRIPT, PLACEHOLDER_KEY, SANDBOX_BRIDGE_PORT
+from pytest_programbench.relay.relay import ModelRelay
 from pytest_programbench.relay.relay_bridge import connect_unix
 from pytest_programbench.relay.relay_tunnel import RelayTunnel
 from tests.conftest import Testbed

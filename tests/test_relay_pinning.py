@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from pytest_programbench.relay.apis import PROVIDER_TOOLS_REQUESTED
-from pytest_programbench.relay.relay import MODEL_REJECTED, ModelRelay, configured_key_style
+from pytest_programbench.relay.contract import MODEL_REJECTED, configured_key_style
+from pytest_programbench.relay.relay import ModelRelay
 from tests.conftest import TESTBED, Testbed
 from tests.test_relay import ANTHROPIC_BODY, CHAT_BODY, RESPONSES_BODY, Reply, ScriptedUpstream, settled, tcp_client
 from tests.test_relay_cleanroom import refusal_message

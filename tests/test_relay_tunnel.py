@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from pytest_programbench.engine.docker_engine import Labels, sweep
-from pytest_programbench.relay.relay import BRIDGE_SCRIPT
+from pytest_programbench.relay.contract import BRIDGE_SCRIPT
 from pytest_programbench.relay.relay_bridge import connect_unix
 from pytest_programbench.relay.relay_tunnel import RelayTunnel, TunnelError
 from pytest_programbench.sandbox.layout import RELAY_PORT

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from programbench.utils.load_data import load_all_instances
 
+from pytest_programbench.core.atomic import atomic_copy, atomic_write_text
 from pytest_programbench.engine.facts import facts as engine_facts
 from pytest_programbench.evaluation import container_layer
 from pytest_programbench.evaluation.results_check import (
@@ -39,7 +40,6 @@ from pytest_programbench.evaluation.results_check import (
     outcome_lines,
     reported_not_passed,
 )
-from pytest_programbench.results.atomic import atomic_copy, atomic_write_text
 from pytest_programbench.tasks.catalogue import load_tasks_dir
 from tests.conftest import Testbed
 from tests.test_evaluation_parity import official_blob_dir  # noqa: F401 - a fixture

@@ -31,7 +31,7 @@ from pytest_programbench.core.cache import cache_dir as plugin_cache_dir
 from pytest_programbench.core.environment import AGENT_CACHE, NPM
 from pytest_programbench.core.presets import DEFAULT_VERSIONS, parse_preset
 from pytest_programbench.engine.tar_in import TarIn
-from pytest_programbench.relay.relay import PLACEHOLDER_KEY
+from pytest_programbench.relay.contract import PLACEHOLDER_KEY
 from pytest_programbench.sandbox.sandbox import Sandbox, SandboxError
 
 INSTALL_TIMEOUT = 1800.0

@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pytest_programbench.relay.contract import REPLAY_FILE, RelayConfigError, configured_key_style
 from pytest_programbench.relay.rate import RunRateLimit
-from pytest_programbench.relay.relay import ModelRelay, RelayConfigError, RetryPolicy, configured_key_style
-from pytest_programbench.relay.replay import REPLAY_FILE
 from pytest_programbench.relay.slots import SLOTS_DIR, ModelSlots
 from pytest_programbench.relay.spend import SPEND_DIR, SpendLedger
 from pytest_programbench.results.verdict import InfrastructureError
@@ -19,6 +18,7 @@ if TYPE_CHECKING:
     from pytest_programbench.core.settings import Settings
     from pytest_programbench.core.task_key import TaskKey
     from pytest_programbench.pipeline.run_context import RunContext
+    from pytest_programbench.relay.relay import ModelRelay
     from pytest_programbench.results.artifacts import TaskArtifacts
     from pytest_programbench.results.task_meta import TaskMeta
     from pytest_programbench.tasks.catalogue import Task
@@ -90,6 +90,10 @@ class TaskRelay:
             key_style = configured_key_style(settings.model_endpoint, anthropic_client=anthropic_client(settings, spec))
         except RelayConfigError as exc:
             raise InfrastructureError(f"model relay: {exc}") from exc
+        # The relay itself (httpx, TLS, HTTP/1.1 and SSE machinery) only in a run with a model endpoint: a session
+        # without one starts without it.
+        from pytest_programbench.relay.relay import ModelRelay, RetryPolicy  # noqa: PLC0415 - lazy: a heavy wing
+
         relay = ModelRelay(settings.model_endpoint, records_path=task_dir / "model-requests.jsonl",
                            api_key_env=settings.model_key_env, key_style=key_style,
                            models=configured_models(settings, spec), unix=not on_host, tcp=on_host,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pytest_programbench.core import environment
+from pytest_programbench.relay.contract import replay_limit
 from pytest_programbench.relay.records import records_limit
-from pytest_programbench.relay.replay import replay_limit
 from pytest_programbench.sandbox.agent_log import agent_log_limit
 from pytest_programbench.sandbox.sandbox import CALL_LOG_READ_LIMIT, DEFAULT_SUBMISSION_LIMIT
 

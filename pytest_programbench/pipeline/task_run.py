@@ -25,6 +25,7 @@ from docker.errors import NotFound
 from programbench.utils.load_data import get_active_branches, get_ignored_tests
 
 from pytest_programbench.agents.agent import AgentResult, AgentRunner, AgentSpec
+from pytest_programbench.core.atomic import atomic_copy
 from pytest_programbench.core.cache import cache_root
 from pytest_programbench.core.task_key import ATTEMPT, GOLD, TaskKey
 from pytest_programbench.engine import disk, runtimes
@@ -34,13 +35,12 @@ from pytest_programbench.engine.images import ImageError, ensure_image
 from pytest_programbench.evaluation import evaluation
 from pytest_programbench.pipeline.model_relay import TaskRelay
 from pytest_programbench.pipeline.room import run_dir_need
-from pytest_programbench.relay.relay import BRIDGE_SCRIPT, SANDBOX_BRIDGE_PORT
+from pytest_programbench.relay.contract import BRIDGE_SCRIPT, SANDBOX_BRIDGE_PORT
 from pytest_programbench.relay.relay_bridge import connect_unix
 from pytest_programbench.relay.relay_tunnel import RelayTunnel
 from pytest_programbench.results import coverage, task_meta, timeline
 from pytest_programbench.results.artifacts import TaskArtifacts
 from pytest_programbench.results.atif import AtifBuilder
-from pytest_programbench.results.atomic import atomic_copy
 from pytest_programbench.results.corrected import recomputed_fields
 from pytest_programbench.results.gold import GoldError, reference_bytes, require_reference_built, write_submission
 from pytest_programbench.results.task_meta import TaskMeta

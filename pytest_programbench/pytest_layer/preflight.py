@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 from docker.errors import DockerException, ImageNotFound
 from programbench.constants import HF_REPO_ID, HF_REVISION
 from programbench.utils.load_data import get_active_branches
@@ -39,7 +38,7 @@ from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.images import image_ref
 from pytest_programbench.pipeline.room import run_dir_need
 from pytest_programbench.relay.agent_loop import refuses_client
-from pytest_programbench.relay.relay import RelayConfigError, Upstream, configured_key_style
+from pytest_programbench.relay.contract import RelayConfigError, Upstream, configured_key_style
 from pytest_programbench.sandbox.sandbox import Sandbox, SandboxError, sandbox_storage_need
 from pytest_programbench.tasks.catalogue import CatalogueError
 from pytest_programbench.text.sizes import human
@@ -209,6 +208,8 @@ def check_client(report: PreflightReport, settings: Settings, spec: AgentSpec, e
             headers["x-api-key"] = key
     elif key:
         headers["Authorization"] = f"Bearer {key}"
+    import httpx  # noqa: PLC0415 - lazy: an HTTP stack only in a --pb-preflight run with a model endpoint
+
     try:
         # The endpoint only, no proxy of the environment: as the relay reaches it.
         with httpx.Client(trust_env=False, timeout=MODEL_CONNECT_TIMEOUT * 3) as http:

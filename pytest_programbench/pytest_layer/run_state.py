@@ -31,7 +31,7 @@ from pytest_programbench.pytest_layer.invocation import is_listing, is_worker, n
 from pytest_programbench.pytest_layer.markers import register_languages
 from pytest_programbench.pytest_layer.run_record import WORKERINPUT_IDENTITY, check_resumable, for_session, new_identity
 from pytest_programbench.pytest_layer.warned_at import ProgramBenchWarning, option_place, warn_at
-from pytest_programbench.relay.relay import RelayConfigError, Upstream
+from pytest_programbench.relay.contract import RelayConfigError, Upstream
 from pytest_programbench.relay.spend import SPEND_DIR, RunBudget
 from pytest_programbench.results.artifacts import TaskArtifacts
 from pytest_programbench.results.compare import CompareError, check_run

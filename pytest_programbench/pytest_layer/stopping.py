@@ -12,7 +12,7 @@ import pytest
 
 from pytest_programbench.agents.command_check import AGENT_COMMAND_MISSING
 from pytest_programbench.core.task_key import TaskKey
-from pytest_programbench.relay.relay import MODEL_REJECTED
+from pytest_programbench.relay.contract import MODEL_REJECTED
 from pytest_programbench.results.verdict import AGENT_NOT_RUN
 
 if TYPE_CHECKING:

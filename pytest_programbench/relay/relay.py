@@ -65,6 +65,15 @@ from pytest_programbench.relay.apis import (
     check_headers,
 )
 from pytest_programbench.relay.budget import ByteBudget, budget_wait, inflight_limit, request_limit
+from pytest_programbench.relay.contract import (
+    MODEL_REJECTED,
+    PLACEHOLDER_KEY,
+    REPLAY_FILE,
+    SANDBOX_BRIDGE_PORT,
+    RelayConfigError,
+    Upstream,
+    bad_path,
+)
 from pytest_programbench.relay.metering import (
     SSEDecoder,
     StreamUsage,
@@ -77,7 +86,7 @@ from pytest_programbench.relay.metering import (
 from pytest_programbench.relay.rate import RunRateLimit
 from pytest_programbench.relay.recording import RECORDS_IN_MEMORY, Exchange, Recorder, RelayRecord, RelayStats
 from pytest_programbench.relay.records import request_fields
-from pytest_programbench.relay.replay import REPLAY_FILE, ReplayUpstream, ReplayWriter
+from pytest_programbench.relay.replay import ReplayUpstream, ReplayWriter
 from pytest_programbench.relay.server import (
     HEADER_MAX,
     LINGER_S,
@@ -97,34 +106,24 @@ from pytest_programbench.relay.upstream import (
     REJECTED_STATUSES,
     REQUEST_DROP,
     RESPONSE_DROP,
-    RelayConfigError,
     RetryPolicy,
-    Upstream,
     UpstreamClient,
-    bad_path,
     content_length,
 )
-from pytest_programbench.sandbox.layout import RELAY_PORT
 
 __all__ = [
-    "BRIDGE_SCRIPT",
     "DEFAULT_RETRY_BUDGET_S",
     "HEADER_MAX",
     "LINGER_S",
     "MAX_CONNECTIONS",
-    "MODEL_REJECTED",
-    "PLACEHOLDER_KEY",
     "RECORDS_IN_MEMORY",
-    "SANDBOX_BRIDGE_PORT",
     "SOCKET_NAME",
     "ModelRelay",
-    "RelayConfigError",
     "RelayRecord",
     "RelayStats",
     "RetryPolicy",
     "SSEDecoder",
     "StreamUsage",
-    "Upstream",
     "Usage",
     "UsageTap",
     "api_of",
@@ -140,27 +139,10 @@ KeyStyle = Literal["auto", "bearer", "x-api-key"]
 #: What the relay's own probe of the key found: the key is accepted, rejected (401/403), or the probe got no answer.
 KeyVerdict = Literal["accepted", "rejected", "unanswered"]
 
-#: The bridge script, to be copied into the sandbox (stdlib only, Python 3.7+).
-BRIDGE_SCRIPT = Path(__file__).with_name("relay_bridge.py")
 #: The name of the relay's socket inside its directory.
 SOCKET_NAME = "relay.sock"
-#: The container-loopback port the bridge listens on (the sandbox layout's).
-SANDBOX_BRIDGE_PORT = RELAY_PORT
-#: What SDKs get as their API key when the relay adds the real one (they refuse to start without one).
-PLACEHOLDER_KEY = "pb-relay-adds-the-key"
-#: How :meth:`ModelRelay.unavailable` begins when the upstream rejected the key (the session stops on it).
-MODEL_REJECTED = "model API rejected the key"
 #: The ``anthropic-version`` the relay's own probe sends with an ``x-api-key`` (Anthropic's model list needs one).
 PROBE_ANTHROPIC_VERSION = "2023-06-01"
-
-
-def configured_key_style(endpoint: str, *, anthropic_client: bool = False) -> Literal["bearer", "x-api-key"]:
-    """The header a run's key goes in, from its configuration alone: ``x-api-key`` for Anthropic's own API or an
-    agent configured to speak Anthropic Messages (``anthropic_client``: claude-code, a litellm ``anthropic/`` model),
-    else ``Authorization: Bearer`` (OpenAI, OpenRouter, every OpenAI-compatible server)."""
-    host = Upstream.parse(endpoint).host
-    anthropic = host == "anthropic.com" or host.endswith(".anthropic.com")
-    return "x-api-key" if anthropic or anthropic_client else "bearer"
 
 
 def probe_path(upstream: Upstream) -> str:

@@ -27,17 +27,12 @@ from typing import IO, Any
 
 import httpx
 
-from pytest_programbench.core import environment
+from pytest_programbench.relay.contract import replay_limit
 from pytest_programbench.relay.server import Refusal
 
 log = logging.getLogger(__name__)
 
-REPLAY_FILE = "model-replay.jsonl"
 _KEPT_HEADERS = ("content-type", "content-encoding")
-
-
-def replay_limit() -> int:
-    return environment.MODEL_REPLAY_MAX.size()
 
 
 def body_hash(body: bytes) -> str:

@@ -25,12 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, Literal, cast
-from urllib.parse import unquote, urlsplit
+from typing import Any, cast
 
 import httpx
 import tenacity
 
+from pytest_programbench.relay.contract import Upstream
 from pytest_programbench.relay.held import HeldTime
 from pytest_programbench.relay.rate import RunRateLimit
 from pytest_programbench.relay.server import Refusal
@@ -57,63 +57,6 @@ REJECTED_STATUSES = frozenset({401, 403})
 DEFAULT_RETRY_BUDGET_S = 600.0
 
 
-class RelayConfigError(ValueError):
-    """The relay cannot be set up as asked (bad endpoint URL, missing key variable): a usage error."""
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """The one place the relay forwards to: scheme, host, port and path prefix (no trailing slash)."""
-
-    scheme: Literal["http", "https"]
-    host: str
-    port: int
-    prefix: str
-
-    @classmethod
-    def parse(cls, url: str) -> Upstream:
-        parts = urlsplit(url.strip())
-        scheme = parts.scheme.lower()
-        if scheme not in ("http", "https"):
-            raise RelayConfigError(f"model endpoint {url!r}: the scheme must be http or https")
-        if parts.username is not None or parts.password is not None:
-            raise RelayConfigError(f"model endpoint {url!r}: credentials in the URL are not supported; "
-                                   "name an environment variable holding the key instead")
-        if parts.query or parts.fragment:
-            raise RelayConfigError(f"model endpoint {url!r}: a query or fragment is not supported")
-        if not parts.hostname:
-            raise RelayConfigError(f"model endpoint {url!r}: no host")
-        try:
-            port = parts.port
-        except ValueError as exc:
-            raise RelayConfigError(f"model endpoint {url!r}: {exc}") from exc
-        prefix = parts.path.rstrip("/")
-        if bad_path(prefix or "/"):
-            raise RelayConfigError(f"model endpoint {url!r}: the path must not contain dot segments")
-        return cls(cast(Literal["http", "https"], scheme), parts.hostname.lower(),
-                   port or (443 if scheme == "https" else 80), prefix)
-
-    @property
-    def default_port(self) -> bool:
-        return self.port == (443 if self.scheme == "https" else 80)
-
-    @property
-    def host_header(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return host if self.default_port else f"{host}:{self.port}"
-
-    @property
-    def origin(self) -> str:
-        return f"{self.scheme}://{self.host_header}"
-
-    @property
-    def url(self) -> str:
-        return self.origin + self.prefix
-
-    def contains(self, path: str) -> bool:
-        """Whether an origin-form path (no query) lies under the endpoint's prefix."""
-        return not self.prefix or path == self.prefix or path.startswith(self.prefix + "/")
-
 
 def content_length(headers: httpx.Headers) -> int | None:
     """The upstream body's declared length; ``None`` when chunked or until the connection closes."""
@@ -132,15 +75,7 @@ def socket_of(response: httpx.Response) -> socket.socket | None:
     return sock if isinstance(sock, socket.socket) else None
 
 
-def bad_path(path: str) -> bool:
-    """Dot segments, encoded slashes or backslashes: anything an upstream might normalise out of the prefix."""
-    if not path.startswith("/") or "\\" in path:
-        return True
-    for segment in path.split("/"):
-        decoded = unquote(segment)
-        if decoded in (".", "..") or "/" in decoded or "\\" in decoded:
-            return True
-    return False
+
 
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pytest_programbench.core.atomic import atomic_write_text
 from pytest_programbench.results import task_meta
-from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.task_meta import META_FILE, TaskMeta
 
 

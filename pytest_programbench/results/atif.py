@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pytest_programbench.results.atomic import atomic_write_text
+from pytest_programbench.core.atomic import atomic_write_text
 
 ATIF_FILE = "trajectory.atif.json"
 SCHEMA_VERSION = "ATIF-v1.7"

@@ -36,10 +36,10 @@ from typing import Any, Protocol
 import jinja2
 from programbench.utils.load_data import get_active_branches, get_ignored_tests
 
+from pytest_programbench.core.atomic import atomic_write_text
 from pytest_programbench.core.run_identity import RUN_MARKER
 from pytest_programbench.core.task_key import TaskKey
 from pytest_programbench.results import coverage, foreign_files, foreign_runs, registry
-from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.report import TaskScope
 from pytest_programbench.results.statistics import (
     interval_text,

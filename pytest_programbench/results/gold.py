@@ -31,9 +31,9 @@ from typing import Any
 from programbench.eval.eval import EvaluationResult
 from programbench.utils.load_data import get_active_branches, get_ignored_tests
 
+from pytest_programbench.core.atomic import atomic_write_text
 from pytest_programbench.engine.archive_out import REGULAR, first_member
 from pytest_programbench.results import task_meta
-from pytest_programbench.results.atomic import atomic_write_text
 
 LEDGER = "gold-ledger.json"
 REASON = "gold_flaky"

@@ -13,7 +13,7 @@ import html
 import time
 from pathlib import Path
 
-from pytest_programbench.results.atomic import atomic_write_text
+from pytest_programbench.core.atomic import atomic_write_text
 from pytest_programbench.text.printable import printable
 
 LIVE_FILE = "live.html"

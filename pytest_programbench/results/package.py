@@ -36,10 +36,10 @@ from typing import Any
 import yaml
 from programbench.package import package_run
 
+from pytest_programbench.core.atomic import atomic_write_text
 from pytest_programbench.core.presets import parse_preset
 from pytest_programbench.core.run_identity import RUN_MARKER
 from pytest_programbench.results import pb_stats, registry
-from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.task_meta import META_FILE
 
 TODO = "TODO"

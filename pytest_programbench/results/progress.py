@@ -33,7 +33,7 @@ from rich.live import Live
 from rich.text import Text
 
 from pytest_programbench.core import environment
-from pytest_programbench.results.atomic import atomic_write_text
+from pytest_programbench.core.atomic import atomic_write_text
 from pytest_programbench.results.live_page import LivePage
 from pytest_programbench.text.printable import printable
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import jinja2
 
+from pytest_programbench.core.atomic import atomic_write_text
 from pytest_programbench.core.task_key import TaskKey
 from pytest_programbench.results import coverage, foreign_files, task_meta, timeline
-from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.verdict import EVAL_JSON_MAX, PANEL_POINTER, FailingTest, failing_tests, read_failing
 from pytest_programbench.text.printable import html_text
 

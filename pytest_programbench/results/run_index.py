@@ -17,9 +17,9 @@ from typing import Any
 
 import jinja2
 
+from pytest_programbench.core.atomic import atomic_write_text
 from pytest_programbench.core.run_identity import RUN_MARKER
 from pytest_programbench.results import foreign_files
-from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.text.printable import html_text
 
 INDEX_FILE = "index.html"

@@ -23,8 +23,8 @@ from _pytest._code.code import TerminalRepr
 from _pytest._io import TerminalWriter
 from programbench.submission import FIXTURE_PREFIX, aggregate
 
+from pytest_programbench.core.atomic import atomic_write_text
 from pytest_programbench.core.task_key import TaskKey
-from pytest_programbench.results.atomic import atomic_write_text
 from pytest_programbench.results.attempts import Attempt, mean_meta, mean_numbers, task_statistics
 from pytest_programbench.results.attempts import headline as attempts_headline
 from pytest_programbench.results.coverage import run_figure

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
-from pytest_programbench.results.atomic import atomic_write_text
+from pytest_programbench.core.atomic import atomic_write_text
 
 META_FILE = "pb-meta.json"
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_programbench.core.atomic import atomic_write_text
 from pytest_programbench.results import task_meta
-from pytest_programbench.results.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 
