@@ -12,6 +12,8 @@ from programbench.constants import TASKS_DIR
 from programbench.utils.instance_filters import filter_instances
 from programbench.utils.load_data import load_all_instances
 
+from pytest_programbench.tasks import catalogue
+
 pytestmark = pytest.mark.usefixtures("clean_env")
 
 
@@ -441,3 +443,39 @@ def test_item_timeout_is_above_every_clock() -> None:
     for endpoint, most in ((cases[3], 5000), (cases[4], 5000)):
         plain = Settings(**{**endpoint.__dict__, "model_endpoint": None})
         assert item_timeout(task, endpoint) - item_timeout(task, plain) >= most, endpoint
+
+
+def test_the_packaged_copy_is_the_official_read_and_never_trusted_stale(tmp_path: Path) -> None:
+    """The catalogue's cached copy of the packaged tasks (tasks/catalogue.PackagedCopy) gives what programbench's loader
+    gives; an edited task.yaml, a forged copy or an oversized one sends the read back to the official loader."""
+    tasks = tmp_path / "tasks"
+    for name in ("a__x.1111111", "b__y.2222222"):
+        (tasks / name).mkdir(parents=True)
+        (tasks / name / "task.yaml").write_text(f"language: go\ndifficulty: easy\nname: {name}\n")
+    reads: list[int] = []
+
+    def official() -> list[dict[str, Any]]:
+        reads.append(1)
+        return load_all_instances(tasks, include_tests=False)
+
+    copy = catalogue.PackagedCopy(tmp_path / "cache", tasks)
+    first = copy.load(official)
+    assert first == load_all_instances(tasks, include_tests=False)
+    assert (copy.load(official), len(reads)) == (first, 1), "the second read comes from the copy"
+    # An edited task: a new signature, the official read again, the old copy gone.
+    (tasks / "a__x.1111111" / "task.yaml").write_text("language: rust\ndifficulty: hard\n")
+    edited = copy.load(official)
+    assert [i["language"] for i in edited] == ["rust", "go"]
+    assert len(reads) == 2
+    assert len(list((tmp_path / "cache").glob("packaged-*.json"))) == 1
+    # A forged copy (not a list of instances) or one past the size bound is not trusted.
+    [kept] = (tmp_path / "cache").glob("packaged-*.json")
+    for forged in ('{"instance_id": "evil"}', "[" + " " * (copy.max_bytes + 1) + "]"):
+        kept.write_text(forged)
+        assert copy.load(official) == edited
+    assert len(reads) == 4
+    # A value JSON cannot hold as it is (a date) is never cached: every read is the official one.
+    (tasks / "b__y.2222222" / "task.yaml").write_text("language: go\ncreated: 2024-01-01\n")
+    dated = copy.load(official)
+    assert copy.load(official) == dated
+    assert len(reads) == 6

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from pytest_programbench.core.atomic import atomic_write_text
+from pytest_programbench.core.cache import cache_dir
 
 FIXTURE_PREFIX = "testorg__"
 
@@ -132,7 +137,59 @@ def _packaged_instances() -> tuple[dict[str, Any], ...]:
     from programbench.constants import TASKS_DIR  # noqa: PLC0415 - lazy: programbench, kept out of the entry point
     from programbench.utils.load_data import load_all_instances  # noqa: PLC0415 - lazy: programbench, kept out of the entry point
 
-    return tuple(load_all_instances(TASKS_DIR, include_tests=False))
+    return tuple(PackagedCopy(cache_dir("catalogue"), TASKS_DIR).load(
+        lambda: load_all_instances(TASKS_DIR, include_tests=False)))
+
+
+@dataclass(frozen=True)
+class PackagedCopy:
+    """The packaged tasks as programbench's loader read them, kept as JSON in the plugin's cache under a signature of
+    every ``task.yaml`` (name, size, mtime): a session and each xdist worker start without parsing 200 YAML files
+    (0.1 s). A missing, changed, unreadable or oversized copy is never trusted: the official loader reads the tasks
+    again, and its answer is kept only when JSON gives it back equal."""
+
+    directory: Path
+    tasks_dir: Path
+    max_bytes: int = 8 << 20
+
+    def signature(self) -> str:
+        digest = hashlib.sha256(f"{version('programbench')}\0{self.tasks_dir}".encode())
+        for task_dir in sorted(self.tasks_dir.iterdir()):
+            try:
+                stat = (task_dir / "task.yaml").stat()
+            except OSError:
+                continue
+            digest.update(f"\0{task_dir.name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+        return digest.hexdigest()[:32]
+
+    def load(self, official: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        path = self.directory / f"packaged-{self.signature()}.json"
+        kept = self._read(path)
+        if kept is not None:
+            return kept
+        instances = official()
+        try:
+            text = json.dumps(instances)
+            if json.loads(text) == instances and len(text) <= self.max_bytes:
+                atomic_write_text(path, text)
+                for stale in self.directory.glob("packaged-*.json"):  # another programbench's, or edited tasks'
+                    if stale != path:
+                        stale.unlink(missing_ok=True)
+        except (OSError, TypeError, ValueError):
+            pass  # a value JSON cannot hold, or a cache that cannot be written: the official read stands alone
+        return instances
+
+    def _read(self, path: Path) -> list[dict[str, Any]] | None:
+        try:
+            with path.open("rb") as handle:
+                raw = handle.read(self.max_bytes + 1)
+            data = json.loads(raw) if len(raw) <= self.max_bytes else None
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, list) or not all(isinstance(i, dict) and isinstance(i.get("instance_id"), str)
+                                                 for i in data):
+            return None
+        return data
 
 
 def packaged_instances() -> list[dict[str, Any]]:
