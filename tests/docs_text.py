@@ -91,8 +91,9 @@ def bash_blocks(name: str) -> list[tuple[str, str]]:
 
 
 NOT_RUN = "not run: "
-# Every fenced bash block of the docs, by (page, heading): the module whose tests run its commands as written, or why
-# none can. A block added to the docs without a line here fails the suite; a line whose block is gone, too.
+# Every fenced bash block of the docs, by (page, heading): the module whose tests run its commands as written (the
+# outside world they name substituted as tests/doc_commands.py says), or why none can. A block added to the docs
+# without a line here fails the suite; a line whose block is gone, too.
 SHOWN: dict[tuple[str, str], str] = {
     ("README.md", "pytest-programbench"): NOT_RUN + "examples of a real agent and model API (`api.example`); the same "
     "options run against the scripted model server in tests/test_cli_agents.py and tests/test_mini_swe_agent.py",
@@ -102,11 +103,9 @@ SHOWN: dict[tuple[str, str], str] = {
     "tests/test_model_outage.py",
     ("getting-started.md", "Set-up on a fresh machine"): "tests/test_readme.py",
     ("running.md", "Selecting tasks"): "tests/test_readme.py",
-    ("agents.md", "CLI agents (codex, claude-code, opencode)"): NOT_RUN + "the providers' APIs; each preset runs for "
-    "real against the scripted model server in tests/test_cli_agents.py",
+    ("agents.md", "CLI agents (codex, claude-code, opencode)"): "tests/test_cli_agents.py",
     ("attempts.md", "Attempts, and the reference's own noise"): "tests/test_gold.py",
     ("comparing.md", "Comparing runs, and a leaderboard entry"): "tests/test_compare.py",
     ("comparing.md", "Against a `programbench eval` run or a leaderboard entry"): "tests/test_compare_foreign.py",
-    ("scaling.md", "Running on more than one machine"): NOT_RUN + "remote machines and a real model API; several "
-    "engines (private dockerds, ssh:// to 127.0.0.1) run in tests/test_engines.py",
+    ("scaling.md", "Running on more than one machine"): "tests/test_engine_over_ssh.py",
 }

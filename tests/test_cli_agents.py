@@ -2,13 +2,16 @@
 
 Each preset's native build comes from npm (installed once per machine into the plugin's cache by the set-up), runs
 as the agent user in a fixture task's sandbox, and follows a scripted conversation from our own model server on
-loopback, reached only through the relay: probe ``/workspace/binary``, copy the known-good solution in, say done.
+loopback, reached only through the relay: probe ``/workspace/binary``, write the known-good solution, say done.
+Each preset's session is the command docs/agents.md shows for it ("CLI agents (codex, claude-code, opencode)"), run
+as written with only the outside world substituted (tests/doc_commands.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,9 @@ from typing import Any
 import pytest
 
 from pytest_programbench.agents import agent_presets
+from pytest_programbench.relay.contract import PLACEHOLDER_KEY
 from tests.conftest import TESTBED, Testbed
+from tests.doc_commands import Substitution, block, option, stand_in, written_run_dir
 from tests.scripted_models import ScriptedModels, Step
 from tests.secret_scan import assert_secret_nowhere
 
@@ -24,15 +29,32 @@ pytestmark = pytest.mark.usefixtures("clean_env")
 
 RPN = "pbfix__rpn.0b5e55e"
 PRESETS = ("codex", "claude-code", "opencode")
+SOLUTION = TESTBED / "solutions" / RPN
+
+
+def _heredoc(path: str) -> str:
+    text = (SOLUTION / path).read_text()
+    assert "PB_EOF" not in text
+    return f"cat > /workspace/src/{path} <<'PB_EOF'\n{text.rstrip()}\nPB_EOF"
+
+
+# Written by the agent, never copied from a mount: the docs' commands mount nothing.
+WRITE_SOLUTION = f"{_heredoc('main.c')}\n{_heredoc('compile.sh')}\nchmod +x /workspace/src/compile.sh"
 STEPS = (
     Step("Probing the reference.", '/workspace/binary </dev/null; echo "binary exited $?"', 1200, 40, 500),
-    Step("Copying the solution.", f"cp -r /pb-testbed/solutions/{RPN}/. /workspace/src/", 1500, 60, 1100),
+    Step("Writing the solution.", WRITE_SOLUTION, 1500, 60, 1100),
     Step("Done: the solution is in /workspace/src.", None, 1700, 25, 1400),
 )
 # Several times the engine client's read timeout (scaled down below), far under any CLI's own stream timeout.
 READ_TIMEOUT = "4"
 KEY = "sk-host-only-9c2e41"  # the relay adds it; the CLI sees a placeholder
 SILENCE = 15.0
+# docs/agents.md's block, and what stands in for the outside world it names (tests/doc_commands.py): the providers'
+# APIs and a local server by our scripted model server, the user's keys by keys of the test's.
+AGENTS_DOC = ("agents.md", "CLI agents (codex, claude-code, opencode)")
+ANTHROPIC_KEY = "sk-ant-host-only-51d7e0"
+PROVIDERS = ("https://api.openai.com", "https://api.anthropic.com", "http://127.0.0.1:8000")
+KEYS = {"OPENAI_API_KEY": KEY, "ANTHROPIC_API_KEY": ANTHROPIC_KEY}
 
 
 @pytest.fixture(scope="module", params=PRESETS)
@@ -55,35 +77,31 @@ def session_args(testbed: Testbed, preset: str, server: ScriptedModels, run_dir:
             "--pb-agent-mount", f"{TESTBED}:/pb-testbed", "--pb-agent-timeout", "600", "--junitxml", str(junit)]
 
 
-def check_session(result: pytest.RunResult, run_dir: Path, junit: Path) -> None:
-    """The item passed (else the agent's log is shown) and the key is nowhere in what the session left."""
-    log = (run_dir / RPN / "agent.log").read_text(errors="replace") if (run_dir / RPN / "agent.log").exists() \
+def check_session(result: pytest.RunResult, run_dir: Path, junit: Path | None, task: str = RPN,
+                  secrets: tuple[str, ...] = (KEY,)) -> None:
+    """The item passed (else the agent's log is shown) and the keys are nowhere in what the session left."""
+    log = (run_dir / task / "agent.log").read_text(errors="replace") if (run_dir / task / "agent.log").exists() \
         else "(no agent.log)"
     assert result.ret == 0, "\n".join(result.outlines[-40:]) + "\n--- agent.log:\n" + log[-6000:]
     result.assert_outcomes(passed=1)
-    assert_secret_nowhere(KEY, run_dir=run_dir, junit=junit, result=result)
+    for secret in secrets:
+        assert_secret_nowhere(secret, run_dir=run_dir, junit=junit, result=result)
 
 
-def _run(pytester: pytest.Pytester, testbed: Testbed, preset: str, server: ScriptedModels,
-         monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PB_TEST_MODEL_KEY", KEY)
-    run_dir, junit = pytester.path / "run", pytester.path / "junit.xml"
-    result = pytester.runpytest_subprocess(*session_args(testbed, preset, server, run_dir, junit), timeout=900)
-    check_session(result, run_dir, junit)
-    return run_dir
-
-
-def check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> None:
+def check_conversation(run_dir: Path, server: ScriptedModels, preset: str, task: str = RPN, key: str = KEY,
+                       secrets: tuple[str, ...] = (KEY,)) -> None:
+    """``key``: what the provider must have got (the host's key the relay adds, or its placeholder without one);
+    ``secrets``: host keys that must reach neither the sandbox nor the transcript."""
     assert not server.unexpected, server.unexpected
-    assert set(server.keys) == {KEY}, server.keys  # in whichever header the API uses, added by the relay
+    assert set(server.keys) == {key}, server.keys  # in whichever header the API uses, added by the relay
     # Every step of the script was answered, in order, and the agent stopped after the last one.
     assert sorted(set(server.chosen)) == [0, 1, 2], server.chosen
     assert server.chosen[-1] == 2, server.chosen
     summary = json.loads((run_dir / "summary.json").read_text())
-    task = summary["tasks"][RPN]
-    assert task["agent_exit"] == 0, task
+    row = summary["tasks"][task]
+    assert row["agent_exit"] == 0, row
     # The tokens recorded are exactly those the server sent, every request metered.
-    tokens = task["tokens"]
+    tokens = row["tokens"]
     assert tokens["requests_with_usage"] == server.sent.requests, (tokens, server.log)
     assert tokens["input_tokens"] == server.sent.input_tokens, (tokens, server.sent)
     assert tokens["output_tokens"] == server.sent.output_tokens, (tokens, server.sent)
@@ -108,21 +126,22 @@ def check_conversation(run_dir: Path, server: ScriptedModels, preset: str) -> No
     assert (totals["turns"], totals["tool_calls"], totals["cached_input_tokens"]) == (
         tokens["turns"], tokens["tool_calls"], tokens["cached_input_tokens"]), totals
     # The CLI's own transcript was copied out, and names the command it ran.
-    transcript = run_dir / RPN / "trajectory.jsonl"
-    assert transcript.is_file(), sorted(p.name for p in (run_dir / RPN).iterdir())
-    assert f"/pb-testbed/solutions/{RPN}" in transcript.read_text(errors="replace")
-    meta = json.loads((run_dir / RPN / "pb-meta.json").read_text())
+    transcript = run_dir / task / "trajectory.jsonl"
+    assert transcript.is_file(), sorted(p.name for p in (run_dir / task).iterdir())
+    assert "cat > /workspace/src/main.c <<" in transcript.read_text(errors="replace")
+    meta = json.loads((run_dir / task / "pb-meta.json").read_text())
     assert meta["agent"]["transcript"] == "trajectory.jsonl", meta["agent"]
     # The agent's probe went through the proxy to the reference; its config stayed out of the submission.
     assert meta["binary_calls"] >= 1, meta
-    with tarfile.open(run_dir / RPN / "submission.tar.gz") as tar:
+    with tarfile.open(run_dir / task / "submission.tar.gz") as tar:
         names = tar.getnames()
     assert not [n for n in names if ".codex" in n or ".claude" in n or "opencode" in n], names
-    log = (run_dir / RPN / "agent.log").read_text(errors="replace")
+    log = (run_dir / task / "agent.log").read_text(errors="replace")
     assert f"{preset}@" in log, log[:2000]
     assert "build for a glibc image" in log, log[:2000]
-    assert KEY not in log, "the key reached the sandbox"
-    assert KEY not in transcript.read_text(errors="replace"), "the key reached the sandbox"
+    for secret in secrets:
+        assert secret not in log, "the key reached the sandbox"
+        assert secret not in transcript.read_text(errors="replace"), "the key reached the sandbox"
 
 
 @pytest.mark.parametrize("api", ["responses", "chat", "anthropic"])
@@ -195,17 +214,44 @@ def test_relay_ignores_proxy_settings_of_the_environment(monkeypatch: pytest.Mon
     assert server.log == ["GET /v1/models"]
 
 
+def agents_doc_commands(preset: str, substitution: Substitution) -> tuple[str, list[str], dict[str, str]]:
+    """docs/agents.md's command for ``preset``, its words substituted, and the block's environment (its ``export``
+    and the keys its commands name). Every command of the block is substituted, so the table covers exactly them."""
+    commands = block(*AGENTS_DOC)
+    env = substitution.env(commands)
+    runs = {command: substitution.words(command) for command in commands if command.startswith("pytest ")}
+    substitution.check_all_used()
+    assert sorted(str(option(w, "--pb-agent")).split("@")[0] for w in runs.values()) == sorted(PRESETS), runs
+    command, words = next((c, w) for c, w in runs.items() if str(option(w, "--pb-agent")).split("@")[0] == preset)
+    pinned = str(option(words, "--pb-agent")).partition("@")[2]
+    assert pinned in ("", agent_presets.PRESETS[preset].default_version), \
+        f"{command!r} pins a version other than the default the set-up installs"
+    return command, words, env
+
+
 def test_cli_agent_solves_a_task_through_the_relay_outlasting_a_withheld_first_response(
-        pytester: pytest.Pytester, testbed: Testbed, preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real CLI solves the task through the relay (the whole conversation checked: every step answered in order,
-    tokens metered exactly, transcript copied out, the key never in the sandbox), although its first model response
-    is withheld for several times the engine client's read timeout: no timeout in the path (engine exec stream,
-    bridge, relay) cuts the wait. One session for both properties: a CLI agent's session is the costly part."""
+        pytester: pytest.Pytester, testbed: Testbed, docker_client: Any, preset: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/agents.md's command for the preset, as written (its endpoint our scripted server's, its keys the test's,
+    the benchmark a copy of rpn: tests/doc_commands.py): the real CLI solves the task through the relay (the whole
+    conversation checked: every step answered in order, tokens metered exactly, transcript copied out, no key of
+    the host's in the sandbox, the named one, or none, upstream), although its first model response is withheld for
+    several times the engine client's read timeout: no timeout in the path (engine exec stream, bridge, relay) cuts
+    the wait. One session for all of it: a CLI agent's session is the costly part."""
     monkeypatch.setenv("PB_DOCKER_API_TIMEOUT", READ_TIMEOUT)
     with ScriptedModels(STEPS, withhold_first=SILENCE) as server:
-        run_dir = _run(pytester, testbed, preset, server, monkeypatch)
-    check_conversation(run_dir, server, preset)
-    records = [json.loads(line) for line in (run_dir / RPN / "model-requests.jsonl").read_text().splitlines()]
+        origin = server.base_url.removesuffix("/v1")
+        command, words, env = agents_doc_commands(preset, Substitution(dict.fromkeys(PROVIDERS, origin), KEYS))
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        with stand_in(pytester.path / "bench", testbed, docker_client, words) as bench:
+            result = pytester.runpytest_subprocess(*words, *bench.args, timeout=900)
+            run = written_run_dir(pytester.path, result)
+            check_session(result, run, None, bench.task, tuple(env.values()))
+    key_env = option(shlex.split(command), "--pb-model-key-env")
+    check_conversation(run, server, preset, bench.task, env[key_env] if key_env else PLACEHOLDER_KEY,
+                       tuple(env.values()))
+    records = [json.loads(line) for line in (run / bench.task / "model-requests.jsonl").read_text().splitlines()]
     waited = [r for r in records if r["first_byte_s"] is not None and r["first_byte_s"] >= SILENCE]
     assert len(waited) == 1, records
     assert (waited[0]["status"], waited[0]["error"]) == (200, None), records
