@@ -259,7 +259,8 @@ def test_a_program_that_reads_the_hidden_tests_is_flagged(audited: Audited, test
     clean = meta(place, honest)["evaluation"]["audit"]
     assert (clean["state"], clean["result"], clean["regressed"]) == ("ran", "clean", [])
     assert len(clean["branches"]) == 2
-    assert all("plugin active" in t for t in clean["branches"].values())
+    # One test process per audit run: the official's serial mode (one xdist worker for `-n auto`), for ten tests.
+    assert all(t.startswith("plugin active in 1 process(es)") for t in clean["branches"].values()), clean
     # A wrong program that passes some tests is audited too (a partial reader would count in the mean), and an
     # honest one comes out clean: no flag, the item fails on its score alone.
     # (tuiish's screen tests wait on a terminal: on a loaded machine one can fail once, which the second run answers:
