@@ -446,7 +446,9 @@ def test_hostile_results_are_scored_flagged_never_errors(pytester: pytest.Pytest
         _archive(subs / ids["sleepy"] / "submission.tar.gz", {"compile.sh": SLEEPY_COMPILE.encode(), "main.c": main_c})
         pytester.makepyfile(pb_backstop=BACKSTOP_PLUGIN)
         monkeypatch.setenv("PB_TEST_BACKSTOP_ITEM", ids["sleepy"])
-        monkeypatch.setenv("PB_TEST_BACKSTOP", "90")
+        # 45 s: well inside the evaluation (every step after compile.sh sleeps 8 s, so it runs for minutes), and the
+        # session's longest item (the others take 14-48 s on the other worker).
+        monkeypatch.setenv("PB_TEST_BACKSTOP", "45")
         run_dir = root / "run"
         result = pytester.runpytest_subprocess(
             "-p", "no:cacheprovider", "-p", "pb_backstop", "--pb-tasks-dir", str(root / "tasks"),
@@ -490,19 +492,15 @@ def test_hostile_results_are_scored_flagged_never_errors(pytester: pytest.Pytest
 @pytest.mark.usefixtures("official_blob_dir")
 def test_device_results_score_as_the_official(testbed: Testbed, tmp_path: Path) -> None:
     """`programbench eval` itself on a submission that leaves a character device (/dev/null's numbers) at
-    eval/results.xml: 0, EmptyTestResultError; ours the same, with a note naming the device."""
-    from tests.test_evaluation_divergences import run_official_cli, run_ours
+    eval/results.xml: 0, EmptyTestResultError. Ours on the same submission gives the same, with a note naming the
+    device: test_hostile_results_are_scored_flagged_never_errors's chardev case (one evaluation of it, not two)."""
+    from tests.test_evaluation_divergences import run_official_cli
 
     archive = hostile_archive(tmp_path / "s.tar.gz", "chardev")
-    task = {t.instance_id: t for t in load_tasks_dir(testbed.tasks_dir)}[RPN]
     instance = {i["instance_id"]: i for i in load_all_instances(testbed.tasks_dir)}[RPN]
     summary, official = run_official_cli(instance, archive, tmp_path / "official")
     assert official is None  # it raised: no eval.json
     assert (summary.score, summary.error_code) == (0.0, "EmptyTestResultError")
-    outcome = run_ours(task, archive, testbed.blob_dir, tmp_path / "ours")
-    assert outcome.infra_error is None, outcome.infra_error
-    assert (outcome.score, outcome.error_code) == (0.0, "EmptyTestResultError")
-    assert any("character device" in note for note in outcome.notes), outcome.notes
 
 
 @pytest.mark.docker
