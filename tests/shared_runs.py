@@ -19,7 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,10 +69,11 @@ def session_env(home: Path) -> dict[str, str]:
 
 
 def made_once(tmp_path_factory: pytest.TempPathFactory, key: str, prepare: Callable[[Path], Sequence[str]],
-              timeout: float = 900) -> FinishedRun:
+              timeout: float = 900, env: Mapping[str, str] | None = None) -> FinishedRun:
     """The session ``key`` names, made once: ``prepare(place)`` writes its inputs into ``place`` and returns the
-    session's arguments; the session runs with ``place`` as its working directory. A session whose making failed
-    (an exception in ``prepare`` or a timeout) is made again by the next test that asks."""
+    session's arguments; the session runs with ``place`` as its working directory and ``env`` added to its
+    environment. A session whose making failed (an exception in ``prepare`` or a timeout) is made again by the next
+    test that asks."""
     root = shared_root(tmp_path_factory) / "pb-finished-runs"
     root.mkdir(parents=True, exist_ok=True)
     place = root / key
@@ -81,8 +82,9 @@ def made_once(tmp_path_factory: pytest.TempPathFactory, key: str, prepare: Calla
             shutil.rmtree(place, ignore_errors=True)
             place.mkdir()
             args = list(prepare(place))
-            done = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=place, env=session_env(place),
-                                  capture_output=True, text=True, timeout=timeout, check=False)
+            done = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=place,
+                                  env={**session_env(place), **(env or {})}, capture_output=True, text=True,
+                                  timeout=timeout, check=False)
             (place / DONE).write_text(json.dumps({"args": args, "ret": done.returncode,
                                                   "stdout": done.stdout, "stderr": done.stderr}))
     made = json.loads((place / DONE).read_text())

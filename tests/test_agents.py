@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import TESTBED, Testbed
 from tests.secret_scan import assert_secret_nowhere
+from tests.shared_runs import FinishedRun, made_once
+from tests.task_copies import task_copies
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -29,10 +34,16 @@ def run_agent(pytester: pytest.Pytester, testbed: Testbed, agent: str, *args: st
     )
 
 
-def properties(pytester: pytest.Pytester, task: str) -> dict[str, str]:
-    root = ET.parse(pytester.path / "junit.xml").getroot()
+def properties(where: pytest.Pytester | Path, task: str) -> dict[str, str]:
+    root = ET.parse((where if isinstance(where, Path) else where.path) / "junit.xml").getroot()
     case = next(c for c in root.iter("testcase") if c.get("name") == task)
     return {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
+
+
+def outcome(place: Path, task: str) -> str:
+    """The item's outcome in the session's JUnit XML: passed, failure, error or skipped."""
+    case = next(c for c in ET.parse(place / "junit.xml").getroot().iter("testcase") if c.get("name") == task)
+    return next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
 
 
 def official_info(run_dir: Path, tasks_dir: Path) -> str:
@@ -57,39 +68,107 @@ SCRIPTED = (
     'test "$(id -u)" != 0 && test -z "$(ls -A /workspace/src)" && test -f "$PB_PROMPT_FILE" && '
     'grep -q "/workspace/binary" "$PB_PROMPT_FILE" && '
     'printf "2 3 +\\n" | /workspace/binary > probe.txt && grep -qx 5 probe.txt && rm probe.txt && '
-    "cp -r /pb-testbed/solutions/$PB_TASK_ID/. ."
+    f"cp -r /pb-testbed/solutions/{RPN}/. ."
 )
 
 
-def test_scripted_agent_passes_and_programbench_info_agrees(pytester: pytest.Pytester, testbed: Testbed) -> None:
-    result = run_agent(pytester, testbed, SCRIPTED)
-    result.assert_outcomes(passed=1)
-    props = properties(pytester, RPN)
+def wrapping_agent(target: str) -> str:
+    """An agent whose compile.sh writes an executable that execs ``target`` (it passes its own check)."""
+    return (f"printf '#!/bin/sh\\nprintf \"#!/bin/sh\\\\nexec {target} \\\\\"\\\\$@\\\\\"\\\\n\" > executable"
+            "\\nchmod +x executable\\n' > compile.sh && chmod +x compile.sh && sh compile.sh && "
+            'test "$(printf "2 3 +\\n" | ./executable)" = 5')
+
+
+SECRET = "s3cr3t-value"
+# Agents of the same options, one per copy of rpn, in one session (-n 2): each case is its own item's. The session's
+# agent runs each case's command by the task id the sandbox gives it (so every case checks PB_TASK_ID: a wrong one
+# runs none of them, exit 3).
+SAME_OPTIONS = {
+    "scripted": SCRIPTED,
+    "wrapper": wrapping_agent("/workspace/binary"),
+    "crash": "echo dying >&2; kill -SEGV $$",
+    "secrets": ('test "$(printf %s "$PB_TEST_SECRET" | tr a-z A-Z)" = S3CR3T-VALUE && test "$PLAIN" = yes && '
+                'test "$PB_BINARY" = /workspace/binary && '
+                f'cp -r /pb-testbed/solutions/{RPN}/. .'),
+}
+
+
+@dataclass(frozen=True)
+class Agents:
+    """The reader's copy of the shared session (``place``: junit.xml, run/, tasks/), the case ids, the session."""
+
+    place: Path
+    ids: dict[str, str]
+    run: FinishedRun
+
+
+@pytest.fixture(scope="module")
+def agents_session(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed,
+                   docker_client: Any) -> tuple[FinishedRun, dict[str, str]]:
+    with contextlib.ExitStack() as stack:
+        def prepare(place: Path) -> list[str]:
+            ids = stack.enter_context(task_copies(place, testbed, docker_client, dict.fromkeys(SAME_OPTIONS, RPN),
+                                                  prefix="pbagents"))
+            (place / "ids.json").write_text(json.dumps(ids))
+            # The agent of each copy, chosen by the task id the sandbox gives it.
+            agent = "case \"$PB_TASK_ID\" in " + " ".join(
+                f"{ids[name]}) {command} ;;" for name, command in SAME_OPTIONS.items()) + " *) exit 3 ;; esac"
+            org = ids["scripted"].partition("__")[0]  # the copies' own org: the catalogue's tasks are not run
+            return ["-p", "no:cacheprovider", "--pb-tasks-dir", str(place / "tasks"), "--pb-blob-dir",
+                    str(place / "blobs"), "--pb-filter", f"{org}__", "--pb-pull", "never", "--pb-agent", agent,
+                    "--pb-agent-mount",
+                    f"{TESTBED}:/pb-testbed", "--pb-output", str(place / "run"), "--pb-cpus", "2", "--junitxml",
+                    str(place / "junit.xml"), "--pb-agent-env", "PB_TEST_SECRET", "--pb-agent-env", "PLAIN=yes",
+                    "-n", "2"]
+
+        made = made_once(tmp_path_factory, "agents-of-the-same-options", prepare,
+                         env={"PB_TEST_SECRET": SECRET})
+    return made, json.loads((made.place / "ids.json").read_text())
+
+
+@pytest.fixture
+def agents(agents_session: tuple[FinishedRun, dict[str, str]], tmp_path: Path) -> Agents:
+    made, ids = agents_session
+    # The whole session: scripted and secrets passed, the wrapper and the crash failed, nothing an error.
+    made.result().assert_outcomes(passed=2, failed=2)
+    return Agents(made.copy(tmp_path / "agents"), ids, made)
+
+
+def test_scripted_agent_passes_and_programbench_info_agrees(agents: Agents) -> None:
+    scripted = agents.ids["scripted"]
+    props = properties(agents.place, scripted)
+    assert outcome(agents.place, scripted) == "passed"
+    assert float(props["score"]) == 1.0
     assert props["agent_exit"] == "0"
     assert props["clock_fired"] == ""
-    run_dir = pytester.path / "run"
-    calls = [json.loads(line) for line in (run_dir / RPN / "binary-calls.jsonl").read_text().splitlines()]
+    run_dir = agents.place / "run"
+    calls = [json.loads(line) for line in (run_dir / scripted / "binary-calls.jsonl").read_text().splitlines()]
     assert calls, "the agent's probe went through the proxy and was recorded"
     assert calls[0]["argv"] == ["/workspace/binary"]
     assert calls[0]["exit"] == 0
-    info = official_info(run_dir, testbed.tasks_dir)
-    assert any(RPN in line and "✅" in line for line in info.splitlines()), info
+    info = official_info(run_dir, agents.place / "tasks")
+    assert any(scripted in line and "✅" in line for line in info.splitlines()), info
 
 
 @pytest.mark.parametrize("target", ["/workspace/binary", "/workspace/executable"])
-def test_compile_sh_wrapping_the_reference_fails_at_evaluation(pytester: pytest.Pytester, testbed: Testbed,
+def test_compile_sh_wrapping_the_reference_fails_at_evaluation(request: pytest.FixtureRequest, testbed: Testbed,
                                                                target: str) -> None:
-    agent = (f"printf '#!/bin/sh\\nprintf \"#!/bin/sh\\\\nexec {target} \\\\\"\\\\$@\\\\\"\\\\n\" > executable"
-             "\\nchmod +x executable\\n' > compile.sh && chmod +x compile.sh && sh compile.sh && "
-             'test "$(printf "2 3 +\\n" | ./executable)" = 5')
+    if target == "/workspace/binary":  # the options of the shared session: its copy there
+        shared: Agents = request.getfixturevalue("agents")
+        props = properties(shared.place, shared.ids["wrapper"])
+        assert outcome(shared.place, shared.ids["wrapper"]) == "failure"
+        assert props["agent_exit"] == "0"
+        assert float(props["score"]) < 0.5
+        return
+    pytester: pytest.Pytester = request.getfixturevalue("pytester")
+    agent = wrapping_agent(target)
     # At evaluation a wrapper of /workspace/executable is /workspace/executable: it execs itself for ever, so every
     # hidden test hangs (and burns a core) until a clock: the branch clock, short here and not retried, instead of
     # each test's 10 s timeout times its reruns (5 minutes). A timed-out branch scores its tests 0 all the same.
-    clock = ["--pb-test-timeout", "10", "--pb-branch-retries", "0"] if target == "/workspace/executable" else []
-    result = run_agent(pytester, testbed, agent, *clock)
+    result = run_agent(pytester, testbed, agent, "--pb-test-timeout", "10", "--pb-branch-retries", "0")
     result.assert_outcomes(failed=1)
     props = properties(pytester, RPN)
-    assert props["agent_exit"] == ("0" if target == "/workspace/binary" else "1")
+    assert props["agent_exit"] == "1"
     assert float(props["score"]) < 0.5
 
 
@@ -105,24 +184,24 @@ def test_agent_timeout_evaluates_partial_work(pytester: pytest.Pytester, testbed
     assert meta["agent"]["timed_out"] is True
 
 
-def test_agent_crash_is_scored_not_an_error(pytester: pytest.Pytester, testbed: Testbed) -> None:
-    result = run_agent(pytester, testbed, "echo dying >&2; kill -SEGV $$")
-    result.assert_outcomes(failed=1)
-    props = properties(pytester, RPN)
+def test_agent_crash_is_scored_not_an_error(agents: Agents) -> None:
+    crash = agents.ids["crash"]
+    props = properties(agents.place, crash)
+    assert outcome(agents.place, crash) == "failure"
     assert float(props["score"]) == 0.0
     assert props["error_code"] == "compile_failed"
-    assert "dying" in (pytester.path / "run" / RPN / "agent.log").read_text()
+    assert "dying" in (agents.place / "run" / crash / "agent.log").read_text()
 
 
-def test_agent_env_and_secrets(pytester: pytest.Pytester, testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PB_TEST_SECRET", "s3cr3t-value")
-    agent = ('test "$(printf %s "$PB_TEST_SECRET" | tr a-z A-Z)" = S3CR3T-VALUE && test "$PLAIN" = yes && '
-             f'test "$PB_TASK_ID" = {RPN} && test "$PB_BINARY" = /workspace/binary && '
-             'cp -r /pb-testbed/solutions/$PB_TASK_ID/. .')
-    result = run_agent(pytester, testbed, agent, "--pb-agent-env", "PB_TEST_SECRET", "--pb-agent-env", "PLAIN=yes")
-    result.assert_outcomes(passed=1)
-    assert_secret_nowhere("s3cr3t-value", run_dir=pytester.path / "run", junit=pytester.path / "junit.xml",
-                          result=result)
+def test_agent_env_and_secrets(agents: Agents) -> None:
+    """Its agent passes only when the secret, the plain value and its own task id reach it; the secret is nowhere in
+    what the session wrote or printed (the whole session's: four agents)."""
+    props = properties(agents.place, agents.ids["secrets"])
+    assert outcome(agents.place, agents.ids["secrets"]) == "passed"
+    assert float(props["score"]) == 1.0
+    assert props["agent_exit"] == "0"
+    assert_secret_nowhere(SECRET, run_dir=agents.place / "run", junit=agents.place / "junit.xml",
+                          result=agents.run.result())
 
 
 def test_host_loop_agent_drives_the_sandbox(pytester: pytest.Pytester, testbed: Testbed) -> None:
