@@ -1,12 +1,15 @@
 """The ``mini-swe-agent`` preset end to end: the official scaffold, through the model relay, against a scripted
 OpenAI-compatible server on loopback that replays a fixed trajectory solving a fixture task, in a real sandbox with a
-real evaluation, in a real pytest session. Plus the preset's template adaptation, without Docker.
+real evaluation, in a real pytest session: README's commands, run as written with only the outside world substituted
+(tests/doc_commands.py), the headline's three and "Your first real evaluation"'s three; the agent's clocks. Plus the
+preset's template adaptation, without Docker.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -94,18 +97,13 @@ def host_env(monkeypatch: pytest.MonkeyPatch) -> str:
     return secret
 
 
-@pytest.mark.docker
-@pytest.mark.usefixtures("clean_env")
-def test_mini_swe_agent_through_the_relay_solves_a_fixture_task(pytester: pytest.Pytester, testbed: Testbed,
-                                                                 host_env: str) -> None:
-    require_minisweagent()
-    turns = script()
-    run_dir = pytester.path / "run"
-    junit = pytester.path / "junit.xml"
-    with ScriptedLLM(turns) as llm:
-        result = run_session(pytester, testbed, llm)
-    task_dir = run_dir / RPN
-    log_text = agent_log(pytester)
+def check_solved_by_the_script(llm: ScriptedLLM, turns: list[Turn], result: pytest.RunResult, run_dir: Path,
+                               task: str, model: str, secret: str) -> None:
+    """A session of mini-swe-agent on a copy of rpn (README's ``-k cmatrix``, as written: the test below) followed the
+    script through the relay and passed: what the server saw, what ran in the sandbox, the tokens, the trajectory, and
+    the host's key upstream and nowhere else."""
+    task_dir = run_dir / task
+    log_text = (task_dir / "agent.log").read_text() if (task_dir / "agent.log").exists() else "(no agent.log)"
     detail = "\n".join(result.outlines[-60:]) + "\n--- agent.log tail ---\n" + log_text[-6000:]
     assert result.ret == 0, detail
     result.assert_outcomes(passed=1)
@@ -114,7 +112,7 @@ def test_mini_swe_agent_through_the_relay_solves_a_fixture_task(pytester: pytest
     assert llm.unexpected == [], llm.unexpected
     assert len(llm.requests) == len(turns), detail
     first = llm.requests[0]
-    assert first["model"] == "scripted"
+    assert first["model"] == model
     assert [t["function"]["name"] for t in first["tools"]] == ["bash"]
     system, user = first["messages"][:2]
     assert system["role"] == "system"
@@ -123,7 +121,7 @@ def test_mini_swe_agent_through_the_relay_solves_a_fixture_task(pytester: pytest
     assert "`/workspace/binary`" in system["content"]
     assert "`./executable`" not in system["content"]
     assert user["role"] == "user"
-    assert f"# Task: rebuild `{RPN}`" in user["content"]  # our prompt ...
+    assert f"# Task: rebuild `{task}`" in user["content"]  # our prompt ...
     assert "## Command Execution Rules" in user["content"]
     assert f"echo {SENTINEL}" in user["content"]
 
@@ -138,21 +136,20 @@ def test_mini_swe_agent_through_the_relay_solves_a_fixture_task(pytester: pytest
     assert "compile.sh" in compared
     assert "main.c" in compared
 
-    # JUnit's token counts are exactly what the server sent.
-    props = properties(junit, RPN)
-    assert props["model_requests"] == str(len(turns))
-    assert props["model_requests_with_usage"] == str(len(turns))
-    assert props["model_errors"] == "0"
-    assert props["model_input_tokens"] == str(sum(t.prompt_tokens for t in turns))
-    assert props["model_output_tokens"] == str(sum(t.completion_tokens for t in turns))
-    assert props["model_total_tokens"] == str(sum(t.total_tokens for t in turns))
-    assert float(props["score"]) == 1.0
-    assert props["agent_exit"] == "0"
-    assert props["clock_fired"] == ""
+    # The token counts are exactly what the server sent (JUnit's: the README codex session below).
+    row = json.loads((run_dir / "summary.json").read_text())["tasks"][task]
+    tokens = row["tokens"]
+    assert tokens["requests_with_usage"] == len(turns), tokens
+    assert tokens["errors"] == 0, tokens
+    assert tokens["input_tokens"] == sum(t.prompt_tokens for t in turns), tokens
+    assert tokens["output_tokens"] == sum(t.completion_tokens for t in turns), tokens
+    assert row["score"] == 1.0
+    assert row["agent_exit"] == 0
+    assert not row["clock_fired"], row
 
     # The trajectory (official format) and the streamed log.
-    traj = json.loads((task_dir / f"{RPN}.traj.json").read_text())
-    assert traj["instance_id"] == RPN
+    traj = json.loads((task_dir / f"{task}.traj.json").read_text())
+    assert traj["instance_id"] == task
     assert traj["info"]["exit_status"] == "Submitted"
     assert traj["info"]["model_stats"]["api_calls"] == len(turns)
     assert traj["info"]["config"]["environment_type"].endswith("SandboxEnvironment")
@@ -167,8 +164,8 @@ def test_mini_swe_agent_through_the_relay_solves_a_fixture_task(pytester: pytest
     assert len(records) == len(turns)
 
     # The host's key reached the endpoint (through the relay) and no file of the run.
-    assert llm.authorizations == [f"Bearer {host_env}"] * len(turns)
-    assert_secret_nowhere(host_env, run_dir=run_dir, junit=junit, result=result)
+    assert llm.authorizations == [f"Bearer {secret}"] * len(turns)
+    assert_secret_nowhere(secret, run_dir=run_dir, result=result)
     assert traj["info"]["config"]["model"]["model_kwargs"]["api_key"] == "<redacted>"
 
 
@@ -390,3 +387,141 @@ def test_hard_stop_abandons_a_hung_agent(tmp_path: Path, monkeypatch: pytest.Mon
     traj = json.loads((tmp_path / RPN / f"{RPN}.traj.json").read_text())
     assert traj["info"]["exit_status"] == "HardStop"
     assert "hard stop" in log_path.read_text()
+
+
+# -- README's commands, as written (tests/doc_commands.py: only the outside world substituted) -----------------------
+
+HEADLINE = ("README.md", "pytest-programbench")
+FIRST_RUN = ("README.md", "Your first real evaluation")
+README_KEY = "sk-readme-host-only-7e03aa"
+
+
+def _readme_session(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any, monkeypatch: pytest.MonkeyPatch,
+                    name: str, words: list[str], prepare: Any = None) -> tuple[pytest.RunResult, Path, str]:
+    """``words`` (a README command, substituted) run in a directory of its own with the test bed in the benchmark's
+    place: (the result, the directory, the stand-in task's id)."""
+    from tests.doc_commands import stand_in
+
+    cwd = pytester.mkdir(name)
+    monkeypatch.chdir(cwd)
+    with stand_in(cwd / ".bench", testbed, docker_client, words) as bench:
+        if prepare is not None:
+            prepare(cwd, bench.task)
+        result = pytester.runpytest_subprocess(*words, *bench.args, timeout=900)
+    return result, cwd, bench.task
+
+
+def _passed(result: pytest.RunResult, cwd: Path, task: str) -> Path:
+    from tests.doc_commands import written_run_dir
+
+    log = next(iter(cwd.glob(f"pb-runs/*/{task}/agent.log")), None)
+    detail = "\n".join([*result.outlines[-40:], *result.errlines[-20:]]) + "\n--- agent.log:\n" + (
+        log.read_text()[-4000:] if log else "(none)")
+    assert result.ret == 0, detail
+    result.assert_outcomes(passed=1)
+    run = written_run_dir(cwd)
+    assert_secret_nowhere(README_KEY, run_dir=run, result=result)
+    return run
+
+
+@pytest.mark.docker
+@pytest.mark.users_defaults
+@pytest.mark.usefixtures("clean_env")
+def test_the_readme_headline_commands_run_as_written(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any,
+                                                     host_env: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README's first block: codex over the Go tasks under ``-n 8`` into ``out.xml``, mini-swe-agent on ``-k pandoc``
+    and ``--pb-submissions runs/my-run -n 4``, each as written. Substituted (tests/doc_commands.py): the providers by
+    our scripted model servers (codex's OpenAI Responses: tests/scripted_models.py; mini-swe-agent's chat
+    completions: tests/scripted_llm.py), the key by the test's, the benchmark by a copy of rpn named and of the
+    language each selects (a Go task, a task named pandoc); ``runs/my-run`` holds a known-good submission for it.
+    ``out.xml``'s token properties are exactly what the server sent."""
+    from tests.doc_commands import Substitution, block
+    from tests.scripted_models import ScriptedModels
+    from tests.test_cli_agents import STEPS
+
+    require_minisweagent()
+    monkeypatch.setenv("OPENAI_API_KEY", README_KEY)
+    commands = block(*HEADLINE)
+    assert len(commands) == 3, commands
+    turns = script()
+    with ScriptedModels(STEPS) as models, ScriptedLLM(turns) as llm:
+        table = Substitution({"https://api.openai.com": models.base_url.removesuffix("/v1"),
+                              "https://api.example": llm.base_url.removesuffix("/v1")}, {"OPENAI_API_KEY": README_KEY})
+        assert table.env(commands) == {"OPENAI_API_KEY": README_KEY}
+        codex, mini, evaluate = (table.words(c) for c in commands)
+        table.check_all_used()
+
+        result, cwd, task = _readme_session(pytester, testbed, docker_client, monkeypatch, "codex", codex)
+        run = _passed(result, cwd, task)
+        assert json.loads((run / "summary.json").read_text())["tasks"][task]["language"] == "go"
+        assert sorted(set(models.chosen)) == [0, 1, 2], models.chosen
+        assert set(models.keys) == {README_KEY}
+        props = properties(cwd / "out.xml", task)
+        assert float(props["score"]) == 1.0
+        assert (props["agent_exit"], props["clock_fired"], props["model_errors"]) == ("0", "", "0"), props
+        assert props["model_requests_with_usage"] == str(models.sent.requests), props
+        assert props["model_input_tokens"] == str(models.sent.input_tokens), props
+        assert props["model_output_tokens"] == str(models.sent.output_tokens), props
+        assert props["model_total_tokens"] == str(models.sent.input_tokens + models.sent.output_tokens), props
+
+        result, cwd, task = _readme_session(pytester, testbed, docker_client, monkeypatch, "mini", mini)
+        _passed(result, cwd, task)
+        assert "pandoc" in task
+        assert len(llm.requests) == len(turns), llm.requests
+        assert llm.unexpected == [], llm.unexpected
+
+    good = testbed.submissions / RPN
+
+    def submissions(cwd: Path, task: str) -> None:
+        (cwd / "runs" / "my-run" / task).mkdir(parents=True)
+        shutil.copy2(good / "submission.tar.gz", cwd / "runs" / "my-run" / task / "submission.tar.gz")
+
+    result, cwd, task = _readme_session(pytester, testbed, docker_client, monkeypatch, "evaluate", evaluate,
+                                        submissions)
+    _passed(result, cwd, task)
+
+
+@pytest.mark.docker
+@pytest.mark.users_defaults
+@pytest.mark.usefixtures("clean_env")
+def test_the_readme_first_real_evaluation_runs_as_written(pytester: pytest.Pytester, testbed: Testbed,
+                                                          docker_client: Any, host_env: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """README's "Your first real evaluation", each command as written: the preflight (nothing missing, nothing run),
+    ``-k cmatrix`` (mini-swe-agent through the relay solves it, every detail of the conversation checked:
+    :func:`check_solved_by_the_script`), then the lot under ``-n 8`` with ``--pb-budget 50 --pb-token-price
+    0.25,2`` (passed, the spend priced from the tokens our server reported). Substituted (tests/doc_commands.py):
+    OpenAI by our scripted chat-completions server (a fresh one per command: it replays its script once),
+    ``OPENAI_API_KEY`` by the test's, the 200 tasks by a copy of rpn (named cmatrix for ``-k cmatrix``)."""
+    from tests.doc_commands import Substitution, block
+
+    require_minisweagent()
+    commands = block(*FIRST_RUN)
+    assert len(commands) == 3, commands
+    turns = script()
+    with ScriptedLLM(turns) as asked, ScriptedLLM(turns) as llm, ScriptedLLM(turns) as whole:
+        tables = [Substitution({"https://api.openai.com": server.base_url.removesuffix("/v1")},
+                               {"OPENAI_API_KEY": README_KEY}) for server in (asked, llm, whole)]
+        for name, value in tables[0].env(commands).items():
+            monkeypatch.setenv(name, value)
+        preflight, one, lot = (table.words(c) for table, c in zip(tables, commands, strict=True))
+        assert set().union(*(t.used for t in tables)) == {"https://api.openai.com"}
+
+        result, cwd, task = _readme_session(pytester, testbed, docker_client, monkeypatch, "preflight", preflight)
+        assert result.ret == 0, "\n".join([*result.outlines[-40:], *result.errlines[-20:]])
+        result.stdout.fnmatch_lines(["*= programbench preflight =*", "nothing is missing"])
+        assert not (cwd / "pb-runs").exists()
+
+        result, cwd, task = _readme_session(pytester, testbed, docker_client, monkeypatch, "one", one)
+        assert "cmatrix" in task
+        check_solved_by_the_script(llm, turns, result, _passed(result, cwd, task), task, "gpt-5-mini", README_KEY)
+
+        result, cwd, task = _readme_session(pytester, testbed, docker_client, monkeypatch, "lot", lot)
+        run = _passed(result, cwd, task)
+        assert whole.authorizations == [f"Bearer {README_KEY}"] * len(turns)
+    summary = json.loads((run / "summary.json").read_text())
+    tokens = summary["tasks"][task]["tokens"]
+    price = tokens["input_tokens"] * 0.25 / 1e6 + tokens["output_tokens"] * 2 / 1e6
+    assert summary["budget"]["limit"] == 50, summary["budget"]
+    assert summary["budget"]["spent"] == pytest.approx(price, rel=1e-3), (summary["budget"], tokens)
+    assert summary["budget"]["stopped"] is False
