@@ -14,8 +14,8 @@ What is substituted, and nothing else:
   bed's rpn (tests/task_copies.py) named for the command (``-k pandoc``: a task named ``pandoc``; none: ``rpn``), of
   the language it asks for (``--pb-language go``: a Go task), under a fresh organisation; the session gets the test
   bed added (``--pb-tasks-dir`` holding the copy, ``--pb-blob-dir`` its hidden tests, ``--pb-pull never``: the
-  locally built image, never Docker Hub; ``HF_HUB_OFFLINE=1``) and ``--pb-filter <organisation>__``, which leaves
-  the copy where the packaged tasks were.
+  locally built image, never Docker Hub; ``HF_HUB_OFFLINE=1`` from tests/conftest.py) and ``--pb-filter <org>__``, which
+  leaves the copy where the packaged tasks were.
 
 The rest of each command (its agent, model name, ``-n``, ``--junitxml``, budgets, engines' slots) runs as written.
 """
