@@ -330,6 +330,7 @@ class AuditEvaluator(SdkEvaluator):
         )
         self.result.executable_hash = official.result.executable_hash
         self._has_rerunfailures = official._has_rerunfailures
+        self.timeout_retry_mount = official.timeout_retry_mount  # the plugin as the official's branches got it
         self.reports: dict[str, list[str]] = {}
         self.plugin = plugin
         self.selection = selection  # branch -> the tests its runs run (JUnit names without "eval.")

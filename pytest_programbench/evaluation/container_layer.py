@@ -65,6 +65,7 @@ from programbench.exceptions import EvalStepError
 
 from pytest_programbench.core.environment import PREFETCH
 from pytest_programbench.engine.archive_out import (
+    DIRECTORY,
     HARDLINK,
     REGULAR,
     SPECIAL,
@@ -744,6 +745,8 @@ class SdkContainerEnvironment:
         ahead = self.preloaded_files.pop(os.path.join(directory, name), None)
         if ahead is not None and ahead == (local_path.read_bytes(), st.st_mode & 0o7777):
             return  # the very file was copied in ahead (:meth:`SdkEvaluator._warm`)
+        if any(m.provides(os.path.join(directory, name), local_path.read_bytes()) for m in self.mounts):
+            return  # a grader volume of this container stands for it (harness_material.timeout_retry_mount)
         with local_path.open("rb") as f:
             one_file = TarIn().file(name, f, st.st_mode & 0o7777, size=st.st_size, mtime=int(st.st_mtime))
         try:
@@ -947,6 +950,25 @@ class SdkContainerEnvironment:
         if member is None:
             return 1, f"{container_path}: empty archive from the engine"
         return 0, member
+
+    def path_kind(self, container_path: str, *, timeout: int = 60) -> str | None:
+        """What is at ``container_path`` as the engine's archive API sees it (``archive_out``'s kinds; None: nothing),
+        no tool of the container run. Raises ``RuntimeError`` when the engine cannot say."""
+        try:
+            member = self.box.first_member(container_path, timeout=timeout, max_bytes=0)
+        except NotFound:
+            return None
+        except APIError as exc:
+            raise RuntimeError(f"{container_path}: {_api_error_text(exc)}") from exc
+        except (tarfile.TarError, EOFError, TooLarge) as exc:
+            raise RuntimeError(f"{container_path}: unreadable archive from the engine: {exc}") from exc
+        except Exception as exc:
+            if _is_connection_failure(exc):
+                raise _engine_unavailable(exc) from exc
+            raise
+        if not isinstance(member, Member):
+            raise RuntimeError(f"{container_path}: {member or 'empty archive from the engine'}")
+        return member.kind
 
     def read_file(self, container_path: str, *, timeout: int = 60,
                   max_bytes: int | None = None) -> tuple[int, bytes | str]:
@@ -1292,6 +1314,9 @@ class SdkEvaluator(Evaluator):
         self._warming: list[_Warming] = []  # at most one: the next branch's container, made ready ahead
         self._claimed: set[str] = set()  # branches whose first container was handed out
         self.branches_done = 0  # branches whose _evaluate_branch returned
+        # The timeout-retry plugin's read-only volume for the branches (decided at the commit; None: the official's
+        # copy is made in each branch container).
+        self.timeout_retry_mount: harness_material.GraderMount | None = None
 
     @staticmethod
     def _official_env(serial_pytest: bool) -> dict[str, str]:
@@ -1307,7 +1332,7 @@ class SdkEvaluator(Evaluator):
                   mounts: Sequence[harness_material.GraderMount] | None = None) -> SdkContainerEnvironment:
         window = self.layer.compile_timeout if compile_phase else self.layer.test_timeout
         if mounts is None:
-            mounts = () if compile_phase else self.layer.branch_mounts
+            mounts = () if compile_phase else self.branch_mounts()
         container = SdkContainerEnvironment(
             image=image,
             cwd=WORKSPACE_DIR,
@@ -1330,8 +1355,40 @@ class SdkEvaluator(Evaluator):
             self.envs.append(container)
         if compile_phase:
             container.before_image_removal = lambda: self._before_image_removal(container)
-            container.before_commit = self.layer.hooks.before_commit
+            container.before_commit = self._before_commit
         return container
+
+    def branch_mounts(self) -> tuple[harness_material.GraderMount, ...]:
+        """The grader's read-only volumes of each branch container: the layer's, and the timeout-retry plugin's."""
+        plugin = self.timeout_retry_mount
+        return (*self.layer.branch_mounts, *((plugin,) if plugin is not None else ()))
+
+    def _before_commit(self, env: SdkContainerEnvironment) -> None:
+        """The probe's look before the commit, then how the branches get the timeout-retry plugin (what it saw is what
+        is committed: the hook leaves the container paused, and only the harness's steps ran in it since compile.sh's
+        container was renewed)."""
+        hook = self.layer.hooks.before_commit
+        if hook is not None:
+            hook(env)
+        self.timeout_retry_mount = self._timeout_retry_volume(env)
+
+    def _timeout_retry_volume(self, env: SdkContainerEnvironment) -> harness_material.GraderMount | None:
+        """The official's timeout-retry plugin as a read-only volume for every branch container of the image ``env`` is
+        committed to, when the official will copy it in (reruns on) and that image has ``/tmp`` as a directory with
+        nothing at the plugin directory: the official's copy lands in a directory of its own there, and the volume
+        gives the same. Otherwise (what the submission left there stays in the official's directory, the scan flags
+        it) None: the official's copy is made, through the engine's archive API."""
+        if not self._has_rerunfailures:
+            return None
+        try:
+            fresh = env.path_kind("/tmp") == DIRECTORY and env.path_kind(PYTEST_TIMEOUT_RETRY_PLUGIN_DIR) is None
+            if not fresh:
+                return None
+            return harness_material.timeout_retry_mount(self.layer.engine, labels=self.layer.labels,
+                                                        image=self.layer.image)
+        except (RuntimeError, harness_material.MaterialRefused) as exc:
+            log.warning("the timeout-retry plugin goes in by the official's copy: %s", exc)
+            return None
 
     # The official signature and env/addopts logic (eval.py `_new_env`), returning our environment.
     def _new_env(self, image: str, *, serial_pytest: bool = False) -> SdkContainerEnvironment:  # type: ignore[override]

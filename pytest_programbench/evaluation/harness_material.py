@@ -4,8 +4,11 @@ An evaluation container is one the submission controlled: ``compile.sh`` ran in 
 committed into the image every hidden branch runs in. So what the grader brings in -- our rerunfailures wheels, the
 audit's plugin -- is a read-only volume (:func:`grader_mount`) mounted when a container is created: in place before
 any submission code runs there, made and checked through the engine's archive API (no tool of the container runs),
-and impossible to rewrite. The official's own material at its fixed path (the timeout-retry plugin) is put through
-the archive API and read back the same way (:func:`verify_file`). The paths the grader's material uses
+and impossible to rewrite. The official's own material at its fixed path, the timeout-retry plugin, is one too
+(:func:`timeout_retry_mount`), standing for the file the official copies in; when the submission left anything at
+the official's plugin directory, the official's copy is made instead, through the archive API and read back the same
+way (:func:`verify_file`). Nothing is exchanged with a container at a path its runtime may keep from the archive API
+(gVisor's ``/tmp``, a tmpfs of its own when the image's is empty). The paths the grader's material uses
 (:data:`GRADER_PATHS`) are watched by the integrity scan wherever they lie; one the submission touched is a
 ``harness_path`` flag.
 
@@ -20,13 +23,18 @@ import hashlib
 import secrets
 import tarfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import docker
 import docker.types
 from docker.errors import APIError, NotFound
-from programbench.eval.pytest_timeout_retry import PYTEST_TIMEOUT_RETRY_PLUGIN_DIR
+from programbench.eval.pytest_timeout_retry import (
+    PYTEST_TIMEOUT_RETRY_PLUGIN_DIR,
+    PYTEST_TIMEOUT_RETRY_PLUGIN_MODULE,
+    PYTEST_TIMEOUT_RETRY_PLUGIN_PATH,
+    PYTEST_TIMEOUT_RETRY_PLUGIN_SOURCE,
+)
 
 from pytest_programbench import RUN_LABEL, TASK_LABEL
 from pytest_programbench.engine.archive_out import REGULAR, CappedStream, Member
@@ -101,13 +109,15 @@ def content_digest(files: Mapping[str, bytes], mode: int) -> str:
 
 @dataclass(frozen=True)
 class GraderMount:
-    """A grader volume and where a container sees it (read-only)."""
+    """A grader volume and where a container sees it (read-only); ``stands_for``: the files the official copies into
+    a container that this volume provides in their place (path -> bytes)."""
 
     volume: str
     target: str
     files: Mapping[str, bytes]
     mode: int
     digest: str
+    stands_for: Mapping[str, bytes] = field(default_factory=dict)
 
     def mount(self) -> docker.types.Mount:
         # no_copy: the image's content at the target never enters the volume.
@@ -116,6 +126,10 @@ class GraderMount:
     def at(self, target: str) -> GraderMount:
         """The same volume seen at another path."""
         return GraderMount(self.volume, target, self.files, self.mode, self.digest)
+
+    def provides(self, container_path: str, data: bytes) -> bool:
+        """Whether this volume stands for the official's copy of ``data`` to ``container_path``."""
+        return self.stands_for.get(container_path) == data
 
 
 def grader_mount(engine: docker.DockerClient, files: Mapping[str, bytes], *, target: str,
@@ -139,6 +153,23 @@ def grader_mount(engine: docker.DockerClient, files: Mapping[str, bytes], *, tar
             name = _make_volume(api, files, mode=mode, digest=digest, labels=labels, image=image)
             known.grader_volumes[(run, digest)] = name
     return GraderMount(name, target, dict(files), mode, digest)
+
+
+# The official's timeout-retry plugin as a package of its module's name inside the official's plugin directory: the
+# official's `mkdir -p DIR && rm -f DIR/MODULE.py` step finds DIR made and no MODULE.py to remove, pytest's
+# `-p MODULE` imports the package (a package wins over a module of the same name), and DIR stays the directory the
+# image has, writable, as the official's is.
+TIMEOUT_RETRY_TARGET = f"{GRADER_PLUGIN_DIR}/{PYTEST_TIMEOUT_RETRY_PLUGIN_MODULE}"
+
+
+def timeout_retry_mount(engine: docker.DockerClient, *, labels: Mapping[str, str], image: str) -> GraderMount:
+    """The official's timeout-retry plugin as a read-only grader volume at :data:`TIMEOUT_RETRY_TARGET`, standing for
+    the official's copy of its source to ``PYTEST_TIMEOUT_RETRY_PLUGIN_PATH``. For a container whose image has
+    nothing at the plugin directory (the caller checks: otherwise the official's copy is made). Raises
+    :class:`MaterialRefused`."""
+    source = PYTEST_TIMEOUT_RETRY_PLUGIN_SOURCE.encode()
+    made = grader_mount(engine, {"__init__.py": source}, target=TIMEOUT_RETRY_TARGET, labels=labels, image=image)
+    return replace(made, stands_for={PYTEST_TIMEOUT_RETRY_PLUGIN_PATH: source})
 
 
 def _volume_is(api: Any, name: str, digest: str) -> bool:

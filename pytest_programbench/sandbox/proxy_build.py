@@ -50,6 +50,7 @@ DAEMON_SOURCE = PROXY_DIR / "daemon.py"
 CFLAGS = ("-static", "-Os", "-s", "-Wall", "-Wextra", "-o")
 BUILD_RECIPE_VERSION = "1"
 BUILDER_TIMEOUT = 300
+BUILD_DIR = "/pb-proxy-build"  # in the throw-away builder container: the source and the client it compiles
 # Environment knobs: force the Python client, point at another cache, or at another builder image.
 
 _ELF_MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183}
@@ -165,15 +166,17 @@ def _compile_in_container(output: Path, engine: DockerEngine, image: str, labels
             labels=label_dict, name=name, detach=True, working_dir="/")
         container.start()
         source = CLIENT_SOURCE.read_bytes()
-        TarIn().file("pb-proxy-build/client.c", source, 0o644).put(engine.api, container.id, "/tmp")
+        # At the root, never in /tmp: a runtime may keep the container's /tmp from the engine's archive API (gVisor
+        # mounts a tmpfs of its own over an empty /tmp).
+        TarIn().file(f"{BUILD_DIR.lstrip('/')}/client.c", source, 0o644).put(engine.api, container.id, "/")
         script = ("for cc in gcc cc clang; do command -v $cc >/dev/null 2>&1 && exec $cc "
-                  + " ".join(CFLAGS) + " /tmp/pb-proxy-build/pb-client /tmp/pb-proxy-build/client.c; done; "
+                  + " ".join(CFLAGS) + f" {BUILD_DIR}/pb-client {BUILD_DIR}/client.c; done; "
                   "echo 'no C compiler in the builder image' >&2; exit 127")
         result = container.exec_run(["sh", "-c", script], user="0:0")
         if result.exit_code != 0:
             text = result.output.decode("utf-8", "replace").strip()[-400:]
             raise ProxyBuildError(f"builder container ({image}) failed: {text}")
-        stream, _stat = container.get_archive("/tmp/pb-proxy-build/pb-client")
+        stream, _stat = container.get_archive(f"{BUILD_DIR}/pb-client")
         with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
             member = tar.extractfile("pb-client")
             if member is None:
