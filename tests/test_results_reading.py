@@ -438,14 +438,16 @@ def test_hostile_results_are_scored_flagged_never_errors(pytester: pytest.Pytest
     """One session (-n 2), five hostile submissions evaluated the official way: each item failed (never passed,
     never an error), scored as the official scores it, flagged where a flag applies, no container left."""
     root = pytester.path
-    with rpn_copies(root, testbed, docker_client, (*MODES, "sleepy")) as ids:
+    # "asleep": the longest item (its backstop's 45 s and the teardown after it) sorts first, so it starts first;
+    # the plugin's schedule keeps collection order between tasks it expects to take as long (copies of one task).
+    with rpn_copies(root, testbed, docker_client, ("asleep", *MODES)) as ids:
         subs = root / "subs"
         for mode in MODES:
             hostile_archive(subs / ids[mode] / "submission.tar.gz", mode)
         main_c = (testbed.solutions / RPN / "main.c").read_bytes()
-        _archive(subs / ids["sleepy"] / "submission.tar.gz", {"compile.sh": SLEEPY_COMPILE.encode(), "main.c": main_c})
+        _archive(subs / ids["asleep"] / "submission.tar.gz", {"compile.sh": SLEEPY_COMPILE.encode(), "main.c": main_c})
         pytester.makepyfile(pb_backstop=BACKSTOP_PLUGIN)
-        monkeypatch.setenv("PB_TEST_BACKSTOP_ITEM", ids["sleepy"])
+        monkeypatch.setenv("PB_TEST_BACKSTOP_ITEM", ids["asleep"])
         # 45 s: well inside the evaluation (every step after compile.sh sleeps 8 s, so it runs for minutes), and the
         # session's longest item (the others take 14-48 s on the other worker).
         monkeypatch.setenv("PB_TEST_BACKSTOP", "45")
@@ -476,9 +478,9 @@ def test_hostile_results_are_scored_flagged_never_errors(pytester: pytest.Pytest
         assert all(codes == ["results_read_failed"] for codes in huge["branch_errors"].values()), huge
         assert (run_dir / ids["huge"] / f"{ids['huge']}.eval.json").stat().st_size < 1 << 20
         # Issue 21 §4: every step made to run to its clock; the backstop fired inside the evaluation: scored 0.
-        sleepy = tasks[ids["sleepy"]]
+        sleepy = tasks[ids["asleep"]]
         assert (sleepy["outcome"], sleepy["score"], sleepy["error_code"]) == ("failed", 0.0, "backstop_timeout")
-        assert any("backstop" in note for note in meta["sleepy"]["evaluation"]["notes"])
+        assert any("backstop" in note for note in meta["asleep"]["evaluation"]["notes"])
         # Issue 20 §1: output files take the umask, as the official's.
         expected = 0o666 & ~_umask()
         task_dir = run_dir / ids["forge"]
