@@ -7,6 +7,8 @@ session's exit status and summary say so; no container or image is left. What ea
 * under ``-n 2`` and again without xdist: file names that are not UTF-8 in flagged paths (a file ``compile.sh``
   writes outside /workspace, a ``.pth`` in the archive) reach the report, JUnit, summary.json and the terminal
   escaped (``\\xff``), and the other tasks of the session still run;
+* the ``-n 2`` session is one over copies of the test bed's tasks (tests/task_copies.py), made once
+  (tests/shared_runs.py) and read by the two tests whose cases it holds, each case on its own item;
 * a correct program with a tree 1,200 levels deep in its archive and another one made in /tmp by compile.sh scores
   exactly what it scores without them (the walk is iterative and bounded: a ``scan_bounded`` flag, no exception);
 * a ``pyproject.toml`` with an integer past Python's 4,300-digit limit is a flag, not an infrastructure error;
@@ -20,6 +22,8 @@ session's exit status and summary say so; no container or image is left. What ea
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import io
 import json
 import py_compile
@@ -33,6 +37,8 @@ import pytest
 
 from pytest_programbench.evaluation import integrity
 from tests.conftest import Testbed
+from tests.shared_runs import FinishedRun, made_once
+from tests.task_copies import task_copies
 from tests.test_evaluate_only import leaked
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("clean_env")]
@@ -129,50 +135,91 @@ def _undecodable_rpn(testbed: Testbed, out: Path) -> None:
                                                "utf-8", "surrogateescape"): b"import os\n"})
 
 
-def _assert_undecodable_scored(pytester: pytest.Pytester, result: pytest.RunResult) -> None:
-    case = junit(pytester)[RPN]
+def _assert_undecodable_scored(where: pytest.Pytester | Path, result: pytest.RunResult, rpn: str = RPN) -> None:
+    case = junit(where)[rpn]
     assert case["outcome"] == "failure"
     assert float(case["score"]) == 1.0  # the official score: the program is correct
     assert "python_startup: lib/\\xff\\xfe.pth" in case["integrity_flags"]
     assert "/usr/local/share/pbcache/\\xff\\xfe.bin" in case["integrity_flags"]
     assert "lib/\\xff\\xfe.pth" in case["message"]
     result.stdout.fnmatch_lines(["*python_startup: lib/\\xff\\xfe.pth*"])
-    summary = json.loads((pytester.path / "run" / "summary.json").read_text())
-    assert summary["tasks"][RPN]["outcome"] == "failed"
-    assert summary["tasks"][RPN]["score"] == 1.0
-    assert (integrity.PYTHON_STARTUP, "lib/\\xff\\xfe.pth") in flags_of(pytester, RPN)
+    summary = json.loads((_place(where) / "run" / "summary.json").read_text())
+    assert summary["tasks"][rpn]["outcome"] == "failed"
+    assert summary["tasks"][rpn]["score"] == 1.0
+    assert (integrity.PYTHON_STARTUP, "lib/\\xff\\xfe.pth") in flags_of(where, rpn)
 
 
-def test_hostile_names_and_trees_under_xdist(pytester: pytest.Pytester, testbed: Testbed,
-                                             docker_client: Any) -> None:
-    """-n 2: names that are not UTF-8 (rpn), deep trees (catlike), a pyproject.toml tomllib refuses (tuiish)."""
-    subs = pytester.path / "subs"
-    _undecodable_rpn(testbed, subs / RPN)
-    deep_compile = (testbed.solutions / CATLIKE / "compile.sh").read_bytes() + (
-        b"\n(cd /tmp && i=0 && while [ $i -lt %d ]; do mkdir d && cd d || exit 1; i=$((i + 1)); done"
-        b" && echo deep > leaf.txt)\n" % DEPTH)
-    archive(subs / CATLIKE, testbed.solutions / CATLIKE, {"compile.sh": deep_compile}, deep="deep")
-    archive(subs / TUIISH, testbed.solutions / TUIISH, {"pyproject.toml": b"[project]\nversion = " + b"9" * 5000 +
-                                                        b"\n"})
-    result = session(pytester, testbed, subs, "-n", "2")
+# One session (-n 2) over copies of the test bed's tasks, one copy per case: the names that are not UTF-8, the deep
+# trees and the pyproject.toml (test_hostile_names_and_trees_under_xdist), the process outliving compile.sh and the
+# sourceless .pyc (test_a_process_outliving_compile_and_a_pyc_shadow_are_caught); each case's properties are its own
+# item's, the session's (three failed each, no error, no container left) hold for all.
+CASES = {"undecodable": RPN, "deep": CATLIKE, "pyproject": TUIISH, "detached": CATLIKE, "pyc": TUIISH}
 
-    result.assert_outcomes(failed=3)
+
+@dataclasses.dataclass(frozen=True)
+class Hostile:
+    """The reader's copy of the shared session (``place``: its junit.xml and run/), the case ids, the session."""
+
+    place: Path
+    ids: dict[str, str]
+    run: FinishedRun
+
+
+@pytest.fixture(scope="module")
+def hostile_session(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed,
+                    docker_client: Any) -> tuple[FinishedRun, dict[str, str]]:
+    ids: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        def prepare(place: Path) -> list[str]:
+            ids.update(stack.enter_context(task_copies(place, testbed, docker_client, CASES, prefix="pbhostile")))
+            subs = place / "subs"
+            _undecodable_rpn(testbed, subs / ids["undecodable"])
+            deep_compile = (testbed.solutions / CATLIKE / "compile.sh").read_bytes() + (
+                b"\n(cd /tmp && i=0 && while [ $i -lt %d ]; do mkdir d && cd d || exit 1; i=$((i + 1)); done"
+                b" && echo deep > leaf.txt)\n" % DEPTH)
+            archive(subs / ids["deep"], testbed.solutions / CATLIKE, {"compile.sh": deep_compile}, deep="deep")
+            archive(subs / ids["pyproject"], testbed.solutions / TUIISH,
+                    {"pyproject.toml": b"[project]\nversion = " + b"9" * 5000 + b"\n"})
+            archive(subs / ids["detached"], None, {"compile.sh": DETACHED_WRITER})
+            archive(subs / ids["pyc"], None, {"compile.sh": NOPE_COMPILE, "argparse.pyc": _pyc_shadow(place)})
+            (place / "ids.json").write_text(json.dumps(ids))
+            return ["-p", "no:cacheprovider", "--pb-tasks-dir", str(place / "tasks"), "--pb-blob-dir",
+                    str(place / "blobs"), "--pb-submissions", str(subs), "--pb-output", str(place / "run"),
+                    "--pb-pull", "never", "--pb-cpus", "1", "--junitxml", str(place / "junit.xml"), "-n", "2"]
+
+        made = made_once(tmp_path_factory, "hostile-names-trees-and-writers", prepare, timeout=1500)
+    return made, json.loads((made.place / "ids.json").read_text())
+
+
+@pytest.fixture
+def hostile(hostile_session: tuple[FinishedRun, dict[str, str]], tmp_path: Path, docker_client: Any) -> Hostile:
+    made, ids = hostile_session
+    # The whole session: every case failed (scored, flagged where a flag applies), none an error or left behind.
+    result = made.result()
+    result.assert_outcomes(failed=len(ids))
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    _assert_undecodable_scored(pytester, result)
-    cases = junit(pytester)
-    # The deep trees: scored exactly as without them (the correct program: 1.0), the bound said as a flag.
-    assert float(cases[CATLIKE]["score"]) == 1.0
-    assert cases[CATLIKE]["outcome"] == "failure"
-    assert {kind for kind, _ in flags_of(pytester, CATLIKE)} == {integrity.SCAN_BOUNDED}
-    assert "deeper than" in cases[CATLIKE]["integrity_flags"]
-    assert "/tmp" not in cases[CATLIKE]["integrity_flags"]  # scratch space is listed, not walked
-    # The pyproject.toml: a flag (pytest itself cannot read it either), scored, not an infrastructure error.
-    assert cases[TUIISH]["outcome"] == "failure"
-    assert (integrity.PYTEST_CONFIG, "pyproject.toml") in flags_of(pytester, TUIISH)
-    assert "cannot be parsed (ValueError)" in cases[TUIISH]["integrity_flags"]
-    summary = json.loads((pytester.path / "run" / "summary.json").read_text())
+    summary = json.loads((made.place / "run" / "summary.json").read_text())
     assert summary["headline"]["errors"] == 0
-    assert leaked(docker_client, pytester.path / "run") == []
+    assert leaked(docker_client, made.place / "run") == []
+    return Hostile(made.copy(tmp_path / "hostile"), ids, made)
+
+
+def test_hostile_names_and_trees_under_xdist(hostile: Hostile) -> None:
+    """-n 2: names that are not UTF-8 (rpn), deep trees (catlike), a pyproject.toml tomllib refuses (tuiish)."""
+    ids = hostile.ids
+    _assert_undecodable_scored(hostile.place, hostile.run.result(), ids["undecodable"])
+    cases = junit(hostile.place)
+    # The deep trees: scored exactly as without them (the correct program: 1.0), the bound said as a flag.
+    deep = cases[ids["deep"]]
+    assert float(deep["score"]) == 1.0
+    assert deep["outcome"] == "failure"
+    assert {kind for kind, _ in flags_of(hostile.place, ids["deep"])} == {integrity.SCAN_BOUNDED}
+    assert "deeper than" in deep["integrity_flags"]
+    assert "/tmp" not in deep["integrity_flags"]  # scratch space is listed, not walked
+    # The pyproject.toml: a flag (pytest itself cannot read it either), scored, not an infrastructure error.
+    assert cases[ids["pyproject"]]["outcome"] == "failure"
+    assert (integrity.PYTEST_CONFIG, "pyproject.toml") in flags_of(hostile.place, ids["pyproject"])
+    assert "cannot be parsed (ValueError)" in cases[ids["pyproject"]]["integrity_flags"]
 
 
 def _pyc_shadow(tmp: Path) -> bytes:
@@ -215,37 +262,40 @@ PROFILE_WRITER = NOPE_COMPILE + (
     b"EOF\n")
 
 
+def test_a_process_outliving_compile_and_a_pyc_shadow_are_caught(hostile: Hostile) -> None:
+    """A process outliving compile.sh (catlike), a sourceless .pyc shadowing a module pytest imports (tuiish)."""
+    cases = junit(hostile.place)
+    # The detached writer was stopped with compile.sh: `echo nope` scores what it deserves, and the note says so.
+    detached = cases[hostile.ids["detached"]]
+    assert float(detached["score"]) < 1.0
+    assert "conftest" not in detached["integrity_flags"]
+    assert re.search(r"compile.sh left \d+ process\(es\) running; they were stopped", detached["message"])
+    # The sourceless .pyc: the official passes `echo nope` (the planted conftest.py), ours flags it.
+    pyc = cases[hostile.ids["pyc"]]
+    assert float(pyc["score"]) == 1.0
+    assert pyc["outcome"] == "failure"
+    assert (integrity.MODULE_SHADOWING, "argparse.pyc") in flags_of(hostile.place, hostile.ids["pyc"])
+
+
 def test_hostile_submissions_without_xdist(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> None:
-    """No xdist: names that are not UTF-8 (rpn), a process outliving compile.sh (catlike), a sourceless .pyc
-    shadowing a module pytest imports (tuiish)."""
+    """No xdist: names that are not UTF-8 (rpn) reach the report, JUnit, summary.json and the terminal escaped."""
     subs = pytester.path / "subs"
     _undecodable_rpn(testbed, subs / RPN)
-    archive(subs / CATLIKE, None, {"compile.sh": DETACHED_WRITER})
-    archive(subs / TUIISH, None, {"compile.sh": NOPE_COMPILE, "argparse.pyc": _pyc_shadow(pytester.path)})
     result = session(pytester, testbed, subs)
 
-    result.assert_outcomes(failed=3)
+    result.assert_outcomes(failed=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     _assert_undecodable_scored(pytester, result)
-    cases = junit(pytester)
-    # The detached writer was stopped with compile.sh: `echo nope` scores what it deserves, and the note says so.
-    assert float(cases[CATLIKE]["score"]) < 1.0
-    assert "conftest" not in cases[CATLIKE]["integrity_flags"]
-    assert re.search(r"compile.sh left \d+ process\(es\) running; they were stopped", cases[CATLIKE]["message"])
-    # The sourceless .pyc: the official passes `echo nope` (the planted conftest.py), ours flags it.
-    assert float(cases[TUIISH]["score"]) == 1.0
-    assert cases[TUIISH]["outcome"] == "failure"
-    assert (integrity.MODULE_SHADOWING, "argparse.pyc") in flags_of(pytester, TUIISH)
     assert leaked(docker_client, pytester.path / "run") == []
 
 
 def test_hostile_submissions_under_strict(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> None:
-    """--pb-strict: the .pyc is neutralised (tuiish); the conftest.py written by a login-shell snippet after
+    """--pb-strict (-n 2): the .pyc is neutralised (tuiish); the conftest.py written by a login-shell snippet after
     compile.sh is found by the scan before the commit and neutralised (catlike)."""
     subs = pytester.path / "subs"
     archive(subs / CATLIKE, None, {"compile.sh": PROFILE_WRITER})
     archive(subs / TUIISH, None, {"compile.sh": NOPE_COMPILE, "argparse.pyc": _pyc_shadow(pytester.path)})
-    result = session(pytester, testbed, subs, "--pb-strict")
+    result = session(pytester, testbed, subs, "--pb-strict", "-n", "2")
 
     result.assert_outcomes(failed=2)
     cases = junit(pytester)
