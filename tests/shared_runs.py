@@ -89,3 +89,19 @@ def made_once(tmp_path_factory: pytest.TempPathFactory, key: str, prepare: Calla
                                                   "stdout": done.stdout, "stderr": done.stderr}))
     made = json.loads((place / DONE).read_text())
     return FinishedRun(place, made["ret"], made["stdout"].splitlines(), made["stderr"].splitlines())
+
+
+RPN = "pbfix__rpn.0b5e55e"
+
+
+def good_rpn_run(tmp_path_factory: pytest.TempPathFactory, tasks_dir: Path, blob_dir: Path,
+                 submissions: Path) -> FinishedRun:
+    """An evaluate-only session of the test bed's known-good rpn submission (``run/``, one item, passed), made once
+    per suite run for the tests that only read such a run: test_friction's report of an official directory,
+    test_viewer's timeline bar."""
+    def prepare(place: Path) -> list[str]:
+        return ["-p", "no:cacheprovider", "--pb-tasks-dir", str(tasks_dir), "--pb-blob-dir", str(blob_dir),
+                "--pb-pull", "never", "--pb-filter", RPN, "--pb-submissions", str(submissions),
+                "--pb-output", str(place / "run")]
+
+    return made_once(tmp_path_factory, "good-rpn-evaluate-only", prepare, timeout=600)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import TESTBED, Testbed
+from tests.shared_runs import good_rpn_run
 from tests.test_report import chromium, text_of
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -227,16 +228,16 @@ def test_a_corrupt_submission_is_named_as_the_user_passed_it(pytester: pytest.Py
     assert str(run_dir / RPN / "submission.tar.gz") not in out
 
 
-def test_report_of_an_official_directory_needs_no_tasks_dir(pytester: pytest.Pytester, testbed: Testbed) -> None:
-    """``pytest --pb-report runs/theirs`` beside a run of ours (in pb-runs/, as a run without --pb-output goes) reads
-    the test bed's tasks from that run's record, as ``--pb-compare`` does, with no ``--pb-tasks-dir``; the page's
-    footer says it was generated from the directory's own files, which hold no summary.json."""
+def test_report_of_an_official_directory_needs_no_tasks_dir(pytester: pytest.Pytester, testbed: Testbed,
+                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``pytest --pb-report runs/theirs`` beside a run of ours (in pb-runs/, as a run without --pb-output goes: the
+    shared good rpn run, tests/shared_runs.py, copied there) reads the test bed's tasks from that run's record, as
+    ``--pb-compare`` does, with no ``--pb-tasks-dir``; the page's footer says it was generated from the directory's
+    own files, which hold no summary.json."""
+    made = good_rpn_run(tmp_path_factory, testbed.tasks_dir, testbed.blob_dir, testbed.submissions)
+    made.result().assert_outcomes(passed=1)
     mine = pytester.path / "pb-runs" / "mine"
-    made = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
-        "--pb-pull", "never", "--pb-filter", RPN, "--pb-submissions", str(testbed.submissions),
-        "--pb-output", str(mine), timeout=600)
-    made.assert_outcomes(passed=1)
+    shutil.copytree(made.place / "run", mine, symlinks=True)
     theirs = pytester.path / "runs" / "theirs" / RPN
     theirs.mkdir(parents=True)
     for name in (f"{RPN}.eval.json", "submission.tar.gz"):

@@ -25,6 +25,7 @@ from pytest_programbench.results.report import render
 from pytest_programbench.results.summary import RunSummary, TaskRecord
 from tests.conftest import TESTBED, Testbed
 from tests.scripted_models import ScriptedModels, Step
+from tests.shared_runs import FinishedRun, good_rpn_run, made_once, session_env
 from tests.test_compare_page import _run
 from tests.test_report import attr_of, chromium
 
@@ -245,27 +246,44 @@ def test_the_transcript_of_a_real_attempt(claude_run: Path, width: int, tmp_path
     assert 'href="pbfix__rpn.0b5e55e/transcript.html"' in (claude_run / "report.html").read_text()
 
 
+@pytest.fixture(scope="module")
+def indexed_runs(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed) -> FinishedRun:
+    """Two real evaluate-only sessions into one directory, ``runs/`` (the good catlike submission, then the partly
+    wrong one compared with the first), made once (tests/shared_runs.py) and read by each width on its own copy. The
+    first session's exit status is in ``good.ret``."""
+    def prepare(place: Path) -> list[str]:
+        root = place / "runs"
+        common = ["-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir",
+                  str(testbed.blob_dir), "--pb-pull", "never", "--pb-filter", "pbfix__catlike"]
+        good = subprocess.run([sys.executable, "-m", "pytest", *common, "--pb-submissions", str(testbed.submissions),
+                               "--pb-output", str(root / "good")], cwd=place, env=session_env(place),
+                              capture_output=True, text=True, timeout=600, check=False)
+        (place / "good.ret").write_text(f"{good.returncode}\n")
+        (place / "good.out").write_text(good.stdout[-3000:])
+        return [*common, "--pb-submissions", str(testbed.submissions.parent / "wrong"), "--pb-output",
+                str(root / "wrong"), "--pb-compare", str(root / "good")]
+
+    return made_once(tmp_path_factory, "viewer-index-good-then-wrong-catlike", prepare, timeout=600)
+
+
 @pytest.mark.parametrize("width", [WIDE, NARROW])
-def test_the_index_lists_the_runs_and_compares_any_two(pytester: pytest.Pytester, testbed: Testbed,
+def test_the_index_lists_the_runs_and_compares_any_two(indexed_runs: FinishedRun, tmp_path: Path,
                                                        width: int) -> None:
     """Two real evaluate-only sessions into one directory (the good submission, then the partly wrong one), the
     second compared with the first: index.html there lists both, newest first, with their means, links to each
     report and to the comparison, and for two runs a link picks, the command that compares them."""
-    root = pytester.path / "runs"
-    means = {}
-    for name, subs in (("good", testbed.submissions), ("wrong", testbed.submissions.parent / "wrong")):
-        done = pytester.runpytest_subprocess(
-            "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir",
-            str(testbed.blob_dir), "--pb-pull", "never", "--pb-filter", "pbfix__catlike", "--pb-submissions",
-            str(subs), "--pb-output", str(root / name),
-            *(("--pb-compare", str(root / "good")) if name == "wrong" else ()), timeout=600)
-        means[name] = json.loads((root / name / "summary.json").read_text())["headline"]["mean_over_scored"]
-        assert done.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), done.stdout.str()[-3000:]
+    finished = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
+    assert int((indexed_runs.place / "good.ret").read_text()) in finished, (indexed_runs.place / "good.out").read_text()
+    assert indexed_runs.ret in finished, "\n".join(indexed_runs.outlines[-40:])
+    made = indexed_runs.place / "runs"  # the directory the sessions wrote: the command names it
+    root = indexed_runs.copy(tmp_path / "indexed") / "runs"
+    means = {name: json.loads((root / name / "summary.json").read_text())["headline"]["mean_over_scored"]
+             for name in ("good", "wrong")}
     assert means["good"] == 1.0
     assert means["wrong"] < 1.0
     page = root / "index.html"
     dom = chromium(f"--window-size={width},900", "--dump-dom", page.as_uri() + "#compare=good,wrong",
-                   profile=pytester.path / "chromium").stdout
+                   profile=tmp_path / "chromium").stdout
     assert 'id="pick" data-ready="yes"' in dom
     assert re.findall(r'<tr data-run="([^"]+)">', dom) == ["wrong", "good"]
     for name in ("good", "wrong"):
@@ -280,8 +298,8 @@ def test_the_index_lists_the_runs_and_compares_any_two(pytester: pytest.Pytester
     assert (root / html.unescape(comparisons[0])).is_file()
     command = html.unescape(re.sub(r"<[^>]+>", "", re.search(r'<pre id="compare-command">(.*?)</pre>', dom,
                                                               re.S).group(1)))  # type: ignore[union-attr]
-    assert command == f"pytest --pb-compare {root / 'good'},{root / 'wrong'}"
-    size = measured(page, width, {"runs": "#runs"}, pytester.path / "chromium")
+    assert command == f"pytest --pb-compare {made / 'good'},{made / 'wrong'}"
+    size = measured(page, width, {"runs": "#runs"}, tmp_path / "chromium")
     assert size["page"] <= size["inner"], size
 
 
@@ -337,16 +355,14 @@ SEGMENTS = """<script>addEventListener("load", function () {
 });</script></body>"""
 
 
-def test_the_timeline_bar_has_labels_an_axis_a_legend_and_branches_apart(pytester: pytest.Pytester,
-                                                                         testbed: Testbed) -> None:
-    """A real evaluate-only run of a task with three branches: its timeline bar labels each segment, has an axis
-    from 0 to the task's span and a legend, and two adjacent segments of the evaluation row never share a colour."""
-    run_dir = pytester.path / "run"
-    done = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
-        "--pb-pull", "never", "--pb-filter", RPN, "--pb-submissions", str(testbed.submissions),
-        "--pb-output", str(run_dir), timeout=600)
-    done.assert_outcomes(passed=1)
+def test_the_timeline_bar_has_labels_an_axis_a_legend_and_branches_apart(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, testbed: Testbed) -> None:
+    """A real evaluate-only run of a task with three branches (the shared good rpn run, tests/shared_runs.py, read on
+    a copy): its timeline bar labels each segment, has an axis from 0 to the task's span and a legend, and two
+    adjacent segments of the evaluation row never share a colour."""
+    done = good_rpn_run(tmp_path_factory, testbed.tasks_dir, testbed.blob_dir, testbed.submissions)
+    done.result().assert_outcomes(passed=1)
+    run_dir = done.copy(tmp_path / "good-rpn") / "run"
     page = run_dir / "report.html"
     text = page.read_text()
     bar = re.search(r'<div class="phasebar"[^>]*>(.*?)</div>\s*<div class="phase-axis">(.*?)</div>\s*'
@@ -359,7 +375,7 @@ def test_the_timeline_bar_has_labels_an_axis_a_legend_and_branches_apart(pyteste
     assert "evaluation" in bar.group(3)
     probe = page.with_name("report.segments.html")
     probe.write_text(text.replace("</body>", SEGMENTS, 1))
-    dom = chromium(f"--window-size={WIDE},900", "--dump-dom", probe.as_uri(), profile=pytester.path / "chromium").stdout
+    dom = chromium(f"--window-size={WIDE},900", "--dump-dom", probe.as_uri(), profile=tmp_path / "chromium").stdout
     found = re.search(r'data-segments="([^"]*)"', dom)
     assert found is not None
     segments = json.loads(html.unescape(found.group(1)))
@@ -368,4 +384,4 @@ def test_the_timeline_bar_has_labels_an_axis_a_legend_and_branches_apart(pyteste
         if abs(after[2] - before[3]) <= 2:  # adjacent on the screen
             assert before[1] != after[1], (before, after)
     chromium(f"--window-size={WIDE},1400", f"--screenshot={run_dir / 'timeline-1300.png'}", probe.as_uri(),
-             profile=pytester.path / "chromium")
+             profile=tmp_path / "chromium")
