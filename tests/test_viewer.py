@@ -303,16 +303,24 @@ def test_the_index_lists_the_runs_and_compares_any_two(indexed_runs: FinishedRun
     assert size["page"] <= size["inner"], size
 
 
+# The agent of the followed session: it runs until the test has read the page (it creates /pb-gate/go), at most 300 s,
+# as long as the property needs (it slept 20 s).
+GATED_SLEEP = "i=0; while [ ! -e /pb-gate/go ] && [ $i -lt 1500 ]; do sleep 0.2; i=$((i + 1)); done"
+
+
 @pytest.mark.parametrize("width", [WIDE, NARROW])
 def test_a_running_session_is_followed_in_live_html(testbed: Testbed, tmp_path: Path, width: int) -> None:
-    """A real session whose agent takes a while: live.html, opened in headless Chromium while it runs, reloads
-    itself and shows the task in flight in its agent phase; once the session ends it says so, stops reloading and
-    links the report."""
+    """A real session whose agent runs until the page is read: live.html, opened in headless Chromium while it runs,
+    reloads itself and shows the task in flight in its agent phase; once the session ends it says so, stops
+    reloading and links the report."""
     run_dir = tmp_path / "run"
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    gate.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROGRAMBENCH_")}
     args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir),
             "--pb-blob-dir", str(testbed.blob_dir), "--pb-filter", RPN, "--pb-pull", "never", "--pb-cpus", "2",
-            "--pb-agent", "sleep 20", "--pb-output", str(run_dir)]
+            "--pb-agent", GATED_SLEEP, "--pb-agent-mount", f"{gate}:/pb-gate", "--pb-output", str(run_dir)]
     page = run_dir / "live.html"
     with subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
         try:
@@ -326,6 +334,7 @@ def test_a_running_session_is_followed_in_live_html(testbed: Testbed, tmp_path: 
             chromium(f"--window-size={width},900", f"--screenshot={run_dir / f'live-running-{width}.png'}",
                      page.as_uri(), profile=tmp_path / "chromium")
         finally:
+            (gate / "go").touch()  # the page has been read while running: the agent may end
             proc.wait(timeout=600)
     assert re.search(r'<meta http-equiv="refresh" content="\d+">', dom)
     assert 'data-state="running"' in dom
