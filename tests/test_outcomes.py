@@ -217,7 +217,7 @@ def test_summary_matches_official_scoring(pytester: pytest.Pytester, testbed: Te
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
         "--pb-include-fixtures", "--pb-filter", "pbfix__(rpn|catlike)|testorg__", "--pb-submissions", str(subs),
-        "--pb-output", str(run_dir), "--pb-cpus", "2", timeout=900)
+        "--pb-output", str(run_dir), "--pb-cpus", "2", "-n", "2", timeout=900)
     result.assert_outcomes(passed=1, failed=2)
     tasks = summary(run_dir)["tasks"]
     from pytest_programbench.tasks.catalogue import Catalogue
