@@ -786,7 +786,7 @@ class Sandbox:
         if not frozen and survivors is not None:
             problems.append(f"{survivors} process(es) of the agent counted while the sandbox ran (not exact)")
         try:
-            self._handle.kill("SIGKILL")  # a paused container is killed too (the engine thaws it after the signal)
+            self._kill(frozen, problems)
         except NotFound:
             return WindowEnd(died=f"sandbox container {self.id[:12]} disappeared during the agent run")
         except APIError as exc:
@@ -800,6 +800,25 @@ class Sandbox:
             raise SandboxError(f"sandbox container {self.id[:12]} was killed but not reported stopped: {exc}") \
                 from exc
         return WindowEnd(survivors=survivors, problem="; ".join(problems) or None)
+
+    def _kill(self, frozen: bool, problems: list[str]) -> None:
+        """SIGKILL; a paused container is killed too (the engine thaws it after the signal). Under gVisor the engine
+        refuses to signal a paused container holding more than its init (it reads the frozen sandbox's host process as
+        a zombie), and may stop it all the same: thawed, it is killed at once, and said."""
+        try:
+            self._handle.kill("SIGKILL")
+            return
+        except APIError:
+            state = self._state()
+            if not (frozen and state is not None and state.get("Paused")):
+                raise
+        # The refused kill may still be stopping it: neither step then has anything left to do (the wait that
+        # follows says whether it stopped).
+        with contextlib.suppress(APIError):
+            self.engine.api.unpause(self.id)
+        with contextlib.suppress(APIError):
+            self._handle.kill("SIGKILL")
+        problems.append("the engine would not kill the frozen sandbox: it was thawed and killed at once")
 
     def _freeze(self, problems: list[str]) -> bool:
         """``docker pause``, tried FREEZE_ATTEMPTS times: cgroup v1's freezer gives up on a cgroup whose processes
