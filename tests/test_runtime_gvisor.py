@@ -232,6 +232,29 @@ def test_the_proxy_client_builds_in_a_container_of_the_runtime(tmp_path: Path, m
     assert elf_problem(chosen.path.read_bytes(), "x86_64") is None
 
 
+def test_the_window_ends_with_the_agents_processes_killed(runtime_client: tuple[str, Any], run_labels: Labels,
+                                                         probe_image: str) -> None:
+    """An agent that leaves processes: the sandbox is frozen, they are counted (runc), and it is killed, under either
+    runtime (where the engine refuses to kill a paused runsc container it is thawed and killed, said), never an
+    error."""
+    runtime, client = runtime_client
+    box = open_sandbox(probe_image, run_labels, client)
+    try:
+        code, text = agent(box, "sleep 300 > /dev/null 2>&1 & sleep 301 > /dev/null 2>&1 & echo started")
+        assert code == 0, text
+        assert "started" in text, text
+        end = box.end_agent_window()
+        assert end.died is None, end
+        assert client.api.inspect_container(box.id)["State"]["Running"] is False
+        if runtime == "runc":
+            assert end.survivors == 2, end
+            assert end.problem is None, end
+        # runsc: `docker top` with ps options lists the host's processes, not the sandbox's (Docker 20.10), so the
+        # count is not the agent's (docs/gvisor.md); whether the engine refuses the paused kill varies.
+    finally:
+        box.close()
+
+
 # ------------------------------------------------------------------------------------ a whole session under runsc
 
 # The agent (as the agent user, in /workspace/src): runs the reference through the proxy, hunts for the reference's
@@ -367,6 +390,7 @@ def test_a_session_under_runsc_solves_the_tasks_end_to_end(pytester: pytest.Pyte
     for task in TASKS:
         log = (run_dir / task / "agent.log").read_text()
         assert props[task]["agent_exit"] == "0", log
+        assert log.count("proxy: the reference answered") == 1, log  # the agent ran once
         assert "proxy: the reference answered" in log, log
         assert ", 0 readable copies" in log, log
         meta = json.loads((run_dir / task / "pb-meta.json").read_text())
