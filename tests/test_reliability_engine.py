@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 import requests
 
@@ -463,7 +464,15 @@ def test_configured_runs_label_owner_and_deadline(testbed: Testbed, docker_clien
         assert before + 120 + margin - 1 <= expires <= time.time() + 120 + margin + 1
         owner_json = json.loads((tmp_path / "slots" / run.run_id / backpressure.OWNER_FILE).read_text())
         assert owner_json["controller_pid"] == os.getpid()
+        # The run's volumes (the grader's material) too: a dead run's are the next session's reaper's to remove.
+        volume = f"pb-test-{run.run_id}"
+        api.create_volume(volume, labels=labelled(run.run_id))
+        volume_labels = docker_client.api.inspect_volume(volume)["Labels"]
+        assert Owner.parse(volume_labels.get(OWNER_LABEL)) == owner
+        assert float(volume_labels[EXPIRES_LABEL]) > time.time()
     finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            docker_client.api.remove_volume(f"pb-test-{run.run_id}", force=True)
         remove_run(docker_client, run.run_id)
         engines.reset()
 

@@ -175,6 +175,11 @@ class EngineRun:
     def prepare_build(self, params: dict[str, Any]) -> None:
         params["labels"] = self._merged(params.get("labels"), DEFAULT_LIFETIME)
 
+    def prepare_volume(self, params: dict[str, Any]) -> None:
+        """Owner and deadline labels on the run's volumes (the grader's material): a run that dies leaves them to
+        the next session's reaper, as its containers."""
+        params["labels"] = self._merged(params.get("labels"), DEFAULT_LIFETIME)
+
     def prepare_commit(self, params: dict[str, Any]) -> None:
         conf = dict(params.get("conf") or {})
         labels = dict(conf.get("Labels") or {})
@@ -460,6 +465,8 @@ class Engine:
             rewind = _rewinder(params.get("fileobj"))
         elif name == "commit":
             self.run.prepare_commit(params)
+        elif name == "create_volume":
+            self.run.prepare_volume(params)
         elif name in ("remove_container", "remove_image"):
             on_repeat = _removed_already
         if name in FETCHES:

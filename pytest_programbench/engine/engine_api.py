@@ -23,7 +23,7 @@ from pytest_programbench.engine.protocol import EngineCalls
 # The heavy calls' parameters by name: the engine adds labels and a name, rewinds a build context.
 _SIGNATURES = {name: inspect.signature(getattr(APIClient, name))
                for name in ("create_container", "start", "commit", "remove_container", "remove_image", "build",
-                            "pull", "load_image", "import_image")}
+                            "pull", "load_image", "import_image", "create_volume")}
 
 
 class EngineAPIClient(APIClient):  # type: ignore[misc]  # docker-py has no type hints
@@ -75,6 +75,9 @@ class EngineAPIClient(APIClient):  # type: ignore[misc]  # docker-py has no type
 
     def import_image(self, *args: Any, **kwargs: Any) -> Any:
         return self._heavy("import_image", args, kwargs)
+
+    def create_volume(self, *args: Any, **kwargs: Any) -> Any:
+        return self._heavy("create_volume", args, kwargs)
 
     # -- pure reads: retried on transient failures -------------------------------------------------------------
 
