@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_eval import RESULTS, read_env
 from programbench.utils.load_data import get_active_branches
 
 from pytest_programbench.engine.backpressure import Backpressure
@@ -46,9 +47,6 @@ from pytest_programbench.sandbox.sandbox import Sandbox
 from pytest_programbench.tasks.blobs import resolve_blobs
 from pytest_programbench.tasks.catalogue import Task, load_tasks_dir
 
-REPO = Path(__file__).resolve().parent.parent
-STATE = REPO / "testbed" / ".state"
-RESULTS = REPO / "bench" / "results"
 DIRECT = "/opt/direct/executable"
 SANDBOX_IMAGE = "programbench/pbfix_1776_catlike.c47c47c:task_cleanroom_v6"  # a cat-like reference: run on /dev/null
 
@@ -78,19 +76,6 @@ for _ in range(2):  # interleaved
         runs[side] += per_call(EXE[side], calls // 2)
 print(json.dumps({side: statistics.median(samples) * 1000 for side, samples in runs.items()}))
 """
-
-
-def read_env() -> dict[str, str]:
-    env_sh = STATE / "env.sh"
-    if not env_sh.is_file():
-        sys.exit(f"{env_sh} is missing: run `bash testbed/setup.sh` first")
-    values = {}
-    for raw in env_sh.read_text().splitlines():
-        line = raw.strip().removeprefix("export ")
-        if "=" in line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            values[key] = value.strip("'\"")
-    return values
 
 
 def load() -> float:
