@@ -138,7 +138,9 @@ def test_concurrency_shared_by_every_worker(pytester: pytest.Pytester, testbed: 
     state = json.loads((run_dir / ".pb-model-slots" / "rate.json").read_text())
     assert state["sent"] == 16, state  # one bucket for the four workers' relays
     spans = [round(later - server.arrivals[0], 2) for later in server.arrivals]
-    assert spans[-1] >= 2 * 60 / 14 - 0.1, spans  # 16 requests from a bucket of 14: two refills
+    # 16 requests from a bucket of 14: two refills (one every 60/14 s), so the last arrives about 8.6 s after the first;
+    # with one it would be about 4.3 s. The first request's arrival may lag its token by a few tenths under load.
+    assert spans[-1] >= 2 * 60 / 14 - 0.5, spans
     assert sum(relay["rate_wait_s"] for relay in relays) > 0, relays
 
 
