@@ -465,12 +465,15 @@ class HiddenTestAudit:
                       official.instance_id, len(branches), len(passing))
         self._audit_sample(official, image, branches)
 
+    def passed_in(self, official: SdkEvaluator, branch: str) -> set[str]:
+        """The branch's counted tests that passed officially, read while other branches may still be merging."""
+        with official._log_lock:  # the official merges its other branches' results under it
+            return self._passed(official.result, [branch])
+
     def drawn_tests(self, official: SdkEvaluator, branch: str) -> list[str]:
         """The tests a branch's audit runs (JUnit names without the branch): ``AUDIT_TESTS`` of those that passed
         officially, drawn from the operating system's randomness."""
-        with official._log_lock:  # the official merges its other branches' results under it
-            passed = sorted(self._passed(official.result, [branch]))
-        return [n.split("/", 1)[1] for n in sample_tests(passed, AUDIT_TESTS)]
+        return [n.split("/", 1)[1] for n in sample_tests(sorted(self.passed_in(official, branch)), AUDIT_TESTS)]
 
     def _audit_sample(self, official: SdkEvaluator, image: str, branches: list[str]) -> None:
         plugin = self.early.plugin(official, image)
@@ -684,7 +687,7 @@ class EarlyAudits:
 
     def branch_done(self, official: SdkEvaluator, branch: str, image: str) -> None:
         try:
-            passed = bool(self.hook.drawn_tests(official, branch))
+            passed = bool(self.hook.passed_in(official, branch))
             with self.lock:
                 if self.closed or branch not in self.order:
                     return
@@ -741,7 +744,7 @@ class EarlyAudits:
             started = {b: f for b, f in self.futures.items() if b in branches}
             rest = [b for b in branches if b not in started]
             for b in rest:
-                self.positions[b] = (len(self.positions) + 1, max(len(self.positions) + 1, len(branches)))
+                self.positions[b] = (len(self.positions) + 1, len(branches))  # started ones are in the sample
         passes = {b: future.result() for b, future in started.items()}
         if rest:
             selection = {b: self.hook.drawn_tests(official, b) for b in rest}
