@@ -15,15 +15,11 @@
 from __future__ import annotations
 
 import ast
-import contextlib
 import copy
 import json
-import secrets
-import shutil
 import stat
 import textwrap
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +38,7 @@ from pytest_programbench.evaluation.results_check import (
 )
 from pytest_programbench.tasks.catalogue import load_tasks_dir
 from tests.conftest import Testbed
+from tests.task_copies import task_copies
 from tests.test_evaluation_parity import official_blob_dir  # noqa: F401 - a fixture
 from tests.test_outcomes import leaked
 
@@ -402,33 +399,6 @@ def hostile_archive(out: Path, mode: str) -> Path:
                           "hostile.py": HOSTILE_EXECUTABLE.replace("@MODE@", mode).encode()})
 
 
-@contextlib.contextmanager
-def rpn_copies(root: Path, testbed: Testbed, docker_client: Any, names: tuple[str, ...]) -> Iterator[dict[str, str]]:
-    """Copies of the rpn task under ids of this test alone (tasks/, blobs/ under ``root``), their images extra tags
-    of rpn's, removed afterwards (the tags only)."""
-    from programbench.constants import image_name_from_instance_id
-
-    org = f"pbread{secrets.token_hex(3)}"
-    image = docker_client.images.get(f"{image_name_from_instance_id(RPN)}:{TAG}")
-    ids: dict[str, str] = {}
-    tags: list[str] = []
-    try:
-        for name in names:
-            new_id = f"{org}__{name}.0b5e55e"
-            shutil.copytree(testbed.tasks_dir / RPN, root / "tasks" / new_id,
-                            ignore=shutil.ignore_patterns("Dockerfile"))
-            shutil.copytree(testbed.blob_dir / RPN, root / "blobs" / new_id)
-            repository = image_name_from_instance_id(new_id)
-            image.tag(repository, TAG)
-            tags.append(f"{repository}:{TAG}")
-            ids[name] = new_id
-        yield ids
-    finally:
-        for tag in tags:
-            with contextlib.suppress(Exception):
-                docker_client.api.remove_image(tag)
-
-
 
 
 @pytest.mark.docker
@@ -440,7 +410,8 @@ def test_hostile_results_are_scored_flagged_never_errors(pytester: pytest.Pytest
     root = pytester.path
     # "asleep": the longest item (its backstop's 45 s and the teardown after it) sorts first, so it starts first;
     # the plugin's schedule keeps collection order between tasks it expects to take as long (copies of one task).
-    with rpn_copies(root, testbed, docker_client, ("asleep", *MODES)) as ids:
+    with task_copies(root, testbed, docker_client, {name: RPN for name in ("asleep", *MODES)},
+                     prefix="pbread") as ids:
         subs = root / "subs"
         for mode in MODES:
             hostile_archive(subs / ids[mode] / "submission.tar.gz", mode)
