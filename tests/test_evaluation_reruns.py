@@ -6,10 +6,14 @@ import json
 import tarfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
+from programbench.utils.load_data import get_active_branches
 
+from pytest_programbench.engine.images import ensure_image
 from pytest_programbench.evaluation import rerunfailures
+from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome
 from pytest_programbench.evaluation.install_cache import pip_writes, pristine_for_pip
 from pytest_programbench.evaluation.rerunfailures import (
     CONTAINER_WHEEL_DIR,
@@ -18,10 +22,32 @@ from pytest_programbench.evaluation.rerunfailures import (
     pip_environment,
     validate_wheel_dir,
 )
+from pytest_programbench.tasks.blobs import resolve_blobs
+from pytest_programbench.tasks.catalogue import Task
 from tests.conftest import Testbed
 from tests.outcome_support import item_message
-from tests.test_evaluation_divergences import GOOD_COMPILE, rpn_archive
-from tests.test_evaluation_parity import RPN, run_ours, submission, tasks
+from tests.proxy_support import environment_engine
+from tests.test_evaluation_divergences import GOOD_COMPILE, custom_rpn, load, rpn_archive
+from tests.test_evaluation_parity import RPN, evaluate_swept, submission
+
+# The one rpn branch these evaluations need: the wrong submission fails one of its tests (1 4 / gives 0), which is
+# rerun; the other two branches would only add containers (issue 40).
+ARGV_BRANCH = "0b5e55e01a2b"
+
+
+def one_branch_rpn(testbed: Testbed, root: Path) -> tuple[Task, Path]:
+    """rpn with only ARGV_BRANCH active: the task and its blob directory."""
+    custom_rpn(testbed, root, active=[ARGV_BRANCH])
+    return load(root)[0], root / "blobs"
+
+
+def evaluate_with(task: Task, archive: Path, blob_dir: Path, work: Path, **settings: Any) -> EvaluationOutcome:
+    instance = task.load_instance()
+    blobs = resolve_blobs(task, get_active_branches(instance), blob_dir=blob_dir, cache_dir=work / "cache")
+    with environment_engine() as engine:
+        image = ensure_image(task, pull="never", engine=engine)
+        return evaluate_swept(task, archive, blobs=blobs, image=image.id, workdir=work, engine=engine,
+                              settings=EvalSettings(cpus=2, **settings))
 
 
 def with_line(script: str, line: str) -> str:
@@ -122,10 +148,11 @@ def test_reruns_on_in_a_real_evaluation(testbed: Testbed, tmp_path: Path) -> Non
     the second replays the record too: same log
     entry, same statuses, and the plugin really there (a failing test is rerun)."""
     cache = tmp_path / "installed"
+    task, blob_dir = one_branch_rpn(testbed, tmp_path / "task")
     runs_by_evaluation = []
     for n, expected in enumerate(("recorded from the task's image, replayed", "replayed")):
-        outcome = run_ours(tasks(testbed)[RPN], submission(testbed, "wrong", RPN), testbed, tmp_path / str(n),
-                           reruns=True, install_cache=str(cache))
+        outcome = evaluate_with(task, submission(testbed, "wrong", RPN), blob_dir, tmp_path / str(n), reruns=True,
+                                install_cache=str(cache))
         assert outcome.reruns, outcome.reruns_reason
         assert outcome.reruns_install == expected
         assert outcome.meta()["reruns_install"] == expected
@@ -138,14 +165,13 @@ def test_reruns_on_in_a_real_evaluation(testbed: Testbed, tmp_path: Path) -> Non
         runs = [e for e in result.log if e["step"] == "run_tests"]
         assert all("--reruns=2 --reruns-delay=1" in e["command"] for e in runs)
         assert any(" rerun" in e["output"] for e in runs)  # the failing test was rerun
-        assert "reruns: on" in item_message(outcome, tasks(testbed)[RPN])
+        assert "reruns: on" in item_message(outcome, task)
         runs_by_evaluation.append(({t.full_name: t.status for t in result.test_results},
                                    [e["step"] for e in result.log], install["output"]))
     assert runs_by_evaluation[0] == runs_by_evaluation[1]
     # A compile.sh that touches what pip reads (here /etc/pip.conf, empty) gets pip itself, never the record.
     planted = rpn_archive(testbed, tmp_path / "planted.tar.gz", with_line(GOOD_COMPILE, "touch /etc/pip.conf"))
-    outcome = run_ours(tasks(testbed)[RPN], planted, testbed, tmp_path / "planted", reruns=True,
-                       install_cache=str(cache))
+    outcome = evaluate_with(task, planted, blob_dir, tmp_path / "planted", reruns=True, install_cache=str(cache))
     assert outcome.reruns, outcome.reruns_reason
     assert outcome.reruns_install == "pip"
     records = [d for d in cache.iterdir() if not d.name.startswith(".")]
@@ -196,14 +222,15 @@ def test_pip_writes_leaves_scratch_and_unchanged_entries() -> None:
 def test_reruns_off_is_said(testbed: Testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without wheels pip fails offline; a second evaluation replays that failure: reruns off all the same."""
     monkeypatch.setenv("PYTEST_PROGRAMBENCH_WHEELS", str(tmp_path / "no-wheels-here"))
+    task, blob_dir = one_branch_rpn(testbed, tmp_path / "task")
     installs = []
     for n, expected in enumerate(("recorded from the task's image, replayed", "replayed")):
-        outcome = run_ours(tasks(testbed)[RPN], submission(testbed, "good", RPN), testbed, tmp_path / str(n),
-                           reruns=True, install_cache=str(tmp_path / "installed"))
+        outcome = evaluate_with(task, submission(testbed, "good", RPN), blob_dir, tmp_path / str(n), reruns=True,
+                                install_cache=str(tmp_path / "installed"))
         assert not outcome.reruns
         assert outcome.reruns_install == expected
         assert "no pytest-rerunfailures wheels on this host" in outcome.reruns_reason
-        assert "reruns: off (no pytest-rerunfailures wheels" in item_message(outcome, tasks(testbed)[RPN])
+        assert "reruns: off (no pytest-rerunfailures wheels" in item_message(outcome, task)
         assert outcome.meta()["reruns"] == "off"
         assert outcome.score == 1.0
         assert outcome.result is not None
