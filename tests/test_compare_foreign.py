@@ -12,6 +12,7 @@ score.json) with programbench's functions, apart from the plugin's code.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -28,9 +29,11 @@ from programbench.eval.eval import EvaluationResult
 from programbench.submission import score_from_tests
 from programbench.utils.load_data import get_active_branches, get_ignored_tests, load_all_instances
 
+from pytest_programbench.results import compare, foreign_runs
 from tests import official_catalogue
-from tests.conftest import GUARD_PLUGIN, MACHINE_CACHE, REPO, Testbed
+from tests.conftest import GUARD_PLUGIN, MACHINE_CACHE, REPO, SESSION_DEFAULTS_PLUGIN, Testbed
 from tests.docs_text import fenced, section
+from tests.session_defaults import KEEP_AUDIT
 from tests.test_corrected_score import stripped_tasks
 from tests.test_leaderboard_entry import per_task_scores, recompute, register_entry
 from tests.test_report import attr_of, chromium, text_of
@@ -143,9 +146,11 @@ def flow(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Flow:
             shutil.copytree(root / "runs" / "theirs", flow.official)
             # Our run of the same submissions, compared at its end with the official output (a foreign BASE), then
             # again as two finished runs.
+            # Not a docs command: the suite's session defaults (the audit off; it adds nothing a comparison reads).
             words = ["--pb-submissions", "runs/same", "--pb-output", "pb-runs/same", "-n", "2", "--pb-compare",
                      flow.official.name]
-            flow.done["same"] = _pytest(root, env, words)
+            flow.done["same"] = _pytest(root, {k: v for k, v in env.items() if k != KEEP_AUDIT}
+                                        | {"PYTEST_PLUGINS": f"{GUARD_PLUGIN},{SESSION_DEFAULTS_PLUGIN}"}, words)
             flow.done["same"].compared = _compare_json(flow, words)
             words = ["--pb-compare", f"{flow.official.name},pb-runs/same"]
             flow.done["official,same"] = _pytest(root, env, words)
@@ -357,6 +362,10 @@ def _compare(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 
 def test_bad_input_is_a_one_line_usage_error(pytester: pytest.Pytester) -> None:
+    """Each bad side is refused with one line naming what is wrong. What the front doors decide is
+    results/compare.py's ``write`` and results/foreign_runs.py's ``report`` (front_doors.py passes their error on as
+    the usage error ``--pb-compare: ...`` / ``--pb-report: ...``): every case through them here, and one case of each
+    door through a real session, which shows that error as pytest's one ``ERROR:`` line."""
     good = _entry(pytester.path / "good", {X: {"b/t1": True, "b/t2": False}, Y: {"b/t": True}})
     nothing = pytester.mkdir("nothing")
     (nothing / "some-folder").mkdir()
@@ -380,13 +389,18 @@ def test_bad_input_is_a_one_line_usage_error(pytester: pytest.Pytester) -> None:
             f"*{pytester.path / 'good'} and {pytester.path / 'apart'} have no task in common (base: {X}, {Y}; "
             f"new: {Z})",
     }
-    for other, message in cases.items():
-        result = _compare(pytester, "--pb-compare", f"{good},{other}")
-        assert result.ret == pytest.ExitCode.USAGE_ERROR, (other, result.stdout.str())
-        errors = [line for line in result.stderr.lines if line.strip()]
-        assert len(errors) == 1, errors
-        assert re.fullmatch(r"ERROR: --pb-compare: .*", errors[0])
-        result.stderr.fnmatch_lines([f"ERROR: --pb-compare: {message}"])
+    for other, message in cases.items():  # what `pytest --pb-compare GOOD,OTHER` is refused with
+        with pytest.raises(compare.CompareError) as refused:
+            compare.write(Path(str(good)), Path(other))
+        assert "\n" not in str(refused.value), other
+        assert fnmatch.fnmatch(f"ERROR: --pb-compare: {refused.value}", f"ERROR: --pb-compare: {message}"), (
+            str(refused.value), message)
+    result = _compare(pytester, "--pb-compare", f"{good},{nothing}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    errors = [line for line in result.stderr.lines if line.strip()]
+    assert len(errors) == 1, errors
+    assert re.fullmatch(r"ERROR: --pb-compare: .*", errors[0])
+    result.stderr.fnmatch_lines([f"ERROR: --pb-compare: {cases[str(nothing)]}"])
     # --pb-report: our own run is not its business; a foreign directory of unknown tasks has nothing to score.
     ours = pytester.mkdir("ours")
     (ours / "pb-run.json").write_text("{}")
@@ -397,10 +411,12 @@ def test_bad_input_is_a_one_line_usage_error(pytester: pytest.Pytester) -> None:
     unknown = pytester.mkdir("unknown")
     (unknown / "a__x.1").mkdir()
     (unknown / "a__x.1" / "a__x.1.eval.json").write_text("{}")
-    result = _compare(pytester, "--pb-report", str(unknown))
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: --pb-report: {unknown}: none of its 1 instance(s) is a task the catalogue "
-                                 "knows*: a__x.1"])
+    with pytest.raises(foreign_runs.ForeignRunError) as refused_report:  # `pytest --pb-report UNKNOWN` there
+        foreign_runs.report(unknown, tasks_dirs=(), ignore_file=None, runs_beside=[pytester.path / "pb-runs"])
+    assert "\n" not in str(refused_report.value)
+    assert fnmatch.fnmatch(f"ERROR: --pb-report: {refused_report.value}",
+                           f"ERROR: --pb-report: {unknown}: none of its 1 instance(s) is a task the catalogue knows*: "
+                           "a__x.1"), str(refused_report.value)
 
 
 def test_instances_one_side_lacks_are_listed(pytester: pytest.Pytester) -> None:
