@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -308,34 +309,59 @@ def test_the_index_lists_the_runs_and_compares_any_two(indexed_runs: FinishedRun
 GATED_SLEEP = "i=0; while [ ! -e /pb-gate/go ] && [ $i -lt 1500 ]; do sleep 0.2; i=$((i + 1)); done"
 
 
-@pytest.mark.parametrize("width", [WIDE, NARROW])
-def test_a_running_session_is_followed_in_live_html(testbed: Testbed, tmp_path: Path, width: int) -> None:
-    """A real session whose agent runs until the page is read: live.html, opened in headless Chromium while it runs,
-    reloads itself and shows the task in flight in its agent phase; once the session ends it says so, stops
-    reloading and links the report."""
-    run_dir = tmp_path / "run"
-    gate = tmp_path / "gate"
+@dataclass(frozen=True)
+class Followed:
+    """The followed session: its run directory, and per width the page as Chromium showed it while it ran."""
+
+    run_dir: Path
+    running: dict[int, str]
+    profile: Path
+
+
+@pytest.fixture(scope="module")
+def followed(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Followed:
+    """One real session whose agent runs until the page is read at both widths (one session, not one per width):
+    live.html is read and screenshotted in headless Chromium at each width while the agent runs, then the agent may
+    end."""
+    root = tmp_path_factory.mktemp("live")
+    run_dir = root / "run"
+    gate = root / "gate"
     gate.mkdir()
     gate.chmod(0o755)
+    profile = root / "chromium"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROGRAMBENCH_")}
     args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir),
             "--pb-blob-dir", str(testbed.blob_dir), "--pb-filter", RPN, "--pb-pull", "never", "--pb-cpus", "2",
             "--pb-agent", GATED_SLEEP, "--pb-agent-mount", f"{gate}:/pb-gate", "--pb-output", str(run_dir)]
     page = run_dir / "live.html"
-    with subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+    running: dict[int, str] = {}
+    with subprocess.Popen(args, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
         try:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 if page.is_file() and f"{RPN}" in page.read_text() and " agent " in page.read_text():
                     break
                 time.sleep(0.5)
-            dom = chromium(f"--window-size={width},900", "--dump-dom", page.as_uri(),
-                           profile=tmp_path / "chromium").stdout
-            chromium(f"--window-size={width},900", f"--screenshot={run_dir / f'live-running-{width}.png'}",
-                     page.as_uri(), profile=tmp_path / "chromium")
+            for width in (WIDE, NARROW):
+                running[width] = chromium(f"--window-size={width},900", "--dump-dom", page.as_uri(),
+                                          profile=profile).stdout
+                chromium(f"--window-size={width},900", f"--screenshot={run_dir / f'live-running-{width}.png'}",
+                         page.as_uri(), profile=profile)
         finally:
-            (gate / "go").touch()  # the page has been read while running: the agent may end
+            (gate / "go").touch()  # the page has been read while running at both widths: the agent may end
             proc.wait(timeout=600)
+    return Followed(run_dir, running, profile)
+
+
+@pytest.mark.parametrize("width", [WIDE, NARROW])
+def test_a_running_session_is_followed_in_live_html(followed: Followed, tmp_path: Path, width: int) -> None:
+    """A real session whose agent runs until the page is read (the ``followed`` session, shared by both widths):
+    live.html, opened in headless Chromium at this width while it runs, reloads itself and shows the task in flight
+    in its agent phase; once the session ends it says so, stops reloading and links the report."""
+    run_dir = followed.run_dir
+    page = run_dir / "live.html"
+    dom = followed.running[width]
+    assert (run_dir / f"live-running-{width}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert re.search(r'<meta http-equiv="refresh" content="\d+">', dom)
     assert 'data-state="running"' in dom
     progress = html.unescape(re.sub(r"<[^>]+>", "", re.search(r'<pre id="progress">(.*?)</pre>', dom,
