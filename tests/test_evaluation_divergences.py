@@ -38,7 +38,7 @@ from pytest_programbench.tasks.catalogue import Task, load_tasks_dir
 from tests.conftest import Testbed
 from tests.outcome_support import item_message
 from tests.proxy_support import environment_engine
-from tests.test_evaluation_parity import RPN, RUN_LABEL, evaluate_swept, pack, statuses
+from tests.test_evaluation_parity import CATLIKE, RPN, RUN_LABEL, evaluate_swept, pack, statuses
 
 pytestmark = pytest.mark.docker
 
@@ -49,11 +49,11 @@ GOOD_COMPILE = (Path(__file__).resolve().parent.parent / "testbed" / "solutions"
 
 
 def custom_rpn(testbed: Testbed, root: Path, *, active: list[str], run_prefix: str = "",
-               extra_tests: dict[str, tuple[str, str, list[str]]] | None = None) -> Path:
-    """A copy of the rpn task (same id, so the same image) with only ``active`` branches active, ``run_prefix``
-    prepended to their run.sh, extra test files; returns the root holding ``tasks/`` and ``blobs/``."""
-    src = testbed.tasks_dir / RPN
-    task_dir = root / "tasks" / RPN
+               extra_tests: dict[str, tuple[str, str, list[str]]] | None = None, source: str = RPN) -> Path:
+    """A copy of the rpn task (or of ``source``; same id, so the same image) with only ``active`` branches active,
+    ``run_prefix`` prepended to their run.sh, extra test files; returns the root holding ``tasks/`` and ``blobs/``."""
+    src = testbed.tasks_dir / source
+    task_dir = root / "tasks" / source
     shutil.copytree(src, task_dir)
     tests = json.loads((task_dir / "tests.json").read_text())
     for branch, data in tests["branches"].items():
@@ -70,17 +70,36 @@ def custom_rpn(testbed: Testbed, root: Path, *, active: list[str], run_prefix: s
             lines = run_sh.read_text().splitlines(keepends=True)
             lines.insert(1, run_prefix + "\n")  # after the shebang
             run_sh.write_text("".join(lines))
-        blob = root / "blobs" / RPN / "tests" / f"{branch}.tar.gz"
+        blob = root / "blobs" / source / "tests" / f"{branch}.tar.gz"
         blob.parent.mkdir(parents=True, exist_ok=True)
         with tarfile.open(blob, "w:gz") as tar:
             tar.add(str(branch_dir), arcname=".")
     return root
 
 
-def load(root: Path) -> tuple[Task, dict[str, Any]]:
-    task = {t.instance_id: t for t in load_tasks_dir(root / "tasks")}[RPN]
-    instance = {i["instance_id"]: i for i in load_all_instances(root / "tasks")}[RPN]
+def load(root: Path, instance_id: str = RPN) -> tuple[Task, dict[str, Any]]:
+    task = {t.instance_id: t for t in load_tasks_dir(root / "tasks")}[instance_id]
+    instance = {i["instance_id"]: i for i in load_all_instances(root / "tasks")}[instance_id]
     return task, instance
+
+
+# The branch a one-branch copy keeps: where rpn's wrong submission fails a test (1 4 / gives 0); catlike's first.
+ONE_BRANCH = {RPN: "0b5e55e01a2b", CATLIKE: "3f9c1a7e2b40"}
+
+
+@pytest.fixture
+def one_branch(testbed: Testbed, tmp_path: Path,
+               monkeypatch: pytest.MonkeyPatch) -> Callable[[str], tuple[Task, dict[str, Any], Path]]:
+    """A copy of a test bed task with one branch active (``ONE_BRANCH``, the others ignored; same id and image):
+    (the task, its official instance, its blob directory), the official evaluator pointed at that directory
+    (``PROGRAMBENCH_BLOB_DIR``, read at import). For an evaluation whose property is decided once, not per branch:
+    each branch more only adds containers (issue 40)."""
+    def make(source: str) -> tuple[Task, dict[str, Any], Path]:
+        root = custom_rpn(testbed, tmp_path / f"one-branch-{source}", active=[ONE_BRANCH[source]], source=source)
+        monkeypatch.setenv("PROGRAMBENCH_BLOB_DIR", str(root / "blobs"))
+        monkeypatch.setattr(blob_store, "BLOB_LOCAL_DIR", str(root / "blobs"))
+        return (*load(root, source), root / "blobs")
+    return make
 
 
 @pytest.fixture
@@ -116,7 +135,7 @@ def run_ours(task: Task, archive: Path, blob_dir: Path, work: Path, engine: Any 
     with contextlib.nullcontext(engine) if engine is not None else environment_engine() as client:
         image = ensure_image(task, pull="never", engine=client)
         return evaluate_swept(task, archive, blobs=blobs, image=image.id, workdir=work, engine=client,
-                              settings=EvalSettings(cpus=2, reruns=False, **settings))
+                              settings=EvalSettings(**{"cpus": 2, "reruns": False, **settings}))
 
 
 def rpn_archive(testbed: Testbed, out: Path, compile_sh: str, extra: dict[str, bytes] | None = None) -> Path:
