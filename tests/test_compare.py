@@ -6,6 +6,7 @@ improvement and on equal runs; compare.html as headless Chromium shows it."""
 
 from __future__ import annotations
 
+import fnmatch
 import html
 import itertools
 import json
@@ -14,6 +15,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +24,12 @@ import pytest
 from programbench.utils.load_data import get_active_branches, get_ignored_tests, load_all_instances
 from scipy.stats import bootstrap
 
-from pytest_programbench.results import statistics
+from pytest_programbench.results import compare, statistics
 from tests import official_catalogue
 from tests.conftest import Testbed
 from tests.docs_text import fenced, section
+from tests.session_defaults import KEEP_AUDIT
+from tests.shared_runs import FinishedRun, made_once, session_env
 from tests.test_report import attr_of, chromium
 
 # users_defaults: the docs' commands run as written
@@ -54,45 +58,85 @@ def compare_finished(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     return pytester.runpytest_subprocess(*args, timeout=300)
 
 
-def readme_commands(pytester: pytest.Pytester, testbed: Testbed) -> list[tuple[str, Any]]:
-    """The docs' commands run as written in a directory whose pytest.ini points at the test bed (two of its tasks;
-    ``pb_min_score = 0.5``, so the partly wrong task passes its item and the regression gate alone fails a session),
-    with ``runs/baseline`` the good submissions and ``runs/candidate`` the same but one task's the wrong variant."""
-    runs = testbed.submissions.parent
-    for name, catlike in (("baseline", "good"), ("candidate", "wrong")):
-        shutil.copytree(runs / "good" / RPN, pytester.path / "runs" / name / RPN)
-        shutil.copytree(runs / catlike / CATLIKE, pytester.path / "runs" / name / CATLIKE)
-    pytester.makeini(f"""
-        [pytest]
-        addopts = -p no:cacheprovider -p tests.official_catalogue
-        pb_tasks_dir = {testbed.tasks_dir}
-        pb_blob_dir = {testbed.blob_dir}
-        pb_filter = {CATLIKE}|{RPN}
-        pb_pull = never
-        pb_cpus = 2
-        pb_min_score = 0.5
-    """)
-    done: list[tuple[str, Any]] = []
+DOCS_RUNS = "compare-docs-two-runs"
+COMMANDS = "commands.json"  # the docs' commands the made-once run ran before its last session: command, ret, output
+
+
+def docs_commands() -> list[str]:
     # The page's first section only; its "Against ..." subsection is test_compare_foreign.py's.
-    for command in fenced(section("comparing.md", "Comparing runs, and a leaderboard entry", subsections=False)):
-        words = shlex.split(command)
-        if words[0] == "pytest":
-            done.append((command, pytester.runpytest_subprocess(*words[1:], timeout=900)))
-        else:
-            assert words[0] == "programbench", command
-            done.append((command, official_catalogue.run_cli(words[1:], cwd=pytester.path,
-                                                             tasks_dir=testbed.tasks_dir,
-                                                             blob_dir=testbed.blob_dir)))
-    return done
+    return fenced(section("comparing.md", "Comparing runs, and a leaderboard entry", subsections=False))
+
+
+def docs_runs(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed) -> tuple[FinishedRun, list[tuple[str, Any]]]:
+    """The docs' commands run as written, made once per suite run (tests/shared_runs.py) for the tests that read
+    them (this module's, and test_viewer.py's index of the two runs), in a directory whose pytest.ini points at the
+    test bed (two of its tasks; ``pb_min_score = 0.5``, so the partly wrong task passes its item and the regression
+    gate alone fails a session), with ``runs/baseline`` the good submissions and ``runs/candidate`` the same but one
+    task's the wrong variant. The sessions keep the audit on (the user's default, as ``users_defaults`` has it). Made
+    up to its last ``pytest`` command; each command's result, in order; the commands after it (``programbench submit
+    verify``) are the reader's to run, on its copy. Each reader works on its own copy."""
+    extra = {KEEP_AUDIT: "1", official_catalogue.ENV: str(testbed.tasks_dir)}  # --pb-package's official package_run
+    commands = docs_commands()
+    last = max(i for i, command in enumerate(commands) if shlex.split(command)[0] == "pytest")
+
+    def prepare(place: Path) -> list[str]:
+        runs = testbed.submissions.parent
+        for name, catlike in (("baseline", "good"), ("candidate", "wrong")):
+            shutil.copytree(runs / "good" / RPN, place / "runs" / name / RPN)
+            shutil.copytree(runs / catlike / CATLIKE, place / "runs" / name / CATLIKE)
+        (place / "pytest.ini").write_text(textwrap.dedent(f"""
+            [pytest]
+            addopts = -p no:cacheprovider -p tests.official_catalogue
+            pb_tasks_dir = {testbed.tasks_dir}
+            pb_blob_dir = {testbed.blob_dir}
+            pb_filter = {CATLIKE}|{RPN}
+            pb_pull = never
+            pb_cpus = 2
+            pb_min_score = 0.5
+        """))
+        done: list[dict[str, Any]] = []
+        for command in commands[:last]:
+            words = shlex.split(command)
+            if words[0] == "pytest":
+                ran = subprocess.run([sys.executable, "-m", "pytest", *words[1:]], cwd=place,
+                                     env={**session_env(place), **extra}, capture_output=True, text=True,
+                                     timeout=900, check=False)
+            else:
+                assert words[0] == "programbench", command
+                ran = official_catalogue.run_cli(words[1:], cwd=place, tasks_dir=testbed.tasks_dir,
+                                                 blob_dir=testbed.blob_dir)
+            done.append({"command": command, "ret": ran.returncode, "stdout": ran.stdout, "stderr": ran.stderr})
+        (place / COMMANDS).write_text(json.dumps(done))
+        return shlex.split(commands[last])[1:]
+
+    made = made_once(tmp_path_factory, DOCS_RUNS, prepare, env=extra)
+    earlier = json.loads((made.place / COMMANDS).read_text()) if (made.place / COMMANDS).is_file() else []
+    results: list[tuple[str, Any]] = [
+        (c["command"], pytest.RunResult(c["ret"], c["stdout"].splitlines(), c["stderr"].splitlines(), 0.0)
+         if shlex.split(c["command"])[0] == "pytest" else subprocess.CompletedProcess([], c["ret"], c["stdout"],
+                                                                                      c["stderr"]))
+        for c in earlier]
+    return made, [*results, (commands[last], made.result())]
 
 
 def test_the_readme_commands_two_runs_differing_in_one_task(pytester: pytest.Pytester, testbed: Testbed,
-                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(official_catalogue.ENV, str(testbed.tasks_dir))  # --pb-package's official package_run
-    done = readme_commands(pytester, testbed)
+                                                            tmp_path: Path,
+                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    made, done = docs_runs(tmp_path_factory, testbed)
+    # The reader's own copy; the commands after the made run's last session run there, as written.
+    root = made.copy(pytester.path / "docs")
+    commands = docs_commands()
+    for command in commands[len(done):]:
+        words = shlex.split(command)
+        assert words[0] == "programbench", command
+        done.append((command, official_catalogue.run_cli(words[1:], cwd=root, tasks_dir=testbed.tasks_dir,
+                                                         blob_dir=testbed.blob_dir)))
+    assert [c for c, _ in done] == commands
     assert [c.split()[0] for c, _ in done] == ["pytest"] * 4 + ["programbench"], [c for c, _ in done]
     (_, first), (_, second), (_, finished), (_, packaged), (_, verified) = done
-    base, new = pytester.path / "pb-runs" / "baseline", pytester.path / "pb-runs" / "candidate"
+    # The sessions printed the made run's paths; the files are read (and later written) on the copy.
+    made_base, made_new = made.place / "pb-runs" / "baseline", made.place / "pb-runs" / "candidate"
+    base, new = root / "pb-runs" / "baseline", root / "pb-runs" / "candidate"
     first.assert_outcomes(passed=2)
     assert first.ret == pytest.ExitCode.OK
     second.assert_outcomes(passed=2)
@@ -102,13 +146,13 @@ def test_the_readme_commands_two_runs_differing_in_one_task(pytester: pytest.Pyt
     result: dict[str, Any] = json.loads((new / "compare.json").read_text())
     # Two finished runs: nothing collected, the same numbers; no gate asked, so no failure.
     assert finished.ret == pytest.ExitCode.OK, finished.stdout.str()
-    finished.stdout.fnmatch_lines(["*= programbench compare =*", f"new  {new}", f"base {base}",
-                                   f"comparison: {new / 'compare.json'}, {new / 'compare.html'}"])
+    finished.stdout.fnmatch_lines(["*= programbench compare =*", f"new  {made_new}", f"base {made_base}",
+                                   f"comparison: {made_new / 'compare.json'}, {made_new / 'compare.html'}"])
     assert "collected" not in finished.stdout.str()
     assert json.loads((new / "compare.json").read_text())["paired"] == result["paired"], "same files, same numbers"
     # The package of the finished run (its recorded --pb-compare gate is re-done and fails again), verified.
     packaged.assert_outcomes(passed=2)
-    packaged.stdout.fnmatch_lines([f"packaged 2 task(s) in {new}*"])
+    packaged.stdout.fnmatch_lines([f"packaged 2 task(s) in {made_new}*"])
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "Tier-0: 2/2 checks consistent" in verified.stdout
 
@@ -190,8 +234,11 @@ def test_the_readme_commands_two_runs_differing_in_one_task(pytester: pytest.Pyt
                                    f"comparison: {base / 'compare.json'}, {base / 'compare.html'}"])
     twin = pytester.path / "baseline-again"
     shutil.copytree(base, twin)
-    equal = compare_finished(pytester, "--pb-compare", f"{base},{twin}", "--pb-max-regression", "0.01")
-    assert equal.ret == pytest.ExitCode.OK, equal.stdout.str()
+    # What `pytest --pb-compare BASE,TWIN --pb-max-regression 0.01` decides (the front door's exit status is the
+    # gate's: the session above passes it, the docs' candidate run fails it).
+    equal = compare.write(base, twin, max_regression=0.01)
+    assert equal.gate_failure == "", equal.lines()
+    assert fnmatch.filter(equal.lines(), "programbench: --pb-max-regression 0.01: the CI's lower bound * is within it")
     same = json.loads((twin / "compare.json").read_text())
     assert same["paired"]["difference"]["low"] == same["paired"]["difference"]["high"] == 0.0
     assert same["flips"] == {"pass_to_fail": 0, "fail_to_pass": 0}
@@ -202,9 +249,10 @@ def test_compare_usage_errors(pytester: pytest.Pytester, tmp_path: Path) -> None
     finished runs."""
     not_a_run = pytester.mkdir("not-a-run")
     other = pytester.mkdir("other")
-    result = compare_finished(pytester, "--pb-compare", f"{not_a_run},{other}")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*--pb-compare: {not_a_run} is not a finished run directory*"])
+    # What `pytest --pb-compare NOT_A_RUN,OTHER` is refused with (test_compare_foreign.py's usage-error test shows
+    # that refusal as the session's one ERROR: line).
+    with pytest.raises(compare.CompareError, match=f"^{re.escape(str(not_a_run))} is not a finished run directory"):
+        compare.write(not_a_run, other)
     result = compare_finished(pytester, "--pb-compare", f"{not_a_run},{other}", "--pb-agent", "true")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--pb-compare BASE,NEW compares two finished runs and runs nothing: --pb-agent*"])

@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,8 @@ from pytest_programbench.results.report import render
 from pytest_programbench.results.summary import RunSummary, TaskRecord
 from tests.conftest import TESTBED, Testbed
 from tests.scripted_models import ScriptedModels, Step
-from tests.shared_runs import FinishedRun, good_rpn_run, made_once, session_env
+from tests.shared_runs import FinishedRun, good_rpn_run
+from tests.test_compare import docs_runs
 from tests.test_compare_page import _run
 from tests.test_report import attr_of, chromium
 
@@ -248,46 +250,37 @@ def test_the_transcript_of_a_real_attempt(claude_run: Path, width: int, tmp_path
 
 
 @pytest.fixture(scope="module")
-def indexed_runs(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed) -> FinishedRun:
-    """Two real evaluate-only sessions into one directory, ``runs/`` (the good catlike submission, then the partly
-    wrong one compared with the first), made once (tests/shared_runs.py) and read by each width on its own copy. The
-    first session's exit status is in ``good.ret``."""
-    def prepare(place: Path) -> list[str]:
-        root = place / "runs"
-        common = ["-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir",
-                  str(testbed.blob_dir), "--pb-pull", "never", "--pb-filter", "pbfix__catlike"]
-        good = subprocess.run([sys.executable, "-m", "pytest", *common, "--pb-submissions", str(testbed.submissions),
-                               "--pb-output", str(root / "good")], cwd=place, env=session_env(place),
-                              capture_output=True, text=True, timeout=600, check=False)
-        (place / "good.ret").write_text(f"{good.returncode}\n")
-        (place / "good.out").write_text(good.stdout[-3000:])
-        return [*common, "--pb-submissions", str(testbed.submissions.parent / "wrong"), "--pb-output",
-                str(root / "wrong"), "--pb-compare", str(root / "good")]
-
-    return made_once(tmp_path_factory, "viewer-index-good-then-wrong-catlike", prepare, timeout=600)
+def indexed_runs(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed) -> tuple[FinishedRun, list[int]]:
+    """Two real evaluate-only sessions into one directory, ``pb-runs/`` (``baseline``: the good submissions of catlike
+    and rpn; then ``candidate``: catlike's partly wrong one, compared with the first): docs/comparing.md's commands as
+    test_compare.py runs them, made once per suite run (tests/shared_runs.py) and read here by each width on its own
+    copy. With each session's exit status, in order."""
+    made, done = docs_runs(tmp_path_factory, testbed)
+    return made, [result.ret for command, result in done if shlex.split(command)[0] == "pytest"]
 
 
 @pytest.mark.parametrize("width", [WIDE, NARROW])
-def test_the_index_lists_the_runs_and_compares_any_two(indexed_runs: FinishedRun, tmp_path: Path,
+def test_the_index_lists_the_runs_and_compares_any_two(indexed_runs: tuple[FinishedRun, list[int]], tmp_path: Path,
                                                        width: int) -> None:
-    """Two real evaluate-only sessions into one directory (the good submission, then the partly wrong one), the
-    second compared with the first: index.html there lists both, newest first, with their means, links to each
+    """Two real evaluate-only sessions into one directory (the good submissions, then one task's partly wrong one),
+    the second compared with the first: index.html there lists both, newest first, with their means, links to each
     report and to the comparison, and for two runs a link picks, the command that compares them."""
+    made_run, rets = indexed_runs
     finished = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
-    assert int((indexed_runs.place / "good.ret").read_text()) in finished, (indexed_runs.place / "good.out").read_text()
-    assert indexed_runs.ret in finished, "\n".join(indexed_runs.outlines[-40:])
-    made = indexed_runs.place / "runs"  # the directory the sessions wrote: the command names it
-    root = indexed_runs.copy(tmp_path / "indexed") / "runs"
+    assert rets, "the docs' sessions ran"
+    assert all(ret in finished for ret in rets), rets
+    made = made_run.place / "pb-runs"  # the directory the sessions wrote: the command names it
+    root = made_run.copy(tmp_path / "indexed") / "pb-runs"
     means = {name: json.loads((root / name / "summary.json").read_text())["headline"]["mean_over_scored"]
-             for name in ("good", "wrong")}
-    assert means["good"] == 1.0
-    assert means["wrong"] < 1.0
+             for name in ("baseline", "candidate")}
+    assert means["baseline"] == 1.0
+    assert means["candidate"] < 1.0
     page = root / "index.html"
-    dom = chromium(f"--window-size={width},900", "--dump-dom", page.as_uri() + "#compare=good,wrong",
+    dom = chromium(f"--window-size={width},900", "--dump-dom", page.as_uri() + "#compare=baseline,candidate",
                    profile=tmp_path / "chromium").stdout
     assert 'id="pick" data-ready="yes"' in dom
-    assert re.findall(r'<tr data-run="([^"]+)">', dom) == ["wrong", "good"]
-    for name in ("good", "wrong"):
+    assert re.findall(r'<tr data-run="([^"]+)">', dom) == ["candidate", "baseline"]
+    for name in ("baseline", "candidate"):
         row = re.search(rf'<tr data-run="{name}">(.*?)</tr>', dom, re.S)
         assert row is not None
         assert f'<a class="report" href="{name}/report.html">' in row.group(1)
@@ -299,7 +292,7 @@ def test_the_index_lists_the_runs_and_compares_any_two(indexed_runs: FinishedRun
     assert (root / html.unescape(comparisons[0])).is_file()
     command = html.unescape(re.sub(r"<[^>]+>", "", re.search(r'<pre id="compare-command">(.*?)</pre>', dom,
                                                               re.S).group(1)))  # type: ignore[union-attr]
-    assert command == f"pytest --pb-compare {made / 'good'},{made / 'wrong'}"
+    assert command == f"pytest --pb-compare {made / 'baseline'},{made / 'candidate'}"
     size = measured(page, width, {"runs": "#runs"}, tmp_path / "chromium")
     assert size["page"] <= size["inner"], size
 
