@@ -23,6 +23,7 @@ from pytest_programbench.tasks.catalogue import Task
 from tests.conftest import Testbed
 from tests.outcome_support import item_message, item_properties
 from tests.proxy_support import environment_engine
+from tests.test_evaluation_divergences import custom_rpn, load
 from tests.test_evaluation_parity import (
     CATLIKE,
     RPN,
@@ -143,25 +144,17 @@ def test_invariants_fresh_container_per_branch_hash_rechecked_one_entry_per_step
     assert _leftovers(docker_client, run_id) == ([], [], [])
 
 
-def test_branch_workers_and_prefetch_do_not_change_results(testbed: Testbed, tmp_path: Path,
-                                                           docker_client: Any) -> None:
-    task = tasks(testbed)[RPN]
-    archive = submission(testbed, "wrong", RPN)
-    serial = _evaluate(task, archive, testbed, tmp_path)
-    run_id = f"pb-test-{uuid.uuid4().hex[:8]}"
-    parallel = _evaluate(task, archive, testbed, tmp_path, run_id=run_id, branch_workers=3)
-    assert serial.result is not None
-    assert parallel.result is not None
-    assert statuses(parallel.result) == statuses(serial.result)
-    assert parallel.score == serial.score
-    assert _leftovers(docker_client, run_id) == ([], [], [])
-
-
 def test_each_next_branch_is_made_ready_while_the_branch_before_it_runs(
         testbed: Testbed, tmp_path: Path, docker_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Branches 2 and 3 of rpn get the container made ahead (started, tests copied in, the steps before the tests
     run, the timeout-retry plugin copied in) while the branch before them runs; the first gets a fresh one. The
-    results are those of containers made when asked for (prefetch off), and nothing is left."""
+    results are those of containers made when asked for (prefetch off), and those of three branch workers; nothing
+    is left. (The branch workers' comparison was a test of its own against a fourth, serial, evaluation.)"""
+    task = tasks(testbed)[RPN]
+    archive = submission(testbed, "wrong", RPN)
+    parallel_run = f"pb-test-{uuid.uuid4().hex[:8]}"
+    parallel = _evaluate(task, archive, testbed, tmp_path, run_id=parallel_run, branch_workers=3)  # reruns off
+    assert _leftovers(docker_client, parallel_run) == ([], [], [])
     warmed: list[tuple[str, str]] = []  # (branch, container id) made ready ahead
     tested: list[tuple[str, str, float]] = []  # (branch, container id, when its run_tests ended)
     ready_at: dict[str, float] = {}
@@ -189,8 +182,6 @@ def test_each_next_branch_is_made_ready_while_the_branch_before_it_runs(
     monkeypatch.setattr(container_layer.SdkEvaluator, "_copy_timeout_retry_plugin", staticmethod(spy_plugin))
     monkeypatch.setattr(container_layer.SdkEvaluator, "_warm", spy_warm)
     monkeypatch.setattr(container_layer.SdkEvaluator, "_run_step", spy_step)
-    task = tasks(testbed)[RPN]
-    archive = submission(testbed, "wrong", RPN)
     run_id = f"pb-test-{uuid.uuid4().hex[:8]}"
     ahead = _evaluate(task, archive, testbed, tmp_path, run_id=run_id, reruns=True)
     branches = [b for b, _, _ in tested]
@@ -208,8 +199,8 @@ def test_each_next_branch_is_made_ready_while_the_branch_before_it_runs(
     warmed.clear()
     asked = _evaluate(task, archive, testbed, tmp_path, reruns=True)
     assert warmed == []
-    assert statuses(ahead.result) == statuses(asked.result)
-    assert ahead.score == asked.score < 1.0
+    assert statuses(ahead.result) == statuses(asked.result) == statuses(parallel.result)
+    assert ahead.score == asked.score == parallel.score < 1.0
     assert _leftovers(docker_client, run_id) == ([], [], [])
 
 
@@ -245,10 +236,14 @@ def test_test_clock(testbed: Testbed, tmp_path: Path) -> None:
 
 
 def test_output_is_capped_in_the_log(testbed: Testbed, tmp_path: Path) -> None:
+    """One branch of rpn (a copy, the others ignored): the cap is on each step's log entry, compile's here."""
+    task = load(custom_rpn(testbed, tmp_path / "task", active=["0b5e55e01a2b"]))[0]
+    blobs = resolve_blobs(task, get_active_branches(task.load_instance()), blob_dir=tmp_path / "task" / "blobs",
+                          cache_dir=tmp_path / "cache")
     archive = pack(testbed.solutions / RPN, tmp_path / "loud.tar.gz", drop=("compile.sh",),
                    extra={"compile.sh": (testbed.solutions / RPN / "compile.sh").read_bytes()
                           + b"\nhead -c 3000000 /dev/zero | tr '\\0' y\n"})
-    outcome = _evaluate(tasks(testbed)[RPN], archive, testbed, tmp_path, output_cap=10_000)
+    outcome = _evaluate(task, archive, testbed, tmp_path, blobs=blobs, output_cap=10_000)
     entry = next(e for e in outcome.result.log if e["step"] == "compile")  # type: ignore[union-attr]
     assert "bytes of stdout omitted from this log" in entry["output"]
     assert len(entry["output"]) < 25_000
