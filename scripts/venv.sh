@@ -23,6 +23,21 @@ _pb_heartbeat() {
     wait "$pid"
 }
 
+# uv installs what pip would (the same resolution: it is given the constraint file and index pip is configured with,
+# and the system's certificates as pip's configuration gives them) in seconds where pip takes minutes, most of them
+# unpacking and byte-compiling; uv itself comes from pip.
+_pb_pip_setting() {  # the value pip's configuration (its files or PIP_* variables) gives KEY, if any
+    "$1" -m pip config list 2>/dev/null | sed -n "s/^\(global\|:env:\)\.$2='\(.*\)'\$/\2/p" | tail -n 1
+}
+
+_pb_uv_install() {
+    local py=$1 spec=$2 args=(--native-tls) value
+    "$py" -m pip install --disable-pip-version-check --progress-bar off --quiet uv || return 1
+    value=$(_pb_pip_setting "$py" constraint) && [ -n "$value" ] && args+=(--constraint "$value")
+    value=$(_pb_pip_setting "$py" index-url) && [ -n "$value" ] && args+=(--index-url "$value")
+    "$py" -m uv pip install --python "$py" "${args[@]}" -e "$spec"
+}
+
 pb_venv() {
     local extras=$1 root log
     root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,11 +53,16 @@ pb_venv() {
     fi
     PY=$root/.venv/bin/python
     log=$root/.venv/pb-pip-install.log
-    _pb_log "pip install -e .$extras into $root/.venv: a few minutes the first time (downloads from PyPI), about" \
-        "a minute after (log: $log)"
-    _pb_heartbeat "$log" "$PY" -m pip install --disable-pip-version-check --progress-bar off -e "$root$extras" \
-        || { tail -n 30 "$log" >&2; _pb_log "pip install failed (full log: $log)"; return 1; }
-    _pb_log "pip install done"
+    _pb_log "install -e .$extras into $root/.venv with uv (pip where uv fails): about a minute the first time" \
+        "(downloads from PyPI), seconds after (log: $log)"
+    if _pb_heartbeat "$log" _pb_uv_install "$PY" "$root$extras"; then
+        _pb_log "install done (uv)"
+    else
+        _pb_log "uv failed ($(tail -n 1 "$log" | cut -c1-120)); installing with pip: a few minutes the first time"
+        _pb_heartbeat "$log" "$PY" -m pip install --disable-pip-version-check --progress-bar off -e "$root$extras" \
+            || { tail -n 30 "$log" >&2; _pb_log "pip install failed (full log: $log)"; return 1; }
+        _pb_log "install done (pip)"
+    fi
     echo "venv: $root/.venv ($("$PY" --version)); activate it with: . $root/.venv/bin/activate"
     # Commands started below (pytest, programbench, the test bed's python) resolve to the venv's.
     export PATH="$root/.venv/bin:$PATH" VIRTUAL_ENV="$root/.venv" PB_PYTHON="$PY"
