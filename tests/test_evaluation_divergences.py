@@ -95,11 +95,17 @@ def one_branch(testbed: Testbed, tmp_path: Path,
     (``PROGRAMBENCH_BLOB_DIR``, read at import). For an evaluation whose property is decided once, not per branch:
     each branch more only adds containers (issue 40)."""
     def make(source: str) -> tuple[Task, dict[str, Any], Path]:
-        root = custom_rpn(testbed, tmp_path / f"one-branch-{source}", active=[ONE_BRANCH[source]], source=source)
-        monkeypatch.setenv("PROGRAMBENCH_BLOB_DIR", str(root / "blobs"))
-        monkeypatch.setattr(blob_store, "BLOB_LOCAL_DIR", str(root / "blobs"))
-        return (*load(root, source), root / "blobs")
+        return one_branch_copy(testbed, tmp_path / f"one-branch-{source}", source, monkeypatch)
     return make
+
+
+def one_branch_copy(testbed: Testbed, root: Path, source: str,
+                    monkeypatch: pytest.MonkeyPatch) -> tuple[Task, dict[str, Any], Path]:
+    """What :func:`one_branch` makes, in ``root``."""
+    custom_rpn(testbed, root, active=[ONE_BRANCH[source]], source=source)
+    monkeypatch.setenv("PROGRAMBENCH_BLOB_DIR", str(root / "blobs"))
+    monkeypatch.setattr(blob_store, "BLOB_LOCAL_DIR", str(root / "blobs"))
+    return (*load(root, source), root / "blobs")
 
 
 @pytest.fixture
