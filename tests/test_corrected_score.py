@@ -298,17 +298,16 @@ def unlisted_tasks(root: Path, testbed: Testbed) -> Path:
     return tasks
 
 
-def test_pr57_rules_in_a_session_official_and_corrected_side_by_side(pytester: pytest.Pytester,
-                                                                     testbed: Testbed) -> None:
-    """The correct tuiish on the task built above: the official counts the unlisted record's pass (6 tests in its
-    first branch); the corrected drops it (5), and keeps every passing record of the branch that lists none."""
-    tasks = unlisted_tasks(pytester.path, testbed)
-    subs = pytester.path / "subs"
-    shutil.copytree(testbed.submissions / TUIISH, subs / TUIISH)
-    run_dir = pytester.path / "run"
-    result = session(pytester, testbed, subs, run_dir, "--pb-tasks-dir", str(tasks), "--pb-filter", TUIISH)
-    result.assert_outcomes(passed=1)
-    props = properties(run_dir.parent / "run.xml", TUIISH)
+def test_pr57_rules_in_a_session_official_and_corrected_side_by_side(tmp_path: Path,
+                                                                     calculator_official: FinishedRun) -> None:
+    """The correct tuiish on the task built above (in the shared session below, beside the calculator): the official
+    counts the unlisted record's pass (6 tests in its first branch); the corrected drops it (5), and keeps every
+    passing record of the branch that lists none."""
+    made = calculator_official.copy(tmp_path / "made")
+    tasks, run_dir = made / "unlisted-tasks", made / "official"
+    calculator_official.result().assert_outcomes(passed=1, failed=1)  # tuiish passed; the calculator, below
+    assert summary(run_dir)["tasks"][TUIISH]["outcome"] == "passed"
+    props = properties(made / "official.xml", TUIISH)
     official, corrected = int(props["n_tests_official"]), int(props["n_tests_corrected"])
     assert (float(props["score_official"]), float(props["score_corrected"])) == (1.0, 1.0)
     assert official == corrected + 1, props
@@ -335,14 +334,19 @@ pytestmark = pytest.mark.usefixtures("clean_env")
 
 @pytest.fixture(scope="session")
 def calculator_official(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed) -> FinishedRun:
-    """The correct calculator alone, scored the official way (``official/``, ``official.xml``): one session per suite
-    run, read by the two tests below, each on its own copy (one resumes it, one compares a run with it)."""
+    """The correct calculator scored the official way (``official/``, ``official.xml``), in one session with the
+    correct tuiish on the test bed's tasks with its tests.json changed (``unlisted-tasks/``, ``unlisted_tasks``): one
+    session per suite run, read by the three tests that read it, each on its own copy (one resumes it, one compares a
+    run with it, one reads tuiish's PR #57 numbers)."""
 
     def prepare(place: Path) -> list[str]:
         subs = calculator_submission(place, CLONE)
-        return session_args(testbed, subs, place / "official", "--pb-filter", "testorg__")
+        shutil.copytree(testbed.submissions / TUIISH, subs / TUIISH)
+        tasks = unlisted_tasks(place, testbed)
+        return session_args(testbed, subs, place / "official", "--pb-tasks-dir", str(tasks), "--pb-filter",
+                            f"testorg__|{TUIISH}")
 
-    return made_once(tmp_path_factory, "corrected-score-calculator-official", prepare)
+    return made_once(tmp_path_factory, "corrected-score-calculator-official-and-unlisted-tuiish", prepare)
 
 
 def test_calculator_official_half_corrected_full_and_resume_never_reruns_it(pytester: pytest.Pytester,
@@ -352,7 +356,7 @@ def test_calculator_official_half_corrected_full_and_resume_never_reruns_it(pyte
     calculator_official.copy(pytester.path / "made")
     run_dir = pytester.path / "made" / "official"
     result = calculator_official.result()
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(failed=1, passed=1)  # the calculator; tuiish (test_pr57_rules_...) passed
     result.stdout.fnmatch_lines([
         f"*_ {CALCULATOR} _*",
         "score 0.5000 (3/6 tests passed), below --pb-min-score 1",
@@ -386,7 +390,7 @@ def test_calculator_official_half_corrected_full_and_resume_never_reruns_it(pyte
     # ...ours reuses the finished task: nothing is evaluated again.
     before = eval_json.stat().st_mtime_ns
     resumed = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pb-resume", str(run_dir), timeout=600)
-    resumed.assert_outcomes(failed=1)
+    resumed.assert_outcomes(failed=1, passed=1)
     resumed.stdout.fnmatch_lines(["*result reused from the resumed run*"])
     assert eval_json.stat().st_mtime_ns == before
     # Another --pb-score changes verdicts: a resume with it is refused, naming it.
@@ -405,7 +409,7 @@ def test_pb_score_corrected_passes_the_calculator_and_keeps_a_real_failure(pytes
     tasks = stripped_tasks(pytester.path, testbed)
     subs = calculator_submission(pytester.path, CLONE)
     # The calculator alone, by the official score: what the run is compared with (the shared run, on a copy).
-    calculator_official.result().assert_outcomes(failed=1)
+    calculator_official.result().assert_outcomes(failed=1, passed=1)
     base = calculator_official.copy(pytester.path / "made") / "official"
     shutil.copytree(testbed.submissions.parent / "wrong" / CATLIKE, subs / CATLIKE)
     run_dir = pytester.path / "corrected"
