@@ -138,11 +138,26 @@ def _honest_run(pytester: pytest.Pytester, *args: str) -> tuple[str, str]:
     return (pytester.path / "results.xml").read_text(), result.stdout.str()
 
 
+@pytest.fixture(scope="module")
+def honest_runs() -> dict[tuple[str, ...], tuple[str, str]]:
+    """The honest sessions' JUnit file and output by their arguments, each made once in this module: the ``-n 2`` one
+    is read by two tests (the agreement under xdist, and the forgeries made from it)."""
+    return {}
+
+
+def _honest_once(pytester: pytest.Pytester, honest_runs: dict[tuple[str, ...], tuple[str, str]],
+                 *args: str) -> tuple[str, str]:
+    if args not in honest_runs:
+        honest_runs[args] = _honest_run(pytester, *args)
+    return honest_runs[args]
+
+
 @pytest.mark.parametrize("args", [("-n", "2"), ("-q",), ()], ids=["xdist", "quiet", "plain"])
-def test_cross_check_agrees_with_honest_pytest_runs(pytester: pytest.Pytester, args: tuple[str, ...]) -> None:
+def test_cross_check_agrees_with_honest_pytest_runs(pytester: pytest.Pytester, args: tuple[str, ...],
+                                                    honest_runs: dict[tuple[str, ...], tuple[str, str]]) -> None:
     """Every kind of outcome pytest has (xfail, xpass, skips, a teardown error after a pass, a crashed xdist worker,
     parameters with `::` and ` - `): the JUnit file and pytest's own report agree, no flag."""
-    xml, output = _honest_run(pytester, *args)
+    xml, output = _honest_once(pytester, honest_runs, *args)
     assert outcome_lines(output), output[-2000:]
     assert check_branch("b1", xml, {"output": output, "returncode": 1, "exception_info": ""}) is None
 
@@ -161,8 +176,11 @@ def _forge(xml: str, *, passes: tuple[str, ...] = (), fails: tuple[str, ...] = (
     return ET.tostring(root, encoding="unicode")
 
 
-def test_cross_check_flags_forged_passes(pytester: pytest.Pytester) -> None:
-    xml, output = _honest_run(pytester, "-n", "2")
+def test_cross_check_flags_forged_passes(pytester: pytest.Pytester,
+                                         honest_runs: dict[tuple[str, ...], tuple[str, str]]) -> None:
+    """Forgeries of the honest -n 2 session's JUnit file (the one test_cross_check_agrees_with_honest_pytest_runs
+    [xdist] reads, made once) are flagged."""
+    xml, output = _honest_once(pytester, honest_runs, "-n", "2")
     entry = {"output": output, "returncode": 1, "exception_info": ""}
     forged = _forge(xml)
     flag = check_branch("b1", forged, entry)
