@@ -99,10 +99,10 @@ def one_branch(testbed: Testbed, tmp_path: Path,
     return make
 
 
-def one_branch_copy(testbed: Testbed, root: Path, source: str,
-                    monkeypatch: pytest.MonkeyPatch) -> tuple[Task, dict[str, Any], Path]:
-    """What :func:`one_branch` makes, in ``root``."""
-    custom_rpn(testbed, root, active=[ONE_BRANCH[source]], source=source)
+def one_branch_copy(testbed: Testbed, root: Path, source: str, monkeypatch: pytest.MonkeyPatch,
+                    branch: str | None = None) -> tuple[Task, dict[str, Any], Path]:
+    """What :func:`one_branch` makes, in ``root`` (``branch`` the one kept, ``ONE_BRANCH``'s by default)."""
+    custom_rpn(testbed, root, active=[branch or ONE_BRANCH[source]], source=source)
     monkeypatch.setenv("PROGRAMBENCH_BLOB_DIR", str(root / "blobs"))
     monkeypatch.setattr(blob_store, "BLOB_LOCAL_DIR", str(root / "blobs"))
     return (*load(root, source), root / "blobs")
