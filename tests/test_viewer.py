@@ -191,34 +191,76 @@ def test_each_comparison_is_kept_and_links_into_both_reports(tmp_path: Path) -> 
 
 HOSTILE_TEXT = "Probing <script>document.body.id='owned'</script> the reference."
 HOSTILE_OUTPUT = '<img src=x onerror="document.title=1">'
+# The agent waits, once the solution is in, until the test has read live.html while it runs (the test creates
+# /pb-gate/go), at most 300 s: as long as the property needs.
+GATE_WAIT = "i=0; while [ ! -e /pb-gate/go ] && [ $i -lt 1500 ]; do sleep 0.2; i=$((i + 1)); done"
 TRANSCRIPT_STEPS = (
     Step(HOSTILE_TEXT, f'/workspace/binary 1 2 +; echo "binary exited $?"; echo \'{HOSTILE_OUTPUT}\'', 1200, 40, 500),
-    Step("Copying the solution.", f"cp -r /pb-testbed/solutions/{RPN}/. /workspace/src/", 1500, 60, 1100),
+    Step("Copying the solution.", f"cp -r /pb-testbed/solutions/{RPN}/. /workspace/src/; {GATE_WAIT}", 1500, 60,
+         1100),
     Step("Done: the solution is in /workspace/src.", None, 1700, 25, 1400),
 )
 
 
+@dataclass(frozen=True)
+class Followed:
+    """The followed session: its run directory, and per width live.html as Chromium showed it while it ran."""
+
+    run_dir: Path
+    running: dict[int, str]
+
+
 @pytest.fixture(scope="module")
-def claude_run(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed) -> Path:
+def followed(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed) -> Followed:
     """A real session: claude-code, steered by the scripted model server through the relay, probes the reference
-    (its output carrying markup), copies the solution in and says done. Its task directory."""
+    (its output carrying markup), copies the solution in, waits until the test has read live.html while it runs (at
+    both widths, dumped and screenshotted in headless Chromium) and says done. One session for the transcript's tests
+    and the live page's."""
     parsed = agent_presets.parse("claude-code")
     assert parsed is not None
     agent_presets.ensure_installed(*parsed)
     root = tmp_path_factory.mktemp("claude-run")
     run_dir = root / "run"
+    gate = root / "gate"
+    gate.mkdir()
+    gate.chmod(0o755)
+    profile = root / "chromium"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROGRAMBENCH_")}
-    with ScriptedModels(TRANSCRIPT_STEPS) as server:
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir),
-             "--pb-blob-dir", str(testbed.blob_dir), "--pb-filter", RPN, "--pb-pull", "never", "--pb-cpus", "2",
-             "--pb-agent", "claude-code", "--pb-model", "scripted-model", "--pb-model-endpoint", server.base_url,
-             "--pb-agent-mount", f"{TESTBED}:/pb-testbed", "--pb-agent-timeout", "600", "--pb-output", str(run_dir)],
-            cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    page = run_dir / "live.html"
+    running: dict[int, str] = {}
+    out = root / "session.out"
+    with ScriptedModels(TRANSCRIPT_STEPS) as server, out.open("w") as sink:
+        with subprocess.Popen(
+                [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir),
+                 "--pb-blob-dir", str(testbed.blob_dir), "--pb-filter", RPN, "--pb-pull", "never", "--pb-cpus", "2",
+                 "--pb-agent", "claude-code", "--pb-model", "scripted-model", "--pb-model-endpoint", server.base_url,
+                 "--pb-agent-mount", f"{TESTBED}:/pb-testbed", "--pb-agent-mount", f"{gate}:/pb-gate",
+                 "--pb-agent-timeout", "600", "--pb-output", str(run_dir)],
+                cwd=root, env=env, stdout=sink, stderr=subprocess.STDOUT) as proc:
+            try:
+                deadline = time.monotonic() + 300
+                while time.monotonic() < deadline and proc.poll() is None:
+                    if page.is_file() and f"{RPN}" in page.read_text() and " agent " in page.read_text():
+                        break
+                    time.sleep(0.5)
+                for width in (WIDE, NARROW):
+                    running[width] = chromium(f"--window-size={width},900", "--dump-dom", page.as_uri(),
+                                              profile=profile).stdout
+                    chromium(f"--window-size={width},900", f"--screenshot={run_dir / f'live-running-{width}.png'}",
+                             page.as_uri(), profile=profile)
+            finally:
+                (gate / "go").touch()  # the page has been read while running at both widths: the agent may end
+                proc.wait(timeout=900)
         sent = server.sent.output_tokens
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert proc.returncode == 0, out.read_text()[-5000:]
     (run_dir / "sent-output-tokens").write_text(str(sent))
-    return run_dir
+    return Followed(run_dir, running)
+
+
+@pytest.fixture(scope="module")
+def claude_run(followed: Followed) -> Path:
+    """The followed session's run directory."""
+    return followed.run_dir
 
 
 @pytest.mark.parametrize("width", [WIDE, NARROW])
@@ -297,60 +339,12 @@ def test_the_index_lists_the_runs_and_compares_any_two(indexed_runs: tuple[Finis
     assert size["page"] <= size["inner"], size
 
 
-# The agent of the followed session: it runs until the test has read the page (it creates /pb-gate/go), at most 300 s,
-# as long as the property needs (it slept 20 s).
-GATED_SLEEP = "i=0; while [ ! -e /pb-gate/go ] && [ $i -lt 1500 ]; do sleep 0.2; i=$((i + 1)); done"
-
-
-@dataclass(frozen=True)
-class Followed:
-    """The followed session: its run directory, and per width the page as Chromium showed it while it ran."""
-
-    run_dir: Path
-    running: dict[int, str]
-    profile: Path
-
-
-@pytest.fixture(scope="module")
-def followed(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Followed:
-    """One real session whose agent runs until the page is read at both widths (one session, not one per width):
-    live.html is read and screenshotted in headless Chromium at each width while the agent runs, then the agent may
-    end."""
-    root = tmp_path_factory.mktemp("live")
-    run_dir = root / "run"
-    gate = root / "gate"
-    gate.mkdir()
-    gate.chmod(0o755)
-    profile = root / "chromium"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROGRAMBENCH_")}
-    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir),
-            "--pb-blob-dir", str(testbed.blob_dir), "--pb-filter", RPN, "--pb-pull", "never", "--pb-cpus", "2",
-            "--pb-agent", GATED_SLEEP, "--pb-agent-mount", f"{gate}:/pb-gate", "--pb-output", str(run_dir)]
-    page = run_dir / "live.html"
-    running: dict[int, str] = {}
-    with subprocess.Popen(args, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
-        try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                if page.is_file() and f"{RPN}" in page.read_text() and " agent " in page.read_text():
-                    break
-                time.sleep(0.5)
-            for width in (WIDE, NARROW):
-                running[width] = chromium(f"--window-size={width},900", "--dump-dom", page.as_uri(),
-                                          profile=profile).stdout
-                chromium(f"--window-size={width},900", f"--screenshot={run_dir / f'live-running-{width}.png'}",
-                         page.as_uri(), profile=profile)
-        finally:
-            (gate / "go").touch()  # the page has been read while running at both widths: the agent may end
-            proc.wait(timeout=600)
-    return Followed(run_dir, running, profile)
-
-
 @pytest.mark.parametrize("width", [WIDE, NARROW])
 def test_a_running_session_is_followed_in_live_html(followed: Followed, tmp_path: Path, width: int) -> None:
-    """A real session whose agent runs until the page is read (the ``followed`` session, shared by both widths):
-    live.html, opened in headless Chromium at this width while it runs, reloads itself and shows the task in flight
-    in its agent phase; once the session ends it says so, stops reloading and links the report."""
+    """A real session whose agent runs until the page is read (the ``followed`` claude-code session, shared by both
+    widths and the transcript's tests): live.html, opened in headless Chromium at this width while it runs, reloads
+    itself and shows the task in flight in its agent phase; once the session ends it says so, stops reloading and
+    links the report."""
     run_dir = followed.run_dir
     page = run_dir / "live.html"
     dom = followed.running[width]
