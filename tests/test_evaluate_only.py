@@ -48,8 +48,19 @@ def leaked(docker_client: Any, run_dir: Path) -> list[str]:
 
 def test_good_submissions_pass_with_artifacts(pytester: pytest.Pytester, testbed: Testbed,
                                               docker_client: Any) -> None:
-    result = run(pytester, testbed, testbed.submissions, "--pb-filter", "pbfix__(catlike|rpn)")
-    result.assert_outcomes(passed=2)
+    """catlike's and rpn's good submissions pass with their artifacts; tuiish, selected, has none: it is deselected
+    and listed, and a directory that names no known task is ignored with a line that says so."""
+    subs = pytester.mkdir("subs")
+    for iid in (CATLIKE, RPN):
+        shutil.copytree(testbed.submissions / iid, subs / iid)
+    (subs / "nobody__nothing.0000000").mkdir()
+    (subs / "nobody__nothing.0000000" / "submission.tar.gz").write_bytes(b"")
+    result = run(pytester, testbed, subs, "--pb-filter", "pbfix__")
+    result.assert_outcomes(passed=2, deselected=1)
+    result.stdout.fnmatch_lines([
+        f"programbench: 1 selected tasks have no submission in {subs} and were deselected: {TUIISH}",
+        "*'nobody__nothing.0000000' is not a known task; ignored*",
+    ])
     run_dir = pytester.path / "run"
     for iid in (CATLIKE, RPN):
         task_dir = run_dir / iid
@@ -74,31 +85,16 @@ def test_good_submissions_pass_with_artifacts(pytester: pytest.Pytester, testbed
     assert leaked(docker_client, run_dir) == []
 
 
-def test_compile_error_is_a_failure_not_an_error(pytester: pytest.Pytester, testbed: Testbed) -> None:
-    result = run(pytester, testbed, testbed.submissions.parent / "compile_error", "--pb-filter", RPN)
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([f"*_ {RPN} _*", "score 0.0000 (0/* tests passed)*", "*error code: compile_failed*"])
-
-
-def test_missing_submissions_are_deselected_and_listed(pytester: pytest.Pytester, testbed: Testbed) -> None:
+def test_require_all_fails_missing_with_score_zero_and_a_compile_error_is_a_failure_not_an_error(
+        pytester: pytest.Pytester, testbed: Testbed) -> None:
+    """--pb-require-all: catlike, selected with no submission, fails with score 0 (no_submission); rpn's submission,
+    present, is evaluated as ever: it does not compile, a failure with score 0 (compile_failed), not an error."""
     only_rpn = pytester.mkdir("only-rpn")
-    shutil.copytree(testbed.submissions / RPN, only_rpn / RPN)
-    (only_rpn / "nobody__nothing.0000000").mkdir()
-    (only_rpn / "nobody__nothing.0000000" / "submission.tar.gz").write_bytes(b"")
-    result = run(pytester, testbed, only_rpn, "--pb-filter", "pbfix__")
-    result.assert_outcomes(passed=1, deselected=2)
-    result.stdout.fnmatch_lines([
-        f"programbench: 2 selected tasks have no submission in {only_rpn} and were deselected: {CATLIKE}, {TUIISH}",
-        "*'nobody__nothing.0000000' is not a known task; ignored*",
-    ])
-
-
-def test_require_all_fails_missing_with_score_zero(pytester: pytest.Pytester, testbed: Testbed) -> None:
-    only_rpn = pytester.mkdir("only-rpn")
-    shutil.copytree(testbed.submissions / RPN, only_rpn / RPN)
+    shutil.copytree(testbed.submissions.parent / "compile_error" / RPN, only_rpn / RPN)
     result = run(pytester, testbed, only_rpn, "--pb-filter", "pbfix__(rpn|catlike)", "--pb-require-all")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines([f"*_ {CATLIKE} _*", "score 0.0000 (0/* tests passed)*", "*error code: no_submission*"])
+    result.stdout.fnmatch_lines([f"*_ {RPN} _*", "score 0.0000 (0/* tests passed)*", "*error code: compile_failed*"])
 
 
 def test_missing_image_is_an_error_fast(pytester: pytest.Pytester, testbed: Testbed) -> None:
