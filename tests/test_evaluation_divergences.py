@@ -59,8 +59,8 @@ def custom_rpn(testbed: Testbed, root: Path, *, active: list[str], run_prefix: s
     for branch, data in tests["branches"].items():
         data["ignored"] = branch not in active
         data["ignore_reason"] = "" if branch in active else "not needed by this test"
-    for branch, (filename, source, names) in (extra_tests or {}).items():
-        (task_dir / "tests" / branch / "eval" / "tests" / filename).write_text(source)
+    for branch, (filename, text, names) in (extra_tests or {}).items():
+        (task_dir / "tests" / branch / "eval" / "tests" / filename).write_text(text)
         tests["branches"][branch]["tests"].extend(names)
     (task_dir / "tests.json").write_text(json.dumps(tests, indent=2, sort_keys=True))
     for branch in tests["branches"]:
