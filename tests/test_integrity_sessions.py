@@ -180,7 +180,10 @@ def hostile_session(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed,
             archive(subs / ids["deep"], testbed.solutions / CATLIKE, {"compile.sh": deep_compile}, deep="deep")
             archive(subs / ids["pyproject"], testbed.solutions / TUIISH,
                     {"pyproject.toml": b"[project]\nversion = " + b"9" * 5000 + b"\n"})
-            archive(subs / ids["detached"], None, {"compile.sh": DETACHED_WRITER})
+            # A partly wrong program (catlike's `wrong`), not `echo nope`: a few failing tests rerun, not all of them.
+            wrong = testbed.bad / CATLIKE / "wrong"
+            archive(subs / ids["detached"], wrong, {"compile.sh": (wrong / "compile.sh").read_bytes().rstrip(b"\n")
+                                                    + b"\n" + DETACHED_WRITER[len(NOPE_COMPILE):]})
             archive(subs / ids["pyc"], None, {"compile.sh": NOPE_COMPILE, "argparse.pyc": _pyc_shadow(place)})
             (place / "ids.json").write_text(json.dumps(ids))
             return ["-p", "no:cacheprovider", "--pb-tasks-dir", str(place / "tasks"), "--pb-blob-dir",
@@ -289,21 +292,19 @@ def test_hostile_submissions_without_xdist(pytester: pytest.Pytester, testbed: T
     assert leaked(docker_client, pytester.path / "run") == []
 
 
-def test_hostile_submissions_under_strict(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> None:
+def test_hostile_submissions_under_strict(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
+                                          testbed: Testbed, docker_client: Any) -> None:
     """--pb-strict (-n 2): the .pyc is neutralised (tuiish); the conftest.py written by a login-shell snippet after
-    compile.sh is found by the scan before the commit and neutralised (catlike)."""
-    subs = pytester.path / "subs"
-    archive(subs / CATLIKE, None, {"compile.sh": PROFILE_WRITER})
-    archive(subs / TUIISH, None, {"compile.sh": NOPE_COMPILE, "argparse.pyc": _pyc_shadow(pytester.path)})
-    result = session(pytester, testbed, subs, "--pb-strict", "-n", "2")
+    compile.sh is found by the scan before the commit and neutralised (catlike). Their session is shared with
+    tests/test_isolation.py's strict cases (tests.test_isolation.strict_session, over task copies)."""
+    from tests.test_isolation import strict_session
 
-    result.assert_outcomes(failed=2)
-    cases = junit(pytester)
-    assert float(cases[TUIISH]["score"]) < 1.0
-    assert "argparse.pyc" in meta(pytester, TUIISH)["evaluation"]["neutralised"]
-    catlike = flags_of(pytester, CATLIKE)
+    place, ids = strict_session(tmp_path_factory, testbed, docker_client, tmp_path / "strict")
+    cases = junit(place)
+    assert float(cases[ids["pyc"]]["score"]) < 1.0
+    assert "argparse.pyc" in meta(place, ids["pyc"])["evaluation"]["neutralised"]
+    catlike = flags_of(place, ids["profile"])
     assert (integrity.CHANGED_AFTER_COMPILE, "") in catlike
     assert (integrity.PYTEST_CONFIG, "conftest.py") in catlike
-    assert "conftest.py" in meta(pytester, CATLIKE)["evaluation"]["neutralised"]
-    assert float(cases[CATLIKE]["score"]) < 1.0
-    assert leaked(docker_client, pytester.path / "run") == []
+    assert "conftest.py" in meta(place, ids["profile"])["evaluation"]["neutralised"]
+    assert float(cases[ids["profile"]]["score"]) < 1.0

@@ -20,6 +20,7 @@ cache shows the poisoned one records nothing and an honest one does).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -35,10 +36,20 @@ from pytest_programbench.engine.archive_out import REGULAR, SYMLINK, Member
 from pytest_programbench.evaluation import harness_material, integrity
 from pytest_programbench.evaluation.container_layer import UpperWalk
 from tests.conftest import Testbed
+from tests.shared_runs import FinishedRun, made_once
+from tests.task_copies import task_copies
 from tests.test_evaluate_only import leaked
 from tests.test_evaluation_integrity import EXPLOIT_CONFTEST
 from tests.test_evaluation_parity import run_ours, tasks
-from tests.test_integrity_sessions import NOPE_COMPILE, flags_of, junit, meta, session
+from tests.test_integrity_sessions import (
+    NOPE_COMPILE,
+    PROFILE_WRITER,
+    _pyc_shadow,
+    flags_of,
+    junit,
+    meta,
+    session,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("clean_env")]
 
@@ -108,17 +119,28 @@ def planted_wheel_submission(testbed: Testbed, out: Path) -> Path:
                                "pytest_rerunfailures-16.4-1-py3-none-any.whl": planted_wheel()})
 
 
-def plugin_dir_submission(out: Path) -> Path:
-    """``echo nope``; compile.sh leaves a sitecustomize.py and the force-pass module in the official's plugin dir."""
+def program_files(program: Path | None) -> dict[str, bytes]:
+    """``echo nope`` (``program`` None), or a program's files (a test bed variant: main.c and compile.sh)."""
+    if program is None:
+        return {"compile.sh": NOPE_COMPILE}
+    return {path.name: path.read_bytes().rstrip(b"\n") + b"\n" if path.name == "compile.sh" else path.read_bytes()
+            for path in sorted(program.iterdir())}
+
+
+def plugin_dir_submission(out: Path, program: Path | None = None) -> Path:
+    """``echo nope`` (or ``program``); compile.sh leaves a sitecustomize.py and the force-pass module in the
+    official's plugin dir."""
     plant = (f"mkdir -p {PLUGIN_DIR} && cp sitecustomize.txt {PLUGIN_DIR}/sitecustomize.py "
              f"&& cp pb_force.txt {PLUGIN_DIR}/pb_force.py\n").encode()
-    return write_archive(out, {"compile.sh": NOPE_COMPILE + plant, "sitecustomize.txt": SITECUSTOMIZE,
+    files = program_files(program)
+    compile_sh = files.pop("compile.sh")
+    return write_archive(out, {**files, "compile.sh": compile_sh + plant, "sitecustomize.txt": SITECUSTOMIZE,
                                "pb_force.txt": FORCE_PASS_MODULE})
 
 
-def git_hook_submission(out: Path, scratch: Path) -> Path:
-    """``echo nope``; ``.git`` is a file naming ``gm/``, a repository whose pre-commit hook installs the force-pass
-    plugin into site-packages (a .pth setting PYTEST_PLUGINS) when the official's seed_git commits."""
+def git_hook_submission(out: Path, scratch: Path, program: Path | None = None) -> Path:
+    """``echo nope`` (or ``program``); ``.git`` is a file naming ``gm/``, a repository whose pre-commit hook installs
+    the force-pass plugin into site-packages (a .pth setting PYTEST_PLUGINS) when the official's seed_git commits."""
     repo = scratch / "repo"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     gitdir = repo / ".git"
@@ -126,7 +148,7 @@ def git_hook_submission(out: Path, scratch: Path) -> Path:
             b"d=$(python3 -c 'import site; print(site.getsitepackages()[0])')\n"
             b"mkdir -p \"$d\" && cp /workspace/gm/pb_force.py \"$d/pb_force.py\"\n"
             b"echo 'import os; os.environ.setdefault(\"PYTEST_PLUGINS\", \"pb_force\")' > \"$d/pb_force.pth\"\n")
-    files: dict[str, bytes | tuple[bytes, int]] = {"compile.sh": NOPE_COMPILE, ".git": b"gitdir: gm\n",
+    files: dict[str, bytes | tuple[bytes, int]] = {**program_files(program), ".git": b"gitdir: gm\n",
                                                    "gm/hooks/pre-commit": (hook, 0o755),
                                                    "gm/pb_force.py": FORCE_PASS_MODULE}
     files["gm/objects/info/.keep"] = b""  # the repository's empty directories, which a tar of files lacks
@@ -171,29 +193,65 @@ def test_grader_material_attacks_are_flagged_and_score_officially(pytester: pyte
     assert leaked(docker_client, pytester.path / "run") == []
 
 
-def test_grader_material_attacks_under_strict_score_what_the_program_deserves(
-        pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> None:
-    subs = pytester.path / "subs"
-    plugin_dir_submission(subs / CATLIKE)
-    git_hook_submission(subs / TUIISH, pytester.path)
-    result = session(pytester, testbed, subs, "--pb-strict")
+# One --pb-strict session (-n 2) over copies of the test bed's tasks, one copy per case: the grader's plugin directory
+# and git before the baseline (test_grader_material_attacks_under_strict_score_what_the_program_deserves), the
+# conftest.py a login-shell snippet writes after compile.sh and the sourceless .pyc
+# (tests/test_integrity_sessions.py::test_hostile_submissions_under_strict); each case's properties are its own item's.
+# Each attack carries a partly wrong program (the test bed's `wrong` variant), not `echo nope`: neutralised, it scores
+# that program's honest score (< 1) with a few failing tests rerun, not every test failing and each rerun twice.
+STRICT_CASES = {"plugindir": CATLIKE, "githook": TUIISH, "profile": CATLIKE, "pyc": TUIISH}
 
-    result.assert_outcomes(failed=2)
-    cases = junit(pytester)
-    assert float(cases[CATLIKE]["score"]) < 1.0
-    assert PLUGIN_DIR in meta(pytester, CATLIKE)["evaluation"]["neutralised"]
-    assert float(cases[TUIISH]["score"]) < 1.0
-    assert ".git" in meta(pytester, TUIISH)["evaluation"]["neutralised"]
-    tuiish = flags_of(pytester, TUIISH)
+
+def strict_session(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed, docker_client: Any,
+                   dest: Path) -> tuple[Path, dict[str, str]]:
+    """The shared strict session, made once (tests/shared_runs.py), its session-wide properties asserted (every case
+    failed, none an error, nothing left); returns the reader's copy (``dest``) and the case ids."""
+    ids: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        def prepare(place: Path) -> list[str]:
+            ids.update(stack.enter_context(task_copies(place, testbed, docker_client, STRICT_CASES,
+                                                       prefix="pbstrict")))
+            subs = place / "subs"
+            plugin_dir_submission(subs / ids["plugindir"], testbed.bad / CATLIKE / "wrong")
+            (place / "git-scratch").mkdir()
+            git_hook_submission(subs / ids["githook"], place / "git-scratch", testbed.bad / TUIISH / "wrong")
+            wrong_catlike = program_files(testbed.bad / CATLIKE / "wrong")
+            write_archive(subs / ids["profile"], {
+                **wrong_catlike, "compile.sh": wrong_catlike["compile.sh"] + PROFILE_WRITER[len(NOPE_COMPILE):]})
+            write_archive(subs / ids["pyc"], {**program_files(testbed.bad / TUIISH / "wrong"),
+                                              "argparse.pyc": _pyc_shadow(place)})
+            (place / "ids.json").write_text(json.dumps(ids))
+            return ["-p", "no:cacheprovider", "--pb-tasks-dir", str(place / "tasks"), "--pb-blob-dir",
+                    str(place / "blobs"), "--pb-submissions", str(subs), "--pb-output", str(place / "run"),
+                    "--pb-pull", "never", "--pb-cpus", "1", "--junitxml", str(place / "junit.xml"), "-n", "2",
+                    "--pb-strict"]
+
+        made: FinishedRun = made_once(tmp_path_factory, "hostile-strict", prepare, timeout=1500)
+    ids = json.loads((made.place / "ids.json").read_text())
+    made.result().assert_outcomes(failed=len(STRICT_CASES))
+    summary = json.loads((made.place / "run" / "summary.json").read_text())
+    assert summary["headline"]["errors"] == 0
+    assert leaked(docker_client, made.place / "run") == []
+    return made.copy(dest), ids
+
+
+def test_grader_material_attacks_under_strict_score_what_the_program_deserves(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, testbed: Testbed, docker_client: Any) -> None:
+    place, ids = strict_session(tmp_path_factory, testbed, docker_client, tmp_path / "strict")
+    cases = junit(place)
+    assert float(cases[ids["plugindir"]]["score"]) < 1.0
+    assert PLUGIN_DIR in meta(place, ids["plugindir"])["evaluation"]["neutralised"]
+    assert float(cases[ids["githook"]]["score"]) < 1.0
+    assert ".git" in meta(place, ids["githook"])["evaluation"]["neutralised"]
+    tuiish = flags_of(place, ids["githook"])
     assert (integrity.GIT_METADATA, ".git") in tuiish
     assert (integrity.SEED_GIT_CHANGED, "") not in tuiish  # the hook never ran
-    assert leaked(docker_client, pytester.path / "run") == []
 
 
 def test_install_record_only_from_an_untouched_evaluation(testbed: Testbed, tmp_path: Path) -> None:
     """A private record cache: records are made in a container of the task's image, never where a submission ran, so
     even the poisoned evaluation's comes from the image (its planted wheel is never read: the wheels are mounted);
-    the next replays it."""
+    the next replays it (the same replay twice proved nothing more: one honest evaluation replays it)."""
     task = tasks(testbed)[RPN]
     records = tmp_path / "records"
     poisoned = run_ours(task, planted_wheel_submission(testbed, tmp_path / "poisoned"), testbed, tmp_path / "a",
@@ -205,9 +263,7 @@ def test_install_record_only_from_an_untouched_evaluation(testbed: Testbed, tmp_
     good = testbed.submissions / RPN / "submission.tar.gz"
     first = run_ours(task, good, testbed, tmp_path / "b", reruns=True, install_cache=str(records))
     assert first.reruns_install == "replayed"
-    second = run_ours(task, good, testbed, tmp_path / "c", reruns=True, install_cache=str(records))
-    assert second.reruns_install == "replayed"
-    assert second.score == first.score == 1.0
+    assert first.score == 1.0
     # A record whose files no longer match its digest is never replayed.
     with (record.parent / "files.tar").open("ab") as f:
         f.write(b"\0" * 512)
