@@ -232,19 +232,19 @@ def pack_wrong_rpn(testbed: Testbed, tmp_path: Path) -> Path:
     return pack(wrong, tmp_path / "wrong.tar.gz")
 
 
-def _shim_submission(testbed: Testbed, tmp_path: Path, *, program: Path | None) -> Path:
-    """A program (the good rpn, or `echo nope`) whose compile.sh also puts a `stat` and a `find` that print one line
-    on stderr in /usr/local/bin, and plants a look-alike wheel where the harness used to copy its own."""
+BLANKS_PROFILE = b"\necho 'head -c 614400 /dev/zero | tr \"\\\\0\" \" \"' > /etc/profile.d/zz-blanks.sh\n"
+
+
+def _shim_submission(testbed: Testbed, tmp_path: Path, *, program: Path, extra: bytes = b"") -> Path:
+    """A program (rpn's good or partly wrong one) whose compile.sh also puts a `stat` and a `find` that print one
+    line on stderr in /usr/local/bin, and plants a look-alike wheel where the harness used to copy its own
+    (``extra``: more of compile.sh, after that)."""
     shims = (b"for t in stat find; do printf '#!/bin/sh\\necho shim >&2\\n' > /usr/local/bin/$t;"
              b" chmod +x /usr/local/bin/$t; done\n"
              b"{ mkdir -p /tmp/pytest-programbench-wheels && echo fake > "
              b"/tmp/pytest-programbench-wheels/pytest_rerunfailures-16.4-1-py3-none-any.whl; } 2>/dev/null || true\n")
     tmp_path.mkdir(parents=True, exist_ok=True)
-    if program is None:
-        src = tmp_path / "nope-src"
-        src.mkdir()
-        return pack(src, tmp_path / "nope-shims.tar.gz", extra={"compile.sh": NOPE_COMPILE + shims})
-    compile_sh = (program / "compile.sh").read_bytes().rstrip(b"\n") + b"\n" + shims
+    compile_sh = (program / "compile.sh").read_bytes().rstrip(b"\n") + b"\n" + shims + extra
     return pack(program, tmp_path / "shims.tar.gz", drop=("compile.sh",), extra={"compile.sh": compile_sh})
 
 
@@ -252,40 +252,35 @@ def test_the_harness_checks_with_its_own_tools(testbed: Testbed, tmp_path: Path,
                                                official_with_wheels: None) -> None:
     """A `stat` and a `find` on the container's PATH that print one line on stderr: the harness's checks (the
     timeout-retry plugin read back, .git looked at, the wheels) never run them, so the good program scores as
-    officially (reruns on for both), and `echo nope` with a look-alike wheel at the old fixed path scores what it
-    does officially (the wheels are a read-only mount; the old path is never read)."""
+    officially (reruns on for both), and a partly wrong program (rpn's `wrong`: a failing test, rerun) with the same
+    look-alike wheel at the old fixed path scores what it does officially (the wheels are a read-only mount; the old
+    path is never read). (It was `echo nope`, its fifteen tests failing, each rerun twice a second apart: the
+    reruns are exercised by one failing test as well.)
+
+    The good program's compile.sh also leaves a login profile printing 600 KiB of blanks before every step: the
+    official parses the hash step's whole output (its first word is the hash); ours reads those steps whole too,
+    never the cap's marker (what test_a_hash_step_whose_output_is_huge_is_parsed_whole asserted on its own
+    evaluations: one pair of evaluations holds both)."""
     instance = instances(testbed)[RPN]
-    good = _shim_submission(testbed, tmp_path / "good", program=testbed.solutions / RPN)
+    good = _shim_submission(testbed, tmp_path / "good", program=testbed.solutions / RPN, extra=BLANKS_PROFILE)
     official = run_official(instance, good)
     ours = run_ours(tasks(testbed)[RPN], good, testbed, tmp_path / "ours", reruns=True)
     assert ours.infra_error is None
     assert ours.reruns, ours.reruns_reason
     assert statuses(ours.result) == statuses(official)  # type: ignore[arg-type]
     assert ours.score == official_score(official, instance) == 1.0
-    nope = _shim_submission(testbed, tmp_path / "nope", program=None)
-    official_nope = run_official(instance, nope)
-    ours_nope = run_ours(tasks(testbed)[RPN], nope, testbed, tmp_path / "ours-nope", reruns=True)
-    assert ours_nope.score == official_score(official_nope, instance) < 1.0
-    assert ours_nope.reruns, ours_nope.reruns_reason
-
-
-def test_a_hash_step_whose_output_is_huge_is_parsed_whole(testbed: Testbed, tmp_path: Path, docker_client: Any,
-                                                          official_blob_dir: None) -> None:
-    """A login profile printing 600 KiB of blanks before every step: the official parses the hash step's whole
-    output (its first word is the hash); ours reads those steps whole too, never the cap's marker."""
-    instance = instances(testbed)[RPN]
-    profile = (b"\necho 'head -c 614400 /dev/zero | tr \"\\\\0\" \" \"' > /etc/profile.d/zz-blanks.sh\n")
-    compile_sh = (testbed.solutions / RPN / "compile.sh").read_bytes().rstrip(b"\n") + profile
-    archive = pack(testbed.solutions / RPN, tmp_path / "blanks.tar.gz", drop=("compile.sh",),
-                   extra={"compile.sh": compile_sh})
-    official = run_official(instance, archive)
-    ours = run_ours(tasks(testbed)[RPN], archive, testbed, tmp_path / "ours", reruns=False)
+    # The huge hash step, parsed whole by both.
     assert official.executable_hash is not None
     assert len(official.executable_hash) == 64
     assert ours.executable_hash == official.executable_hash
     assert ours.result is not None
     assert ours.result.test_branch_errors == official.test_branch_errors == {}
-    assert ours.score == official_score(official, instance) == 1.0
+    wrong = _shim_submission(testbed, tmp_path / "wrong", program=testbed.bad / RPN / "wrong")
+    official_wrong = run_official(instance, wrong)
+    ours_wrong = run_ours(tasks(testbed)[RPN], wrong, testbed, tmp_path / "ours-wrong", reruns=True)
+    assert ours_wrong.reruns, ours_wrong.reruns_reason
+    assert statuses(ours_wrong.result) == statuses(official_wrong)  # type: ignore[arg-type]
+    assert ours_wrong.score == official_score(official_wrong, instance) < 1.0
 
 
 def test_a_batched_step_keeps_its_output_read_as_docker_exec_does(testbed: Testbed, docker_client: Any,
