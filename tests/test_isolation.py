@@ -39,8 +39,9 @@ from tests.conftest import Testbed
 from tests.shared_runs import FinishedRun, made_once
 from tests.task_copies import task_copies
 from tests.test_evaluate_only import leaked
+from tests.test_evaluation_divergences import one_branch
 from tests.test_evaluation_integrity import EXPLOIT_CONFTEST
-from tests.test_evaluation_parity import run_ours, tasks
+from tests.test_evaluation_parity import run_ours
 from tests.test_integrity_sessions import (
     NOPE_COMPILE,
     PROFILE_WRITER,
@@ -52,6 +53,7 @@ from tests.test_integrity_sessions import (
 )
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("clean_env")]
+__all__ = ["one_branch"]  # a fixture shared with the divergence tests
 
 CATLIKE = "pbfix__catlike.c47c47c"
 RPN = "pbfix__rpn.0b5e55e"
@@ -248,26 +250,28 @@ def test_grader_material_attacks_under_strict_score_what_the_program_deserves(
     assert (integrity.SEED_GIT_CHANGED, "") not in tuiish  # the hook never ran
 
 
-def test_install_record_only_from_an_untouched_evaluation(testbed: Testbed, tmp_path: Path) -> None:
+def test_install_record_only_from_an_untouched_evaluation(testbed: Testbed, tmp_path: Path, one_branch: Any) -> None:
     """A private record cache: records are made in a container of the task's image, never where a submission ran, so
     even the poisoned evaluation's comes from the image (its planted wheel is never read: the wheels are mounted);
-    the next replays it (the same replay twice proved nothing more: one honest evaluation replays it)."""
-    task = tasks(testbed)[RPN]
+    the next replays it (the same replay twice proved nothing more: one honest evaluation replays it). On a one-branch
+    copy of rpn (the branch where its wrong program fails a test): the record is made and replayed once per
+    evaluation, not per branch."""
+    task, _instance, blob_dir = one_branch(RPN)
     records = tmp_path / "records"
     poisoned = run_ours(task, planted_wheel_submission(testbed, tmp_path / "poisoned"), testbed, tmp_path / "a",
-                        reruns=True, install_cache=str(records))
+                        reruns=True, install_cache=str(records), blob_dir=blob_dir)
     assert poisoned.reruns_install == "recorded from the task's image, replayed"
     assert poisoned.score < 1.0
     record = next(records.glob("*/record.json"))
     assert json.loads(record.read_text())["v"] == 3
     good = testbed.submissions / RPN / "submission.tar.gz"
-    first = run_ours(task, good, testbed, tmp_path / "b", reruns=True, install_cache=str(records))
+    first = run_ours(task, good, testbed, tmp_path / "b", reruns=True, install_cache=str(records), blob_dir=blob_dir)
     assert first.reruns_install == "replayed"
     assert first.score == 1.0
     # A record whose files no longer match its digest is never replayed.
     with (record.parent / "files.tar").open("ab") as f:
         f.write(b"\0" * 512)
-    third = run_ours(task, good, testbed, tmp_path / "d", reruns=True, install_cache=str(records))
+    third = run_ours(task, good, testbed, tmp_path / "d", reruns=True, install_cache=str(records), blob_dir=blob_dir)
     assert third.reruns_install == "recorded from the task's image, replayed"  # a new record replaced it
     assert third.score == 1.0
 

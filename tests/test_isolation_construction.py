@@ -31,12 +31,12 @@ from pytest_programbench.tasks.blobs import resolve_blobs
 from pytest_programbench.tasks.catalogue import Task
 from tests.conftest import Testbed
 from tests.proxy_support import environment_engine
+from tests.test_evaluation_divergences import one_branch
 from tests.test_evaluation_integrity import NOPE_COMPILE
 from tests.test_evaluation_parity import (
     CATLIKE,
     RPN,
     evaluate_swept,
-    instances,
     official_blob_dir,
     official_score,
     official_with_wheels,
@@ -48,7 +48,7 @@ from tests.test_evaluation_parity import (
 
 pytestmark = pytest.mark.docker
 TEST_RUN = "pb-test-construction"
-__all__ = ["official_blob_dir", "official_with_wheels"]  # fixtures
+__all__ = ["official_blob_dir", "official_with_wheels", "one_branch"]  # fixtures
 SITE = "/usr/lib/python3/dist-packages"
 # A force-pass pytest plugin and a .pth that loads it in every Python process (PYTEST_PLUGINS).
 FORCE_PASS = (b"import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
@@ -144,10 +144,10 @@ def test_the_reaper_removes_a_dead_runs_grader_volumes(docker_client: Any, testb
 
 
 def run_ours(task: Task, archive: Path, testbed: Testbed, tmp_path: Path, *, reruns: bool,
-             **settings: Any) -> EvaluationOutcome:
+             blob_dir: Path | None = None, **settings: Any) -> EvaluationOutcome:
     """tests.test_evaluation_parity's, under this module's own run label (its leftovers are checked)."""
     instance = task.load_instance()
-    blobs = resolve_blobs(task, get_active_branches(instance), blob_dir=testbed.blob_dir,
+    blobs = resolve_blobs(task, get_active_branches(instance), blob_dir=blob_dir or testbed.blob_dir,
                           cache_dir=tmp_path / "cache")
     with environment_engine() as engine:
         image = ensure_image(task, pull="never", engine=engine)
@@ -199,30 +199,33 @@ SURVIVOR = (b"while [ ! -e /opt/programbench-stashed-executable-do-not-modify ];
             + b"/zz-pbforce.pth; sleep 0.05; done\n")
 
 
-def test_a_process_the_stop_spared_never_reaches_grading(testbed: Testbed, tmp_path: Path,
-                                                          docker_client: Any) -> None:
+def test_a_process_the_stop_spared_never_reaches_grading(testbed: Testbed, tmp_path: Path, docker_client: Any,
+                                                          one_branch: Any) -> None:
     """The /proc/PID/mem survivor: compile.sh turns the compile container's keep-alive into its own program (same
     pid, same start time, so the stop after compile.sh spares it); once the install step runs it writes a force-pass
     plugin and a .pth loading it into site-packages. When the install step ran in the compile container (the old
     construction) `echo nope` passed 1.0 unflagged; now that container is frozen and removed after the hash step and
     the install step runs in a fresh one: the survivor never writes, `echo nope` scores its 0, and the install
     record, made in a container of the task's image, never holds its files: an honest wrong program later gets the
-    score it gets officially."""
+    score it gets officially. Both on one-branch copies (the survivor acts once per evaluation, not per branch; rpn's
+    branch is the one where its wrong program fails a test)."""
     src = tmp_path / "src"
     src.mkdir()
     compile_sh = NOPE_COMPILE + b"python3 pbinject.py /workspace/pbsurvive.sh\n"
     archive = pack(src, tmp_path / "survivor.tar.gz", extra={"compile.sh": compile_sh, "pbinject.py": INJECTOR,
                                                             "pbsurvive.sh": SURVIVOR, "pbforce.txt": FORCE_PASS})
     records = tmp_path / "records"
-    outcome = run_ours(tasks(testbed)[CATLIKE], archive, testbed, tmp_path / "a", reruns=True,
-                       install_cache=str(records))
+    catlike, _instance, catlike_blobs = one_branch(CATLIKE)
+    outcome = run_ours(catlike, archive, testbed, tmp_path / "a", reruns=True, install_cache=str(records),
+                       blob_dir=catlike_blobs)
     assert outcome.infra_error is None
     assert outcome.score == 0.0, (outcome.score, outcome.integrity_flags)
     for record in records.glob("*/files.tar"):
         assert b"pbforce" not in record.read_bytes()
     # An honest wrong program of the same image, replaying that record: its official statuses.
-    honest = run_ours(tasks(testbed)[RPN], pack_wrong_rpn(testbed, tmp_path), testbed, tmp_path / "b",
-                      reruns=False, install_cache=str(records))
+    rpn, _instance, rpn_blobs = one_branch(RPN)
+    honest = run_ours(rpn, pack_wrong_rpn(testbed, tmp_path), testbed, tmp_path / "b", reruns=False,
+                      install_cache=str(records), blob_dir=rpn_blobs)
     assert honest.score < 1.0
     assert honest.integrity_flags == []
 
@@ -249,7 +252,7 @@ def _shim_submission(testbed: Testbed, tmp_path: Path, *, program: Path, extra: 
 
 
 def test_the_harness_checks_with_its_own_tools(testbed: Testbed, tmp_path: Path, docker_client: Any,
-                                               official_with_wheels: None) -> None:
+                                               official_with_wheels: None, one_branch: Any) -> None:
     """A `stat` and a `find` on the container's PATH that print one line on stderr: the harness's checks (the
     timeout-retry plugin read back, .git looked at, the wheels) never run them, so the good program scores as
     officially (reruns on for both), and a partly wrong program (rpn's `wrong`: a failing test, rerun) with the same
@@ -260,11 +263,14 @@ def test_the_harness_checks_with_its_own_tools(testbed: Testbed, tmp_path: Path,
     The good program's compile.sh also leaves a login profile printing 600 KiB of blanks before every step: the
     official parses the hash step's whole output (its first word is the hash); ours reads those steps whole too,
     never the cap's marker (what test_a_hash_step_whose_output_is_huge_is_parsed_whole asserted on its own
-    evaluations: one pair of evaluations holds both)."""
-    instance = instances(testbed)[RPN]
+    evaluations: one pair of evaluations holds both).
+
+    On a one-branch copy of rpn (the branch where its wrong program fails a test), official and ours: the tools,
+    the wheels and the hash are met once per evaluation, not per branch."""
+    task, instance, blob_dir = one_branch(RPN)
     good = _shim_submission(testbed, tmp_path / "good", program=testbed.solutions / RPN, extra=BLANKS_PROFILE)
     official = run_official(instance, good)
-    ours = run_ours(tasks(testbed)[RPN], good, testbed, tmp_path / "ours", reruns=True)
+    ours = run_ours(task, good, testbed, tmp_path / "ours", reruns=True, blob_dir=blob_dir)
     assert ours.infra_error is None
     assert ours.reruns, ours.reruns_reason
     assert statuses(ours.result) == statuses(official)  # type: ignore[arg-type]
@@ -277,7 +283,7 @@ def test_the_harness_checks_with_its_own_tools(testbed: Testbed, tmp_path: Path,
     assert ours.result.test_branch_errors == official.test_branch_errors == {}
     wrong = _shim_submission(testbed, tmp_path / "wrong", program=testbed.bad / RPN / "wrong")
     official_wrong = run_official(instance, wrong)
-    ours_wrong = run_ours(tasks(testbed)[RPN], wrong, testbed, tmp_path / "ours-wrong", reruns=True)
+    ours_wrong = run_ours(task, wrong, testbed, tmp_path / "ours-wrong", reruns=True, blob_dir=blob_dir)
     assert ours_wrong.reruns, ours_wrong.reruns_reason
     assert statuses(ours_wrong.result) == statuses(official_wrong)  # type: ignore[arg-type]
     assert ours_wrong.score == official_score(official_wrong, instance) < 1.0
