@@ -202,17 +202,16 @@ def test_compile_output_that_is_not_utf8_scores_zero_as_the_official(
 
 
 def test_test_run_output_that_is_not_utf8_scores_zero_as_the_official(
-        testbed: Testbed, official_blobs: Any, tmp_path: Path) -> None:
-    """Only the hidden test run prints the bad byte (a profile script keyed on run.sh)."""
-    official_blobs(testbed.blob_dir)
+        testbed: Testbed, one_branch: Any, tmp_path: Path) -> None:
+    """Only the hidden test run prints the bad byte (a profile script keyed on run.sh). One branch of rpn: the first
+    branch raises on both sides (a second was only made ahead by ours, and thrown away)."""
+    task, instance, blob_dir = one_branch(RPN)
     script = 'case "$BASH_EXECUTION_STRING" in *"&& ./eval/run.sh"*) printf "\\xff\\n";; esac'
     archive = rpn_archive(testbed, tmp_path / "s.tar.gz", with_profile_script(script))
-    task = {t.instance_id: t for t in load_tasks_dir(testbed.tasks_dir)}[RPN]
-    instance = {i["instance_id"]: i for i in load_all_instances(testbed.tasks_dir)}[RPN]
     summary, official = run_official_cli(instance, archive, tmp_path)
     assert official is None
     assert (summary.score, summary.error_code) == (0.0, "UnicodeDecodeError")
-    outcome = run_ours(task, archive, testbed.blob_dir, tmp_path)
+    outcome = run_ours(task, archive, blob_dir, tmp_path)
     assert_same_verdict(summary, outcome)
     assert outcome.executable_hash is not None  # the compile phase passed: the branch raised
     assert outcome.result is not None
