@@ -222,8 +222,12 @@ def test_compile_clock(testbed: Testbed, tmp_path: Path, docker_client: Any) -> 
 
 
 def test_test_clock(testbed: Testbed, tmp_path: Path) -> None:
-    """The hanging test trips pytest-timeout inside (10 s); a 6 s branch clock fires first and is named."""
-    outcome = _evaluate(tasks(testbed)[CATLIKE], submission(testbed, "hang", CATLIKE), testbed, tmp_path,
+    """The hanging test trips pytest-timeout inside (10 s); a 6 s branch clock fires first and is named. On a copy
+    of catlike with one branch active, the one holding the hanging test (the other passes everything)."""
+    hanging = "8d2e4b6f0a13"  # test_streams_before_eof
+    task = load(custom_rpn(testbed, tmp_path / "task", active=[hanging], source=CATLIKE), CATLIKE)[0]
+    blobs = resolve_blobs(task, [hanging], blob_dir=tmp_path / "task" / "blobs", cache_dir=tmp_path / "cache")
+    outcome = _evaluate(task, submission(testbed, "hang", CATLIKE), testbed, tmp_path, blobs=blobs,
                         test_timeout=6, branch_retries=0)
     assert outcome.infra_error is None
     assert outcome.clock_fired == "test"
