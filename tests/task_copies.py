@@ -9,6 +9,7 @@ tags only, never the image).
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import shutil
 from collections.abc import Iterator, Mapping
@@ -25,11 +26,24 @@ def copy_id(org: str, name: str, source: str) -> str:
     return f"{org}__{name}.{source.rpartition('.')[2]}"
 
 
+def keep_one_branch(task_dir: Path, branch: str) -> None:
+    """The copy's ``tests.json`` with ``branch`` its one active branch (the others ignored, as a task may list them):
+    for a case whose property is decided once per evaluation, each branch more only adds containers (issue 40)."""
+    tests = json.loads((task_dir / "tests.json").read_text())
+    if branch not in tests["branches"]:
+        raise ValueError(f"{task_dir.name} has no branch {branch}")
+    for name, data in tests["branches"].items():
+        data["ignored"] = name != branch
+        data["ignore_reason"] = "" if name == branch else "not needed by this test"
+    (task_dir / "tests.json").write_text(json.dumps(tests, indent=2, sort_keys=True))
+
+
 @contextlib.contextmanager
 def task_copies(root: Path, testbed: Testbed, docker_client: Any, sources: Mapping[str, str],
-                prefix: str = "pbcopy") -> Iterator[dict[str, str]]:
+                prefix: str = "pbcopy", one_branch: Mapping[str, str] | None = None) -> Iterator[dict[str, str]]:
     """``sources``: case name -> the test bed task it copies. Writes ``root/tasks`` and ``root/blobs``; yields case
-    name -> the copy's instance id."""
+    name -> the copy's instance id. ``one_branch``: test bed task -> the one branch its copies keep active (tasks not
+    named keep theirs)."""
     from programbench.constants import image_name_from_instance_id
 
     org = f"{prefix}{secrets.token_hex(3)}"
@@ -40,6 +54,8 @@ def task_copies(root: Path, testbed: Testbed, docker_client: Any, sources: Mappi
             new_id = copy_id(org, name, source)
             shutil.copytree(testbed.tasks_dir / source, root / "tasks" / new_id,
                             ignore=shutil.ignore_patterns("Dockerfile"))
+            if one_branch and source in one_branch:
+                keep_one_branch(root / "tasks" / new_id, one_branch[source])
             shutil.copytree(testbed.blob_dir / source, root / "blobs" / new_id)
             repository = image_name_from_instance_id(new_id)
             docker_client.images.get(f"{image_name_from_instance_id(source)}:{TAG}").tag(repository, TAG)

@@ -44,6 +44,7 @@ from tests.test_evaluation_integrity import EXPLOIT_CONFTEST
 from tests.test_evaluation_parity import run_ours
 from tests.test_integrity_sessions import (
     NOPE_COMPILE,
+    ONE_BRANCH,
     PROFILE_WRITER,
     _pyc_shadow,
     flags_of,
@@ -121,28 +122,17 @@ def planted_wheel_submission(testbed: Testbed, out: Path) -> Path:
                                "pytest_rerunfailures-16.4-1-py3-none-any.whl": planted_wheel()})
 
 
-def program_files(program: Path | None) -> dict[str, bytes]:
-    """``echo nope`` (``program`` None), or a program's files (a test bed variant: main.c and compile.sh)."""
-    if program is None:
-        return {"compile.sh": NOPE_COMPILE}
-    return {path.name: path.read_bytes().rstrip(b"\n") + b"\n" if path.name == "compile.sh" else path.read_bytes()
-            for path in sorted(program.iterdir())}
-
-
-def plugin_dir_submission(out: Path, program: Path | None = None) -> Path:
-    """``echo nope`` (or ``program``); compile.sh leaves a sitecustomize.py and the force-pass module in the
-    official's plugin dir."""
+def plugin_dir_submission(out: Path) -> Path:
+    """``echo nope``; compile.sh leaves a sitecustomize.py and the force-pass module in the official's plugin dir."""
     plant = (f"mkdir -p {PLUGIN_DIR} && cp sitecustomize.txt {PLUGIN_DIR}/sitecustomize.py "
              f"&& cp pb_force.txt {PLUGIN_DIR}/pb_force.py\n").encode()
-    files = program_files(program)
-    compile_sh = files.pop("compile.sh")
-    return write_archive(out, {**files, "compile.sh": compile_sh + plant, "sitecustomize.txt": SITECUSTOMIZE,
+    return write_archive(out, {"compile.sh": NOPE_COMPILE + plant, "sitecustomize.txt": SITECUSTOMIZE,
                                "pb_force.txt": FORCE_PASS_MODULE})
 
 
-def git_hook_submission(out: Path, scratch: Path, program: Path | None = None) -> Path:
-    """``echo nope`` (or ``program``); ``.git`` is a file naming ``gm/``, a repository whose pre-commit hook installs
-    the force-pass plugin into site-packages (a .pth setting PYTEST_PLUGINS) when the official's seed_git commits."""
+def git_hook_submission(out: Path, scratch: Path) -> Path:
+    """``echo nope``; ``.git`` is a file naming ``gm/``, a repository whose pre-commit hook installs the force-pass
+    plugin into site-packages (a .pth setting PYTEST_PLUGINS) when the official's seed_git commits."""
     repo = scratch / "repo"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     gitdir = repo / ".git"
@@ -150,7 +140,7 @@ def git_hook_submission(out: Path, scratch: Path, program: Path | None = None) -
             b"d=$(python3 -c 'import site; print(site.getsitepackages()[0])')\n"
             b"mkdir -p \"$d\" && cp /workspace/gm/pb_force.py \"$d/pb_force.py\"\n"
             b"echo 'import os; os.environ.setdefault(\"PYTEST_PLUGINS\", \"pb_force\")' > \"$d/pb_force.pth\"\n")
-    files: dict[str, bytes | tuple[bytes, int]] = {**program_files(program), ".git": b"gitdir: gm\n",
+    files: dict[str, bytes | tuple[bytes, int]] = {"compile.sh": NOPE_COMPILE, ".git": b"gitdir: gm\n",
                                                    "gm/hooks/pre-commit": (hook, 0o755),
                                                    "gm/pb_force.py": FORCE_PASS_MODULE}
     files["gm/objects/info/.keep"] = b""  # the repository's empty directories, which a tar of files lacks
@@ -199,8 +189,8 @@ def test_grader_material_attacks_are_flagged_and_score_officially(pytester: pyte
 # and git before the baseline (test_grader_material_attacks_under_strict_score_what_the_program_deserves), the
 # conftest.py a login-shell snippet writes after compile.sh and the sourceless .pyc
 # (tests/test_integrity_sessions.py::test_hostile_submissions_under_strict); each case's properties are its own item's.
-# Each attack carries a partly wrong program (the test bed's `wrong` variant), not `echo nope`: neutralised, it scores
-# that program's honest score (< 1) with a few failing tests rerun, not every test failing and each rerun twice.
+# Each copy keeps one branch active (tests.test_integrity_sessions.ONE_BRANCH): neutralised, `echo nope` scores < 1
+# on it, and its failing tests (each rerun twice) are one branch's, not every branch's.
 STRICT_CASES = {"plugindir": CATLIKE, "githook": TUIISH, "profile": CATLIKE, "pyc": TUIISH}
 
 
@@ -212,16 +202,13 @@ def strict_session(tmp_path_factory: pytest.TempPathFactory, testbed: Testbed, d
     with contextlib.ExitStack() as stack:
         def prepare(place: Path) -> list[str]:
             ids.update(stack.enter_context(task_copies(place, testbed, docker_client, STRICT_CASES,
-                                                       prefix="pbstrict")))
+                                                       prefix="pbstrict", one_branch=ONE_BRANCH)))
             subs = place / "subs"
-            plugin_dir_submission(subs / ids["plugindir"], testbed.bad / CATLIKE / "wrong")
+            plugin_dir_submission(subs / ids["plugindir"])
             (place / "git-scratch").mkdir()
-            git_hook_submission(subs / ids["githook"], place / "git-scratch", testbed.bad / TUIISH / "wrong")
-            wrong_catlike = program_files(testbed.bad / CATLIKE / "wrong")
-            write_archive(subs / ids["profile"], {
-                **wrong_catlike, "compile.sh": wrong_catlike["compile.sh"] + PROFILE_WRITER[len(NOPE_COMPILE):]})
-            write_archive(subs / ids["pyc"], {**program_files(testbed.bad / TUIISH / "wrong"),
-                                              "argparse.pyc": _pyc_shadow(place)})
+            git_hook_submission(subs / ids["githook"], place / "git-scratch")
+            write_archive(subs / ids["profile"], {"compile.sh": PROFILE_WRITER})
+            write_archive(subs / ids["pyc"], {"compile.sh": NOPE_COMPILE, "argparse.pyc": _pyc_shadow(place)})
             (place / "ids.json").write_text(json.dumps(ids))
             return ["-p", "no:cacheprovider", "--pb-tasks-dir", str(place / "tasks"), "--pb-blob-dir",
                     str(place / "blobs"), "--pb-submissions", str(subs), "--pb-output", str(place / "run"),
