@@ -88,11 +88,15 @@ def archive(out: Path, src: Path | None, extra: dict[str, bytes], *, deep: str |
             _add(tar, f"{chain}/leaf.txt", b"deep\n")
 
 
-def session(pytester: pytest.Pytester, testbed: Testbed, submissions: Path, *args: str) -> pytest.RunResult:
+def session(pytester: pytest.Pytester, testbed: Testbed, submissions: Path, *args: str,
+            copies: bool = False) -> pytest.RunResult:
+    """``copies``: over the task copies tests/task_copies.py wrote in the pytester's directory, not the test bed's."""
+    tasks, blobs = ((pytester.path / "tasks", pytester.path / "blobs") if copies
+                    else (testbed.tasks_dir, testbed.blob_dir))
     return pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--pb-tasks-dir", str(testbed.tasks_dir), "--pb-blob-dir", str(testbed.blob_dir),
+        "-p", "no:cacheprovider", "--pb-tasks-dir", str(tasks), "--pb-blob-dir", str(blobs),
         "--pb-submissions", str(submissions), "--pb-output", str(pytester.path / "run"), "--pb-cpus", "1",
-        "--junitxml", str(pytester.path / "junit.xml"), *args,
+        "--junitxml", str(pytester.path / "junit.xml"), *(("--pb-pull", "never") if copies else ()), *args,
     )
 
 
@@ -282,15 +286,18 @@ def test_a_process_outliving_compile_and_a_pyc_shadow_are_caught(hostile: Hostil
 
 
 def test_hostile_submissions_without_xdist(pytester: pytest.Pytester, testbed: Testbed, docker_client: Any) -> None:
-    """No xdist: names that are not UTF-8 (rpn) reach the report, JUnit, summary.json and the terminal escaped."""
-    subs = pytester.path / "subs"
-    _undecodable_rpn(testbed, subs / RPN)
-    result = session(pytester, testbed, subs)
+    """No xdist: names that are not UTF-8 (rpn, on a one-branch copy) reach the report, JUnit, summary.json and the
+    terminal escaped."""
+    with task_copies(pytester.path, testbed, docker_client, {"undecodable": RPN}, prefix="pbnoxdist",
+                     one_branch=ONE_BRANCH) as ids:
+        subs = pytester.path / "subs"
+        _undecodable_rpn(testbed, subs / ids["undecodable"])
+        result = session(pytester, testbed, subs, copies=True)
 
-    result.assert_outcomes(failed=1)
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
-    _assert_undecodable_scored(pytester, result)
-    assert leaked(docker_client, pytester.path / "run") == []
+        result.assert_outcomes(failed=1)
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+        _assert_undecodable_scored(pytester, result, ids["undecodable"])
+        assert leaked(docker_client, pytester.path / "run") == []
 
 
 def test_hostile_submissions_under_strict(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,

@@ -157,29 +157,37 @@ def test_grader_material_attacks_are_flagged_and_score_officially(pytester: pyte
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     # pip runs in every evaluation (no recorded install replayed): the planted wheel meets pip itself.
     monkeypatch.setenv("PYTEST_PROGRAMBENCH_PIP_REPLAY", "0")
-    subs = pytester.path / "subs"
-    planted_wheel_submission(testbed, subs / RPN)
-    plugin_dir_submission(subs / CATLIKE)
-    git_hook_submission(subs / TUIISH, pytester.path)
-    result = session(pytester, testbed, subs)
+    # On one-branch copies of the tasks (ONE_BRANCH: rpn's is where its wrong program fails a test).
+    with task_copies(pytester.path, testbed, docker_client, {"planted": RPN, "plugindir": CATLIKE, "githook": TUIISH},
+                     prefix="pbgrader", one_branch=ONE_BRANCH) as ids:
+        subs = pytester.path / "subs"
+        planted_wheel_submission(testbed, subs / ids["planted"])
+        plugin_dir_submission(subs / ids["plugindir"])
+        git_hook_submission(subs / ids["githook"], pytester.path)
+        result = session(pytester, testbed, subs, copies=True)
+        _assert_grader_material_scored(pytester, result, docker_client, ids["planted"], ids["plugindir"],
+                                       ids["githook"])
 
+
+def _assert_grader_material_scored(pytester: pytest.Pytester, result: pytest.RunResult, docker_client: Any,
+                                   rpn: str, catlike: str, tuiish: str) -> None:
     result.assert_outcomes(failed=3)
     cases = junit(pytester)
     # The planted wheel is never read: the wrong program keeps its failures (reruns still on, with our wheels).
-    assert float(cases[RPN]["score"]) < 1.0
-    assert (integrity.HARNESS_PATH, PLANTED_DIR) in flags_of(pytester, RPN)
-    assert meta(pytester, RPN)["evaluation"]["reruns"] == "on"
+    assert float(cases[rpn]["score"]) < 1.0
+    assert (integrity.HARNESS_PATH, PLANTED_DIR) in flags_of(pytester, rpn)
+    assert meta(pytester, rpn)["evaluation"]["reruns"] == "on"
     # The plugin directory: the official passes `echo nope` through it; the score stays the official one, flagged.
-    assert float(cases[CATLIKE]["score"]) == 1.0
-    assert (integrity.HARNESS_PATH, PLUGIN_DIR) in flags_of(pytester, CATLIKE)
-    assert "harness_path" in cases[CATLIKE]["message"]
+    assert float(cases[catlike]["score"]) == 1.0
+    assert (integrity.HARNESS_PATH, PLUGIN_DIR) in flags_of(pytester, catlike)
+    assert "harness_path" in cases[catlike]["message"]
     # Git: the baseline is taken before seed_git, so what its hook installed is seen, and named three ways.
-    tuiish = flags_of(pytester, TUIISH)
-    assert float(cases[TUIISH]["score"]) == 1.0
-    assert (integrity.GIT_METADATA, ".git") in tuiish
-    assert (integrity.SEED_GIT_CHANGED, "") in tuiish
-    assert (integrity.COMPILE_OUTSIDE, "/") in tuiish
-    assert "pb_force.pth" in cases[TUIISH]["integrity_flags"]
+    git_flags = flags_of(pytester, tuiish)
+    assert float(cases[tuiish]["score"]) == 1.0
+    assert (integrity.GIT_METADATA, ".git") in git_flags
+    assert (integrity.SEED_GIT_CHANGED, "") in git_flags
+    assert (integrity.COMPILE_OUTSIDE, "/") in git_flags
+    assert "pb_force.pth" in cases[tuiish]["integrity_flags"]
     summary = json.loads((pytester.path / "run" / "summary.json").read_text())
     assert summary["headline"]["errors"] == 0
     assert leaked(docker_client, pytester.path / "run") == []
