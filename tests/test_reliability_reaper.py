@@ -279,7 +279,10 @@ def test_two_reapers_at_once_are_harmless(docker_client: Any, testbed: Testbed, 
             thread.join(120)
     assert [r.errors for r in reports] == [[], []]
     assert not [i for i in ids if _container_exists(docker_client, i)]
-    assert sorted(c for r in reports for c in r.containers) == sorted(i[:12] for i in ids)
+    # Every container is reported by a reaper, and none but the runs'. The engine may answer both removals of one
+    # container with success (the second one fetched it before the first removed it, then found its removal no
+    # longer in progress: seen in CI under load), so a container can be in both reports.
+    assert {c for r in reports for c in r.containers} == {i[:12] for i in ids}
 
 
 def test_unreachable_engine_is_reported_not_raised(tmp_path: Path) -> None:
