@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 . scripts/venv.sh
 # The slow steps say what they do, with a line every 30 s while they run: on a fresh machine pip and debootstrap take
 # a few minutes each (the images and archives seconds); on a set-up machine the set-up takes about a minute (pip).
-echo "== set-up: the project's venv (pip), then Docker and the test bed (testbed/setup.sh)"
+echo "== set-up: the project's venv (uv, or pip), then Docker and the test bed (testbed/setup.sh)"
 pb_venv ''
 bash testbed/setup.sh
 # shellcheck source=/dev/null
