@@ -6,14 +6,10 @@ import json
 import tarfile
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import pytest
-from programbench.utils.load_data import get_active_branches
 
-from pytest_programbench.engine.images import ensure_image
 from pytest_programbench.evaluation import rerunfailures
-from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome
 from pytest_programbench.evaluation.install_cache import pip_writes, pristine_for_pip
 from pytest_programbench.evaluation.rerunfailures import (
     CONTAINER_WHEEL_DIR,
@@ -22,13 +18,11 @@ from pytest_programbench.evaluation.rerunfailures import (
     pip_environment,
     validate_wheel_dir,
 )
-from pytest_programbench.tasks.blobs import resolve_blobs
 from pytest_programbench.tasks.catalogue import Task
 from tests.conftest import Testbed
 from tests.outcome_support import item_message
-from tests.proxy_support import environment_engine
 from tests.test_evaluation_divergences import GOOD_COMPILE, custom_rpn, load, rpn_archive
-from tests.test_evaluation_parity import RPN, evaluate_swept, submission
+from tests.test_evaluation_parity import RPN, run_ours, submission
 
 # The one rpn branch these evaluations need: the wrong submission fails one of its tests (1 4 / gives 0), which is
 # rerun; the other two branches would only add containers (issue 40).
@@ -39,15 +33,6 @@ def one_branch_rpn(testbed: Testbed, root: Path) -> tuple[Task, Path]:
     """rpn with only ARGV_BRANCH active: the task and its blob directory."""
     custom_rpn(testbed, root, active=[ARGV_BRANCH])
     return load(root)[0], root / "blobs"
-
-
-def evaluate_with(task: Task, archive: Path, blob_dir: Path, work: Path, **settings: Any) -> EvaluationOutcome:
-    instance = task.load_instance()
-    blobs = resolve_blobs(task, get_active_branches(instance), blob_dir=blob_dir, cache_dir=work / "cache")
-    with environment_engine() as engine:
-        image = ensure_image(task, pull="never", engine=engine)
-        return evaluate_swept(task, archive, blobs=blobs, image=image.id, workdir=work, engine=engine,
-                              settings=EvalSettings(cpus=2, **settings))
 
 
 def with_line(script: str, line: str) -> str:
@@ -151,8 +136,8 @@ def test_reruns_on_in_a_real_evaluation(testbed: Testbed, tmp_path: Path) -> Non
     task, blob_dir = one_branch_rpn(testbed, tmp_path / "task")
     runs_by_evaluation = []
     for n, expected in enumerate(("recorded from the task's image, replayed", "replayed")):
-        outcome = evaluate_with(task, submission(testbed, "wrong", RPN), blob_dir, tmp_path / str(n), reruns=True,
-                                install_cache=str(cache))
+        outcome = run_ours(task, submission(testbed, "wrong", RPN), testbed, tmp_path / str(n), blob_dir=blob_dir,
+                           reruns=True, install_cache=str(cache))
         assert outcome.reruns, outcome.reruns_reason
         assert outcome.reruns_install == expected
         assert outcome.meta()["reruns_install"] == expected
@@ -171,7 +156,8 @@ def test_reruns_on_in_a_real_evaluation(testbed: Testbed, tmp_path: Path) -> Non
     assert runs_by_evaluation[0] == runs_by_evaluation[1]
     # A compile.sh that touches what pip reads (here /etc/pip.conf, empty) gets pip itself, never the record.
     planted = rpn_archive(testbed, tmp_path / "planted.tar.gz", with_line(GOOD_COMPILE, "touch /etc/pip.conf"))
-    outcome = evaluate_with(task, planted, blob_dir, tmp_path / "planted", reruns=True, install_cache=str(cache))
+    outcome = run_ours(task, planted, testbed, tmp_path / "planted", blob_dir=blob_dir, reruns=True,
+                       install_cache=str(cache))
     assert outcome.reruns, outcome.reruns_reason
     assert outcome.reruns_install == "pip"
     records = [d for d in cache.iterdir() if not d.name.startswith(".")]
@@ -225,8 +211,8 @@ def test_reruns_off_is_said(testbed: Testbed, tmp_path: Path, monkeypatch: pytes
     task, blob_dir = one_branch_rpn(testbed, tmp_path / "task")
     installs = []
     for n, expected in enumerate(("recorded from the task's image, replayed", "replayed")):
-        outcome = evaluate_with(task, submission(testbed, "good", RPN), blob_dir, tmp_path / str(n), reruns=True,
-                                install_cache=str(tmp_path / "installed"))
+        outcome = run_ours(task, submission(testbed, "good", RPN), testbed, tmp_path / str(n), blob_dir=blob_dir,
+                           reruns=True, install_cache=str(tmp_path / "installed"))
         assert not outcome.reruns
         assert outcome.reruns_install == expected
         assert "no pytest-rerunfailures wheels on this host" in outcome.reruns_reason
