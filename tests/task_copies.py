@@ -12,7 +12,7 @@ import contextlib
 import json
 import secrets
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +26,15 @@ def copy_id(org: str, name: str, source: str) -> str:
     return f"{org}__{name}.{source.rpartition('.')[2]}"
 
 
-def keep_one_branch(task_dir: Path, branch: str) -> None:
-    """The copy's ``tests.json`` with ``branch`` its one active branch (the others ignored, as a task may list them):
+def keep_active_branches(task_dir: Path, active: Collection[str]) -> None:
+    """The copy's ``tests.json`` with ``active`` its active branches (the others ignored, as a task may list them):
     for a case whose property is decided once per evaluation, each branch more only adds containers (issue 40)."""
     tests = json.loads((task_dir / "tests.json").read_text())
-    if branch not in tests["branches"]:
-        raise ValueError(f"{task_dir.name} has no branch {branch}")
+    if missing := sorted(set(active) - set(tests["branches"])):
+        raise ValueError(f"{task_dir.name} has no branch {', '.join(missing)}")
     for name, data in tests["branches"].items():
-        data["ignored"] = name != branch
-        data["ignore_reason"] = "" if name == branch else "not needed by this test"
+        data["ignored"] = name not in active
+        data["ignore_reason"] = "" if name in active else "not needed by this test"
     (task_dir / "tests.json").write_text(json.dumps(tests, indent=2, sort_keys=True))
 
 
@@ -55,7 +55,7 @@ def task_copies(root: Path, testbed: Testbed, docker_client: Any, sources: Mappi
             shutil.copytree(testbed.tasks_dir / source, root / "tasks" / new_id,
                             ignore=shutil.ignore_patterns("Dockerfile"))
             if one_branch and source in one_branch:
-                keep_one_branch(root / "tasks" / new_id, one_branch[source])
+                keep_active_branches(root / "tasks" / new_id, [one_branch[source]])
             shutil.copytree(testbed.blob_dir / source, root / "blobs" / new_id)
             repository = image_name_from_instance_id(new_id)
             docker_client.images.get(f"{image_name_from_instance_id(source)}:{TAG}").tag(repository, TAG)

@@ -38,6 +38,7 @@ from pytest_programbench.tasks.catalogue import Task, load_tasks_dir
 from tests.conftest import Testbed
 from tests.outcome_support import item_message
 from tests.proxy_support import environment_engine
+from tests.task_copies import keep_active_branches
 from tests.test_evaluation_parity import CATLIKE, RPN, RUN_LABEL, evaluate_swept, pack, statuses
 
 pytestmark = pytest.mark.docker
@@ -55,10 +56,8 @@ def custom_rpn(testbed: Testbed, root: Path, *, active: list[str], run_prefix: s
     src = testbed.tasks_dir / source
     task_dir = root / "tasks" / source
     shutil.copytree(src, task_dir)
+    keep_active_branches(task_dir, active)
     tests = json.loads((task_dir / "tests.json").read_text())
-    for branch, data in tests["branches"].items():
-        data["ignored"] = branch not in active
-        data["ignore_reason"] = "" if branch in active else "not needed by this test"
     for branch, (filename, text, names) in (extra_tests or {}).items():
         (task_dir / "tests" / branch / "eval" / "tests" / filename).write_text(text)
         tests["branches"][branch]["tests"].extend(names)
