@@ -7,8 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/venv.sh
 . scripts/venv.sh
-# The slow steps say what they do, with a line every 30 s while they run: on a fresh machine pip and debootstrap take
-# a few minutes each (the images and archives seconds); on a set-up machine the set-up takes about a minute (pip).
+# The slow steps say what they do, with a line every 30 s while they run: on a fresh machine the install takes a
+# minute and debootstrap a few (the images and archives seconds); on a set-up machine the set-up takes seconds (uv).
 echo "== set-up: the project's venv (uv, or pip), then Docker and the test bed (testbed/setup.sh)"
 pb_venv ''
 bash testbed/setup.sh

@@ -56,7 +56,6 @@ fi
 for name in p.PRESETS: print(p.describe(p.ensure_installed(*p.parse(name))))'
 # No network during tests: the hidden test archives come from the local blob dir.
 export HF_HUB_OFFLINE=1
-mkdir -p .ci/out
 serial=(tests/test_chaos_engine.py tests/test_chaos.py tests/test_load.py tests/test_engines.py tests/test_registry.py)
 clocked=(tests/test_model_outage.py tests/test_agent_clock.py tests/test_cli_agents.py tests/test_mini_swe_agent.py)
 status=0

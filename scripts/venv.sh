@@ -24,17 +24,18 @@ _pb_heartbeat() {
 }
 
 # uv installs what pip would (the same resolution: it is given the constraint file and index pip is configured with,
-# and the system's certificates as pip's configuration gives them) in seconds where pip takes minutes, most of them
+# and trusts the system's certificates, as Debian's pip does) in seconds where pip takes minutes, most of them
 # unpacking and byte-compiling; uv itself comes from pip.
-_pb_pip_setting() {  # the value pip's configuration (its files or PIP_* variables) gives KEY, if any
-    "$1" -m pip config list 2>/dev/null | sed -n "s/^\(global\|:env:\)\.$2='\(.*\)'\$/\2/p" | tail -n 1
+_pb_pip_setting() {  # the value pip's configuration (listed in $1: its files and PIP_* variables) gives KEY $2, if any
+    printf '%s\n' "$1" | sed -n "s/^\(global\|:env:\)\.$2='\(.*\)'\$/\2/p" | tail -n 1
 }
 
 _pb_uv_install() {
-    local py=$1 spec=$2 args=(--native-tls) value
+    local py=$1 spec=$2 args=(--native-tls) config value
     "$py" -m pip install --disable-pip-version-check --progress-bar off --quiet uv || return 1
-    value=$(_pb_pip_setting "$py" constraint) && [ -n "$value" ] && args+=(--constraint "$value")
-    value=$(_pb_pip_setting "$py" index-url) && [ -n "$value" ] && args+=(--index-url "$value")
+    config=$("$py" -m pip config list 2>/dev/null || true)
+    value=$(_pb_pip_setting "$config" constraint) && [ -n "$value" ] && args+=(--constraint "$value")
+    value=$(_pb_pip_setting "$config" index-url) && [ -n "$value" ] && args+=(--index-url "$value")
     "$py" -m uv pip install --python "$py" "${args[@]}" -e "$spec"
 }
 
