@@ -32,8 +32,6 @@ from typing import Any
 
 import pytest
 
-from pytest_programbench.evaluation.container_layer import SdkContainerEnvironment
-
 RUN_LABEL = "pytest-programbench"
 SERIAL_LOCK = Path(tempfile.gettempdir()) / "pytest-programbench-serial-phase.lock"
 FIXTURE_IMAGES = (
@@ -289,28 +287,3 @@ def test_private_engine_is_separate_and_restartable(engine: PrivateEngine, docke
     finally:
         private.close()
     assert engine.containers() == []
-
-
-def test_no_network_sandbox_outlives_its_container(engine: PrivateEngine) -> None:
-    """On an engine without a bridge network, dockerd keeps the network sandbox of every container made in network
-    mode "default" after its removal, and its next start removes them one by one (0.1 s each). The evaluation's
-    containers ask for that mode by its name there, "none" (engine/facts.py's network_mode_for); a plain container
-    in mode "default", the control, shows in the log the sandbox the rule exists for."""
-    client = engine.client()
-    try:
-        ours = SdkContainerEnvironment(image=FIXTURE_IMAGES[0], engine=client, cpus=1, labels={}, lifetime=60)
-        made = {"ours": ours.container_id}
-        ours.cleanup()
-        control = client.containers.run(FIXTURE_IMAGES[0], ["true"], detach=True, network_mode="default")
-        control.wait(timeout=60)
-        made["control"] = control.id
-        control.remove()
-    finally:
-        client.close()
-    seen_before = engine.log.stat().st_size
-    engine.restart()
-    with engine.log.open("rb") as log:
-        log.seek(seen_before)
-        cleaned = [line for line in log.read().decode(errors="replace").splitlines() if "stale sandbox" in line]
-    assert any(made["control"] in line for line in cleaned), cleaned  # the leak is real on this engine
-    assert not any(made["ours"] in line for line in cleaned), cleaned

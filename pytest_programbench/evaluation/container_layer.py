@@ -17,9 +17,7 @@ those with docker-py equivalents, so the semantics stay the official code's:
 
 Networks as the official: every container gets the engine's default network (``docker run`` without
 ``--network``) and the official ``internet_control`` blackholes DNS around ``compile.sh``; ``--pb-strict`` gives every
-container ``network_mode="none"`` instead. On an engine without a bridge network the default is loopback only, and is
-asked for by that name, ``none`` (:func:`~pytest_programbench.engine.facts.network_mode_for`: dockerd keeps the
-sandbox of a ``default`` container there). Command output is decoded strictly, as ``subprocess.run(text=True)`` does:
+container ``network_mode="none"`` instead. Command output is decoded strictly, as ``subprocess.run(text=True)`` does:
 undecodable bytes raise :class:`UndecodableOutput` (a ``UnicodeDecodeError``), which the official scores 0.
 
 Deliberate differences, each documented at its site and in README's evaluation section: a pids limit, labels, a
@@ -77,7 +75,7 @@ from pytest_programbench.engine.archive_out import (
 )
 from pytest_programbench.engine.container import Container, ExecReader, OutputCap, decode_for_display
 from pytest_programbench.engine.errors import EngineUnavailable
-from pytest_programbench.engine.facts import facts, network_mode_for
+from pytest_programbench.engine.facts import facts
 from pytest_programbench.engine.tar_in import TarIn
 from pytest_programbench.evaluation import harness_material
 from pytest_programbench.evaluation.step_batch import UNCAPPED, Step, StepResult, collect, driver_argv, new_nonce
@@ -465,7 +463,7 @@ class SdkContainerEnvironment:
         spec = self._spec
         host_config = self._api.create_host_config(
             init=True,
-            network_mode=network_mode_for(self._api, spec.network_mode),
+            network_mode=spec.network_mode,
             nano_cpus=int(spec.cpus * 1_000_000_000),
             pids_limit=PIDS_LIMIT,
             mem_limit=spec.memory,
