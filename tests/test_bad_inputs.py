@@ -142,6 +142,9 @@ CASES: list[Case] = [
     Case("filter-regex", ("--pb-filter", "foo("), "usage", "*--pb-filter: 'foo(' is not a valid regex*",
          collect_only=True),
     Case("slice", ("--pb-slice", "1-3"), "usage", "*--pb-slice: '1-3' is not a slice; write A:B*", collect_only=True),
+    Case("slice-not-numbers", ("--pb-slice", "a:b"), "usage", "*--pb-slice: 'a:b' is not a slice*", collect_only=True),
+    Case("slice-left-nothing", ("--pb-language", "java", "--pb-slice", "5:9"), "usage",
+         "*no ProgramBench task matched: --pb-slice '5:9' left nothing of 1 tasks*", collect_only=True),
     Case("shuffle", ("--pb-shuffle", "seven"), "usage", "*--pb-shuffle: 'seven' is not an integer*",
          collect_only=True),
     Case("tasks-dir-missing", ("--pb-tasks-dir", "/nonexistent/tasks"), "usage",
@@ -209,6 +212,14 @@ CASES: list[Case] = [
          f"*--pb-agent '/etc/hostname --help': '/etc/hostname' is not executable in the sandbox of {CATLIKE}*"),
     Case("replay-without-the-task", (*AGENT[:-2], "--pb-agent", "replay:{tmp}/replay"), "failure",
          "*compile_failed: chmod: cannot access './compile.sh': No such file or directory*", setup=_empty_dirs),
+    # -- options that need another (run_state's _validate_*) ---------------------------------------------------
+    Case("gold-with-an-agent", ("--pb-language", "go", "--pb-gold", "2", "--pb-agent", "true"), "usage",
+         "*--pb-gold N evaluates the reference itself: it runs no agent and takes no submissions (drop --pb-agent, "
+         "--pb-submissions and --pb-attempts)*"),
+    Case("ignore-flaky-without-a-ledger", ("--pb-language", "go", "--pb-agent", "true", "--pb-ignore-flaky"),
+         "usage", "*--pb-ignore-flaky needs --pb-gold-ledger FILE: the ledger's tests are ignored*"),
+    Case("budget-without-a-price", ("--pb-language", "go", "--pb-agent", "true", "--pb-budget", "5"), "usage",
+         "*--pb-budget USD needs --pb-token-price IN,OUT: the price of the metered tokens*"),
     # -- run options (issue 6) ----------------------------------------------------------------------------------
     Case("infra-retries", ("--pb-infra-retries", "-1"), "usage", "*--pb-infra-retries: -1 is below the minimum of 0*",
          collect_only=True),

@@ -290,33 +290,6 @@ def test_language_choices_include_languages_of_the_tasks_dir(pytester: pytest.Py
 # -- usage errors ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--pb-language", "klingon"], "*--pb-language: unknown language 'klingon'; choose from c, cpp, go, haskell, "
-                                        "java, rust*"),
-        (["--pb-difficulty", "brutal"], "*--pb-difficulty: unknown difficulty 'brutal'; choose from easy, medium, "
-                                        "hard, unset*"),
-        (["--pb-filter", "foo("], "*--pb-filter: 'foo(' is not a valid regex*"),
-        (["--pb-slice", "1-3"], "*--pb-slice: '1-3' is not a slice; write A:B*"),
-        (["--pb-slice", "a:b"], "*--pb-slice: 'a:b' is not a slice*"),
-        (["--pb-tasks-dir", "/nonexistent/tasks"], "*--pb-tasks-dir: /nonexistent/tasks is not a directory*"),
-        (["--pb-filter", "zzz_nothing"], "*no ProgramBench task matched: --pb-filter 'zzz_nothing' matched none of "
-                                         "200 tasks*"),
-        (["--pb-language", "java", "--pb-slice", "5:9"], "*no ProgramBench task matched: --pb-slice '5:9' left "
-                                                         "nothing of 1 tasks*"),
-        (["--pb-shuffle", "seven"], "*--pb-shuffle: 'seven' is not an integer*"),
-        (["--pb-pull", "always"], "*--pb-pull: 'always' is not one of: never, missing*"),
-        (["--pb-min-score", "2"], "*--pb-min-score: 2.0 is out of range (minimum 0.0, maximum 1.0)*"),
-        (["--pb-memory", "lots"], "*--pb-memory: 'lots' is not a size*"),
-    ],
-)
-def test_usage_errors(pytester: pytest.Pytester, args: list[str], message: str) -> None:
-    result = pytester.runpytest("--co", *args)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([message])
-
-
 def test_malformed_task_names_file_and_field(pytester: pytest.Pytester) -> None:
     extra = pytester.mkdir("extra")
     task = write_task(extra, "bad__task.0000000", difficulty="impossible")
