@@ -375,6 +375,8 @@ print(json.dumps({"current": current, "readable": sorted(readable)}))
 '''
 SPIED_TEST = '''import json, os, subprocess, sys
 
+import pytest
+
 SPY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spy.py")
 
 
@@ -386,6 +388,13 @@ def run_spy():
 def keep(name, seen):
     with open(os.path.join(os.environ["SEEN_DIR"], name + ".json"), "w") as f:
         json.dump(seen, f)
+
+
+@pytest.fixture(autouse=True)
+def spied_around(request):
+    keep(request.node.name + "_setup", run_spy())
+    yield
+    keep(request.node.name + "_teardown", run_spy())
 
 
 def test_{n}_plain():
@@ -419,20 +428,53 @@ def _plugin_tree(root: Path) -> tuple[Path, Path, str]:
     return tree, plugins, module
 
 
+# pytest's own setter of PYTEST_CURRENT_TEST put back once the audit's plugin wrapped it, as a pytest whose runner
+# sets the variable some other way would be: the plugin's second line (the value replaced around the test function)
+# must still keep the name from the call.
+UNWRAP = """import os
+
+import pytest
+from _pytest import runner
+
+
+def _update_current_test_var(item, when):
+    if when:
+        os.environ["PYTEST_CURRENT_TEST"] = f"{item.nodeid} ({when})"
+    else:
+        os.environ.pop("PYTEST_CURRENT_TEST", None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    assert getattr(runner._update_current_test_var, "pb_audit", False), "the audit's plugin wrapped the setter"
+    runner._update_current_test_var = _update_current_test_var
+"""
+
+
+@pytest.mark.parametrize("setter", ["wrapped", "unwrapped"])
 @pytest.mark.parametrize("xdist", [False, True])
-def test_the_plugin_withholds_the_tests_from_the_program(tmp_path: Path, xdist: bool) -> None:
+def test_the_plugin_withholds_the_tests_from_the_program(tmp_path: Path, xdist: bool, setter: str) -> None:
     tree, plugins, module = _plugin_tree(tmp_path)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(plugins)]),
-           "PYTEST_ADDOPTS": f"-p {module}", "PYTHONDONTWRITEBYTECODE": "1", "SEEN_DIR": str(tmp_path)}
+    path, addopts = [os.environ.get("PYTHONPATH", ""), str(plugins)], f"-p {module}"
+    if setter == "unwrapped":  # outside the tree the plugin measures: a module of the test's, not the submission's
+        (unwrap := tmp_path.parent / f"{tmp_path.name}-unwrap").mkdir()
+        (unwrap / "pb_unwrap.py").write_text(UNWRAP)
+        path, addopts = [*path, str(unwrap)], f"{addopts} -p pb_unwrap"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTEST_ADDOPTS": addopts,
+           "PYTHONDONTWRITEBYTECODE": "1", "SEEN_DIR": str(tmp_path)}
     env.pop("PYTEST_XDIST_WORKER", None)
     args = [sys.executable, "-m", "pytest", "hidden", "-p", "no:cacheprovider", "-q",
             *(["-n", "2"] if xdist else ["-p", "no:xdist"])]
     done = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    seen = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
-    assert len(seen) == 4
-    for spied in seen:
-        assert spied["current"] == audit_plugin.STAND_IN.format("call"), spied
+    seen = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert len(seen) == 12  # four tests, each spied in its setup, its call and its teardown
+    for name, spied in seen.items():
+        phase = name.rpartition("_")[2] if name.endswith(("_setup", "_teardown")) else "call"
+        if setter == "wrapped" or phase == "call":
+            assert spied["current"] == audit_plugin.STAND_IN.format(phase), (name, spied)
+        else:  # the setter put back: the second line covers the call only, and the setup and teardown show the name
+            assert spied["current"].startswith("hidden/test_") and spied["current"].endswith(f" ({phase})"), spied
         assert spied["readable"] == [], spied  # no source (emptied), no bytecode, no conftest
     assert (tree / "hidden" / "data.txt").read_text() == "data stays\n"
     assert (tree / "hidden" / "conftest.py").read_text() == ""
