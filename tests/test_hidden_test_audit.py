@@ -474,7 +474,8 @@ def test_the_plugin_withholds_the_tests_from_the_program(tmp_path: Path, xdist: 
         if setter == "wrapped" or phase == "call":
             assert spied["current"] == audit_plugin.STAND_IN.format(phase), (name, spied)
         else:  # the setter put back: the second line covers the call only, and the setup and teardown show the name
-            assert spied["current"].startswith("hidden/test_") and spied["current"].endswith(f" ({phase})"), spied
+            assert spied["current"].startswith("hidden/test_"), spied
+            assert spied["current"].endswith(f" ({phase})"), spied
         assert spied["readable"] == [], spied  # no source (emptied), no bytecode, no conftest
     assert (tree / "hidden" / "data.txt").read_text() == "data stays\n"
     assert (tree / "hidden" / "conftest.py").read_text() == ""
