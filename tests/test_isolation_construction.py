@@ -6,6 +6,7 @@ the submission ran survives into grading, the harness checks with its own tools,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 from programbench.utils.load_data import get_active_branches
 
@@ -24,7 +26,7 @@ from pytest_programbench.engine.container import Container
 from pytest_programbench.engine.images import ensure_image
 from pytest_programbench.engine.ownership import OWNER_LABEL, Owner, boot_id
 from pytest_programbench.evaluation import harness_material
-from pytest_programbench.evaluation.container_layer import SdkContainerEnvironment
+from pytest_programbench.evaluation.container_layer import HarnessError, SdkContainerEnvironment
 from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome
 from pytest_programbench.evaluation.step_batch import Step
 from pytest_programbench.tasks.blobs import resolve_blobs
@@ -141,6 +143,64 @@ def test_the_reaper_removes_a_dead_runs_grader_volumes(docker_client: Any, testb
         doomed.wait()
         harness_material.remove_grader_volumes(docker_client, live_run)
     assert _leftovers(docker_client, live_run) == []
+
+
+def _volume_names(docker_client: Any) -> set[str]:
+    return {str(v["Name"]) for v in (docker_client.api.volumes() or {}).get("Volumes") or []}
+
+
+def test_a_grader_volume_removed_before_a_container_is_made_is_never_mounted(docker_client: Any, testbed: Testbed,
+                                                                             run_id: str) -> None:
+    """The run's sweep (or a reaper) removes a grader volume after it was made and checked, before a branch container
+    is created with it: the engine would make an empty, unlabelled volume of that name, and the tests would run with
+    an empty plugin package that still imports. The container is refused (an infrastructure error), and neither it
+    nor the stand-in stays. Renewing a container with the volume refuses too, never going on without it."""
+    labels = {RUN_LABEL: run_id}
+    mount = harness_material.grader_mount(docker_client, {"__init__.py": b"RETRY = 1\n"},
+                                          target="/pytest-programbench-grader/plugin", labels=labels,
+                                          image=_image(testbed))
+    assert mount.volume in docker_engine.sweep(run_id, engine=docker_client).volumes
+    with pytest.raises(HarnessError, match=mount.volume):
+        SdkContainerEnvironment(image=_image(testbed), engine=docker_client, labels=labels, cpus=1, mounts=[mount])
+    assert mount.volume not in _volume_names(docker_client)
+    assert _leftovers(docker_client, run_id) == []
+
+    env = SdkContainerEnvironment(image=_image(testbed), engine=docker_client, labels=labels, cpus=1)
+    try:
+        with pytest.raises(HarnessError, match=mount.volume):
+            env.renew(f"pb-test-construction/{run_id}:renewed", mounts=[mount])
+    finally:
+        env.cleanup()
+        docker_client.api.remove_image(f"pb-test-construction/{run_id}:renewed", force=True)
+    assert mount.volume not in _volume_names(docker_client)
+
+
+def test_the_reaper_removes_the_engines_stand_ins_for_grader_volumes(docker_client: Any, testbed: Testbed,
+                                                                    run_id: str) -> None:
+    """An unlabelled volume of a grader volume's name (what the engine makes for a container created after the volume
+    was removed) is removed by a full reap once no container uses it; one in use stays."""
+    api = docker_client.api
+    free, used = (f"{harness_material.VOLUME_PREFIX}-standin-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    boxes = []
+    try:
+        for name in (free, used):
+            host_config = api.create_host_config(network_mode="none", mounts=[
+                harness_material.GraderMount(name, "/g", {}, harness_material.FILE_MODE, "").mount()])
+            boxes.append(str(api.create_container(_image(testbed), command=["true"], labels={RUN_LABEL: run_id},
+                                                  host_config=host_config)["Id"]))
+        assert api.inspect_volume(free)["Labels"] is None  # the engine's own, made for the container
+        api.remove_container(boxes.pop(0), force=True)
+        report = reaper.reap_dead_runs(run_id, engine=docker_client, slot_dirs=False)
+        assert free in report.volumes
+        assert used not in report.volumes
+        assert used in _volume_names(docker_client)
+    finally:
+        for box in boxes:
+            api.remove_container(box, force=True)
+        for name in (free, used):
+            with contextlib.suppress(docker.errors.NotFound):
+                api.remove_volume(name)
+    assert not {free, used} & _volume_names(docker_client)
 
 
 def run_ours(task: Task, archive: Path, testbed: Testbed, tmp_path: Path, *, reruns: bool,

@@ -14,6 +14,9 @@ run directory:
   :func:`reap_dead_runs` are searched for a ``pb-run.json`` naming the run (its controller pid, host and start time
   decide as above); failing that, the object is dead only when older than :data:`UNLABELLED_MAX_AGE`.
 
+An unlabelled volume named as a grader volume is the engine's empty stand-in for one that was removed while a
+container was being made with it: a full reap removes it once no container uses it.
+
 A live run's containers are never removed. Containers go before images; an image still used by any container is
 left alone (the engine refuses; reported). Every removal is independent and a repeat finds nothing: crash-safe and
 idempotent, two sessions reaping at once only see "not found".
@@ -35,7 +38,7 @@ from typing import Any
 from docker.errors import APIError, NotFound
 from requests.exceptions import RequestException
 
-from pytest_programbench import RUN_LABEL
+from pytest_programbench import GRADER_VOLUME_PREFIX, RUN_LABEL
 from pytest_programbench.core import environment
 from pytest_programbench.core.run_identity import RUN_MARKER
 from pytest_programbench.engine.backpressure import stale_slot_dirs
@@ -188,6 +191,8 @@ def reap_dead_runs(current_run: str | None, *, engine: DockerEngine, run_dirs: I
     for info in volumes:
         if judge(info) and _remove_volume(api, info, report):
             report.volumes.append(str(info["Name"]))
+    if runs is None:
+        _remove_stand_ins(api, report)
     if slot_dirs:
         _reap_slot_dirs(report)
     if report.containers or report.images or report.volumes or report.errors:
@@ -252,6 +257,22 @@ def _remove_containers(api: Any, containers: list[dict[str, Any]], judge: Callab
         except (EngineUnavailable, RequestException) as exc:
             report.errors.append(f"container {info['Id'][:12]}: {exc}")
             break
+
+
+def _remove_stand_ins(api: Any, report: ReapReport) -> None:
+    """Remove the engine's unused stand-ins for removed grader volumes: a volume of a grader volume's name without
+    the run's label, which the engine made for a container created after the real one was removed (the run's
+    container check refused it; the container may have gone with its run's sweep since). Never one of ours: a grader
+    volume is labelled when it is made."""
+    try:
+        listed = (api.volumes(filters={"name": GRADER_VOLUME_PREFIX}) or {}).get("Volumes") or []
+    except (EngineUnavailable, APIError, RequestException) as exc:
+        report.errors.append(f"cannot list the engine's volumes: {exc}")
+        return
+    for info in listed:
+        stand_in = str(info.get("Name", "")).startswith(GRADER_VOLUME_PREFIX) and not info.get("Labels")
+        if stand_in and _remove_volume(api, info, report):
+            report.volumes.append(str(info["Name"]))
 
 
 def _remove_volume(api: Any, info: Mapping[str, Any], report: ReapReport) -> bool:

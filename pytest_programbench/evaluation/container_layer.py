@@ -494,8 +494,22 @@ class SdkContainerEnvironment:
                 self._storage_opt = None
                 self.container_id = self._create(image, None)
         self.box = Container(self._api, self.container_id)
+        self._check_grader_volumes()
         with self._as_docker_run():
             self._api.start(self.container_id)  # its `sleep <lifetime>` counts from here
+
+    def _check_grader_volumes(self) -> None:
+        """The container, created and not started, holds the grader volumes made for it: one removed since it was
+        made was replaced by an empty stand-in of the engine's, and is an infrastructure error, never a run without
+        the grader's material. The container goes first: the stand-in is then free to remove."""
+        replaced = harness_material.replaced_volumes(self._api, self.mounts) if self.mounts else []
+        if not replaced:
+            return
+        self._remove_now()
+        for name in replaced:
+            harness_material.remove_stand_in(self._api, name)
+        raise HarnessError(f"the grader volume {', '.join(replaced)} was removed before container {self._name} "
+                           f"was made (the run's sweep or a reaper): its tests would run without the grader's files")
 
     @property
     def engine(self) -> docker.DockerClient:

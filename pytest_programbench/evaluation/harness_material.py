@@ -22,7 +22,7 @@ import contextlib
 import hashlib
 import secrets
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -36,7 +36,7 @@ from programbench.eval.pytest_timeout_retry import (
     PYTEST_TIMEOUT_RETRY_PLUGIN_SOURCE,
 )
 
-from pytest_programbench import RUN_LABEL, TASK_LABEL
+from pytest_programbench import GRADER_VOLUME_PREFIX, RUN_LABEL, TASK_LABEL
 from pytest_programbench.engine.archive_out import REGULAR, CappedStream, Member
 from pytest_programbench.engine.container import Container
 from pytest_programbench.engine.facts import facts
@@ -92,7 +92,7 @@ def verify_file(container: FileReader, path: str, data: bytes, mode: int) -> Non
 # is used to place or check it. It works on a remote engine (no host path is bound).
 
 GRADER_VOLUME_LABEL = "pytest-programbench.grader"  # the content's sha256 (the run's labels are added)
-VOLUME_PREFIX = "pb-grader"
+VOLUME_PREFIX = GRADER_VOLUME_PREFIX
 HELPER_MOUNT = "/pb-grader-volume"  # where the helper container sees the volume while it is filled
 GRADER_MOUNT_ROOT = "/pytest-programbench-grader"  # our material's mount targets lie below this
 VOLUME_CHECK_BYTES = 64 << 20  # the most a volume's check reads back
@@ -178,6 +178,23 @@ def _volume_is(api: Any, name: str, digest: str) -> bool:
     except NotFound:
         return False
     return bool((info.get("Labels") or {}).get(GRADER_VOLUME_LABEL) == digest)
+
+
+def replaced_volumes(api: Any, mounts: Sequence[GraderMount]) -> list[str]:
+    """The volumes of ``mounts`` that are no longer the ones made for them. One removed after :func:`grader_mount`
+    checked it (the run's sweep at its end, a reaper) is made again by the engine, empty and unlabelled, for a
+    container created with its name: tests would run without the grader's material (an empty plugin package still
+    imports). Asked once a container holds them, which the engine then refuses to remove."""
+    return [name for name, digest in dict.fromkeys((m.volume, m.digest) for m in mounts)
+            if not _volume_is(api, name, digest)]
+
+
+def remove_stand_in(api: Any, name: str) -> None:
+    """Remove volume ``name`` when it is the engine's stand-in (no grader label); the engine refuses while a container
+    uses it (the reaper removes it later)."""
+    with contextlib.suppress(NotFound, APIError):
+        if GRADER_VOLUME_LABEL not in (api.inspect_volume(name).get("Labels") or {}):
+            api.remove_volume(name)
 
 
 def _make_volume(api: Any, files: Mapping[str, bytes], *, mode: int, digest: str, labels: Mapping[str, str],
