@@ -59,7 +59,8 @@ def test_a_variable_that_does_not_parse_falls_back_to_its_default(caplog: pytest
 
 
 def test_the_official_switches_are_on_unless_zero() -> None:
-    for switch in (environment.STEP_BATCH, environment.PREFETCH, environment.PIP_REPLAY, environment.AUDIT_EARLY):
+    for switch in (environment.STEP_BATCH, environment.PREFETCH, environment.PIP_REPLAY, environment.AUDIT_EARLY,
+                   environment.QUICK_ACKS):
         assert [switch.enabled(env) for env in ({}, {switch.name: "1"}, {switch.name: "yes"})] == [True] * 3
         assert not switch.enabled({switch.name: " 0 "})
 

@@ -13,6 +13,7 @@ import pytest
 
 from pytest_programbench.engine.container import OutputCap
 from pytest_programbench.engine.errors import EngineUnavailable
+from pytest_programbench.engine.facts import facts
 from pytest_programbench.evaluation import container_layer
 from pytest_programbench.evaluation.container_layer import (
     PIDS_LIMIT,
@@ -75,6 +76,53 @@ def test_container_configuration(env: Any, docker_client: Any) -> None:
     assert "EXTRA=1" in info["Config"]["Env"]
     r = env.execute("cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '")
     assert r["output"].split() == ["lo"]
+
+
+def _pingpong_threshold(env: Any) -> str:
+    return str(env.execute(f"cat /proc/sys/net/ipv4/{container_layer.QUICK_ACK_SYSCTL.rsplit('.', 1)[1]}")["output"])
+
+
+def test_quick_acks_in_every_evaluation_container(env: Any, docker_client: Any, testbed: Testbed) -> None:
+    """The container's network namespace answers ACKs at once (pytest-rerunfailures' per-test exchange between
+    xdist's controller and a worker is then not held 40 ms a test); PYTEST_PROGRAMBENCH_QUICK_ACKS=0's setting keeps
+    the kernel's threshold; a sibling keeps the setting."""
+    sysctls = {container_layer.QUICK_ACK_SYSCTL: container_layer.QUICK_ACK_EXCHANGES}
+    assert docker_client.api.inspect_container(env.container_id)["HostConfig"]["Sysctls"] == sysctls
+    assert _pingpong_threshold(env).strip() == container_layer.QUICK_ACK_EXCHANGES
+    kernels = SdkContainerEnvironment(image=testbed.base_image, engine=docker_client, cpus=1, labels=LABELS,
+                                      quick_acks=False)
+    sibling = kernels.sibling(testbed.base_image)
+    try:
+        for plain in (kernels, sibling):
+            assert not docker_client.api.inspect_container(plain.container_id)["HostConfig"].get("Sysctls")
+            with open(f"/proc/sys/net/ipv4/{container_layer.QUICK_ACK_SYSCTL.rsplit('.', 1)[1]}") as host:
+                assert _pingpong_threshold(plain).strip() == host.read().strip()  # a fresh namespace's default
+    finally:
+        kernels.cleanup()
+        sibling.cleanup()
+
+
+def test_a_kernel_without_the_quick_ack_sysctl_gets_containers_without_it(testbed: Testbed,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine whose kernel has no such sysctl refuses the container at its start (runc cannot write it): it is
+    made again without, and the client remembers (its next container is made without at once)."""
+    import docker
+
+    monkeypatch.setattr(container_layer, "QUICK_ACK_SYSCTL", "net.ipv4.tcp_pb_no_such_setting")
+    client = docker.from_env(timeout=120)  # facts of its own
+    made = []
+    try:
+        for _ in range(2):
+            made.append(SdkContainerEnvironment(image=testbed.base_image, engine=client, cpus=1, labels=LABELS))
+            assert made[-1].execute("echo up")["output"].strip() == "up"
+            assert not client.api.inspect_container(made[-1].container_id)["HostConfig"].get("Sysctls")
+            assert "tcp_pb_no_such_setting" in str(facts(client.api).quick_acks_refused)
+        named = client.api.containers(all=True, filters={"name": made[0]._name})
+        assert [c["Id"] for c in named] == [made[0].container_id]  # made again under its name: the refused one gone
+    finally:
+        for env in made:
+            env.cleanup()
+        client.close()
 
 
 def test_memory_limit_when_configured(docker_client: Any, testbed: Testbed) -> None:

@@ -23,7 +23,7 @@ from programbench.eval.eval import EvaluationResult
 from programbench.utils import blob_store
 from programbench.utils.load_data import get_active_branches
 
-from pytest_programbench.core.environment import PREFETCH, STEP_BATCH
+from pytest_programbench.core.environment import PREFETCH, QUICK_ACKS, STEP_BATCH
 from pytest_programbench.engine.images import ensure_image
 from pytest_programbench.evaluation.evaluation import EvalSettings, EvaluationOutcome, _reruns_reason
 from pytest_programbench.evaluation.rerunfailures import RerunWheels
@@ -177,6 +177,45 @@ def test_the_made_ahead_container_is_older_as_documented(testbed: Testbed, offic
     seen = {"official": ages(official), "made at its turn": ages(at_its_turn), "made ahead": ages(ahead)}
     assert len(seen["made ahead"]) == 2, seen
     assert max(seen["official"] + seen["made at its turn"]) < 10 <= seen["made ahead"][1], seen
+
+
+# --------------------------------------------------------------------------------------------- quick ACKs
+
+ACK_TEST = '''from pathlib import Path
+
+
+def test_acks_are_the_kernels():
+    found = Path("/proc/sys/net/ipv4/tcp_pingpong_thresh").read_text().strip()
+    print(f"pingpong threshold {found}")
+    assert found == "1"
+'''
+ACK_NAME = "tests.test_aaa_acks.test_acks_are_the_kernels"
+
+
+@pytest.mark.docker
+def test_quick_acks_are_visible_as_documented(testbed: Testbed, official_blobs: Any, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/evaluation.md: evaluation containers set the delayed-ACK threshold of their network namespace; a program
+    reading it scores differently, and PYTEST_PROGRAMBENCH_QUICK_ACKS=0 restores the official's (the kernel's)."""
+    root = custom_rpn(testbed, tmp_path / "task", active=[BRANCH],
+                      extra_tests={BRANCH: ("test_aaa_acks.py", ACK_TEST, [ACK_NAME])})
+    task, instance = load(root)
+    archive = rpn_archive(testbed, tmp_path / "s.tar.gz", GOOD_COMPILE)
+    official_blobs(root / "blobs")
+    summary, official = run_official_cli(instance, archive, tmp_path / "official")
+    assert official is not None, summary
+    assert summary.score == 1.0, statuses(official)
+    outcomes: dict[str, EvaluationOutcome] = {}
+    for quick in ("1", "0"):
+        monkeypatch.setenv(QUICK_ACKS.name, quick)
+        (work := tmp_path / f"ours-{quick}").mkdir()
+        outcomes[quick] = run_ours(task, archive, root / "blobs", work)
+    quick_acks, kernels = outcomes["1"].result, outcomes["0"].result
+    assert quick_acks is not None
+    assert kernels is not None
+    assert statuses(kernels) == statuses(official)
+    assert {t for t, status in statuses(quick_acks).items() if status != "passed"} == {f"{BRANCH}/{ACK_NAME}"}
+    assert "pingpong threshold 255" in str([e["output"] for e in quick_acks.log if e["step"] == "run_tests"])
 
 
 def ages(result: EvaluationResult) -> list[float]:

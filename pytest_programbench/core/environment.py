@@ -139,6 +139,8 @@ PIP_REPLAY = Variable("PYTEST_PROGRAMBENCH_PIP_REPLAY", "1", "`0`: pip runs in e
                       "recorded install)")
 STEP_BATCH = Variable("PYTEST_PROGRAMBENCH_STEP_BATCH", "1", "`0`: one `docker exec` per official step (no batching)")
 PREFETCH = Variable("PYTEST_PROGRAMBENCH_PREFETCH", "1", "`0`: no branch container made ready ahead")
+QUICK_ACKS = Variable("PYTEST_PROGRAMBENCH_QUICK_ACKS", "1", "`0`: evaluation containers keep the engine kernel's "
+                      "delayed-ACK threshold (no `net.ipv4.tcp_pingpong_thresh`)")
 AUDIT_EARLY = Variable("PYTEST_PROGRAMBENCH_AUDIT_EARLY", "1",
                        "`0`: the audit runs its branches after the official's, none beside them")
 # -- others' variables, read as their owners define them -------------------------------------------------------------

@@ -23,6 +23,9 @@ class EngineFacts:
     onto docker-py's objects by each module that asks."""
 
     storage_quota: object | None = None
+    # Why the engine's kernel refused the evaluation containers' quick-ACK sysctl (evaluation/container_layer.py),
+    # once it did: its containers are made without it from then on.
+    quick_acks_refused: str | None = None
     docker_root: object = NOT_ASKED  # a Path, None (not on this machine) or NOT_ASKED
     # The grader's read-only volumes made on this engine (evaluation/harness_material.py): (run, content) -> name.
     grader_volumes: dict[tuple[str, str], str] = field(default_factory=dict)

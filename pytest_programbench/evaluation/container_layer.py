@@ -366,6 +366,25 @@ def storage_refused(api: Any, exc: Exception) -> None:
     facts(api).storage_quota = StorageQuota(False, reason)
 
 
+# Delayed ACKs in an evaluation container's own network namespace. A TCP socket that answers soon after it receives
+# enters "pingpong" mode after this many exchanges and then holds its ACKs up to 40 ms, so the peer's next small write
+# waits for them (Nagle). pytest-rerunfailures' status exchange between the xdist controller and each worker (a set,
+# then a get, per test, over loopback) meets that on every test of every branch: 40 ms a test, 3.4 s of a 170-test
+# branch's 4.2 s (the tests themselves: 0.8 s). The threshold is the host kernel's (1, 3 in some kernels; a
+# per-namespace sysctl in recent ones), so the official's time here is the host's, never its score: every test's
+# own timeout starts after the exchange. A kernel without it refuses the container at its start: made again without.
+QUICK_ACK_SYSCTL = "net.ipv4.tcp_pingpong_thresh"
+QUICK_ACK_EXCHANGES = "255"  # its largest value: a socket falls back into the mode after 255 quick answers at most
+
+
+def quick_acks_refused(api: Any, exc: Exception) -> None:
+    """The engine's kernel has no such sysctl: remembered on the client, said once."""
+    reason = _api_error_text(exc)
+    log.warning("evaluation containers keep the kernel's delayed ACKs: the engine refused %s (%s)", QUICK_ACK_SYSCTL,
+                reason[:300])
+    facts(api).quick_acks_refused = reason
+
+
 @dataclass(frozen=True)
 class _Spec:
     """What a container of the layer is made with besides its image and mounts (kept for :meth:`renew`)."""
@@ -376,6 +395,7 @@ class _Spec:
     lifetime: int
     network_mode: str
     environment: dict[str, str]
+    quick_acks: bool
 
 
 def _parse_run_args(run_args: list[str]) -> bool:
@@ -419,6 +439,7 @@ class SdkContainerEnvironment:
         network_mode: str = "default",
         storage: int = 0,
         mounts: Sequence[harness_material.GraderMount] = (),
+        quick_acks: bool = True,
     ) -> None:
 
         self.cwd = cwd
@@ -450,7 +471,8 @@ class SdkContainerEnvironment:
         # Validates run_args; the official passes --init on its command line in any case.
         _parse_run_args(list(run_args or []))
         self._spec = _Spec(cwd=cwd, cpus=cpus, memory=memory, lifetime=int(lifetime), network_mode=network_mode,
-                           environment={"PYTEST_XDIST_AUTO_NUM_WORKERS": str(cpus), **(env or {})})
+                           environment={"PYTEST_XDIST_AUTO_NUM_WORKERS": str(cpus), **(env or {})},
+                           quick_acks=quick_acks)
         # A size limit on the writable layer where the storage driver takes one (the committed image's layer is the
         # compile container's): a submission cannot fill the host's disk. Elsewhere none (docs/security.md).
         self._storage_size = storage
@@ -469,6 +491,7 @@ class SdkContainerEnvironment:
             mem_limit=spec.memory,
             storage_opt=storage_opt,
             mounts=[m.mount() for m in self.mounts] or None,
+            sysctls=self._sysctls(),
         )
         created = self._api.create_container(
             image,
@@ -481,6 +504,11 @@ class SdkContainerEnvironment:
             detach=True,
         )
         return str(created["Id"])
+
+    def _sysctls(self) -> dict[str, str] | None:
+        if not self._spec.quick_acks or facts(self._api).quick_acks_refused is not None:
+            return None
+        return {QUICK_ACK_SYSCTL: QUICK_ACK_EXCHANGES}
 
     def _create_and_start(self, image: str) -> None:
         with self._as_docker_run():
@@ -496,7 +524,24 @@ class SdkContainerEnvironment:
         self.box = Container(self._api, self.container_id)
         self._check_grader_volumes()
         with self._as_docker_run():
-            self._api.start(self.container_id)  # its `sleep <lifetime>` counts from here
+            self._start(image)
+
+    def _start(self, image: str) -> None:
+        """Start the created container (its `sleep <lifetime>` counts from here); one the kernel refused for the
+        quick-ACK sysctl is made again without it."""
+        try:
+            self._api.start(self.container_id)
+        except APIError as exc:
+            text = _api_error_text(exc)
+            if self._sysctls() is None or not any(form in text for form in (QUICK_ACK_SYSCTL,
+                                                                           QUICK_ACK_SYSCTL.replace(".", "/"))):
+                raise  # runc names the file it could not open: /proc/sys/net/ipv4/tcp_pingpong_thresh
+            quick_acks_refused(self._api, exc)
+            self.box.remove()
+            self.container_id = self._create(image, self._storage_opt)
+            self.box = Container(self._api, self.container_id)
+            self._check_grader_volumes()
+            self._api.start(self.container_id)
 
     def _check_grader_volumes(self) -> None:
         """The container, created and not started, holds the grader volumes made for it: one removed since it was
@@ -522,7 +567,7 @@ class SdkContainerEnvironment:
             image=image, cwd=spec.cwd, executable=self.executable, timeout=self.default_timeout, cpus=spec.cpus,
             env=spec.environment, engine=self._engine, labels=self.labels, memory=spec.memory,
             lifetime=spec.lifetime, output_cap=self.output_cap, reaper=self.reaper, network_mode=spec.network_mode,
-            storage=self._storage_size, mounts=self.mounts)
+            storage=self._storage_size, mounts=self.mounts, quick_acks=spec.quick_acks)
 
     def renew(self, image_ref: str, *, mounts: Sequence[harness_material.GraderMount] = ()) -> str | None:
         """Commit this container as ``image_ref``, remove it with every process in it, and go on as a fresh container
@@ -1284,6 +1329,7 @@ class LayerConfig:
     network_mode: str = "default"
     results_max_bytes: int = RESULTS_MAX_BYTES
     storage: int = 0  # bytes each container's writable layer may hold, where the engine can limit it (0: no limit)
+    quick_acks: bool = True  # QUICK_ACK_SYSCTL in every container (PYTEST_PROGRAMBENCH_QUICK_ACKS=0: the kernel's)
     # The grader's read-only volumes (harness_material.grader_mount) every branch container gets when it is created:
     # the audit's plugin directory, for one.
     branch_mounts: tuple[harness_material.GraderMount, ...] = ()
@@ -1364,6 +1410,7 @@ class SdkEvaluator(Evaluator):
             network_mode=self.layer.network_mode,
             storage=self.layer.storage,
             mounts=mounts,
+            quick_acks=self.layer.quick_acks,
         )
         with self._envs_lock:
             self.envs.append(container)

@@ -868,6 +868,7 @@ class _Evaluation:
                 output_cap=settings.output_cap, hooks=hooks,
                 network_mode="none" if settings.strict else "default", storage=settings.storage,
                 batch_steps=step_batch.enabled(), prefetch=prefetch_enabled(),
+                quick_acks=environment.QUICK_ACKS.enabled(),
             ),
             image_name=task.image_name,
             solution_branch=SOLUTION_BRANCH,
