@@ -124,12 +124,14 @@ def widened(work: Path, env: dict[str, str], source: Path, branches: int) -> tup
 REALISTIC_TASK = "pbfix__rpn.0b5e55e"  # its good submission prints a sum of integers as the integer
 
 
-def realistic(work: Path, env: dict[str, str], source: Path, branches: int = 10, tests: int = 170
-              ) -> tuple[dict[str, str], Path]:
+def realistic(work: Path, env: dict[str, str], source: Path, branches: int = 10, tests: int = 170,
+              copies: int = 1) -> tuple[dict[str, str], Path, list[str]]:
     """The realistic task: the test bed's rpn (its image and submission) with ``branches`` active branches of
     ``tests`` tests each, the medians of the real tasks. Every test runs the executable once, as a real hidden test
-    does (``rpn A B +`` printing the sum); each branch keeps rpn's own ``run.sh`` and ``pytest.ini``. Returns the
-    environment pointing at its tasks and blob directories and the run directory holding its one submission."""
+    does (``rpn A B +`` printing the sum); each branch keeps rpn's own ``run.sh`` and ``pytest.ini``. ``copies`` > 1:
+    that many tasks, the first under rpn's id, the others under ids ``pbrealN__rpn.0b5e55e`` whose images are extra
+    tags of rpn's (returned, for removal). Returns the environment pointing at its tasks and blob directories, the run
+    directory holding their submissions, and the image tags made."""
     import io
     import tarfile
 
@@ -170,7 +172,24 @@ def realistic(work: Path, env: dict[str, str], source: Path, branches: int = 10,
             out.addfile(info, io.BytesIO(data))
     (tasks_root / task.name / "tests.json").write_text(json.dumps({"branches": listed}, indent=2))
     shutil.copytree(source / task.name, runs / task.name)
-    return {**env, "PB_TESTBED_TASKS_DIR": str(tasks_root), "PB_TESTBED_BLOB_DIR": str(blobs_root)}, runs
+    tags = [_realistic_copy(tasks_root, blobs_root, runs, task.name, k) for k in range(1, copies)]
+    return {**env, "PB_TESTBED_TASKS_DIR": str(tasks_root), "PB_TESTBED_BLOB_DIR": str(blobs_root)}, runs, tags
+
+
+def _realistic_copy(tasks_root: Path, blobs_root: Path, runs: Path, name: str, k: int) -> str:
+    """Copy ``k`` of the realistic task ``name``: its directory, blobs and submission under a new id, its image an
+    extra tag of the original's (returned)."""
+    import docker
+
+    org, _, rest = name.partition("__")
+    copy = f"pbreal{k}__{rest}"
+    shutil.copytree(tasks_root / name, tasks_root / copy)  # the id is the directory's name
+    shutil.copytree(blobs_root / name, blobs_root / copy)
+    shutil.copytree(runs / name, runs / copy)
+    image = docker.from_env().images.get(f"programbench/{org}_1776_{rest}:task_cleanroom_v6")
+    repository = f"programbench/pbreal{k}_1776_{rest}"
+    image.tag(repository, "task_cleanroom_v6")
+    return f"{repository}:task_cleanroom_v6"
 
 
 def scores_from_eval_json(run_dir: Path, tasks_dir: Path) -> dict[str, float]:
@@ -310,6 +329,8 @@ def main() -> None:
                         help="give each of the test bed's own tasks this many branches (its own repeated)")
     parser.add_argument("--realistic", action="store_true",
                         help="only the realistic task: rpn with 10 branches of 170 generated tests each")
+    parser.add_argument("--copies", type=int, default=1,
+                        help="with --realistic: this many copies of the realistic task (for -n 2 against -w 2)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
 
@@ -318,8 +339,9 @@ def main() -> None:
     if not source.is_dir():
         sys.exit(f"no run directory {source}")
     work_root = Path(tempfile.mkdtemp(prefix="pb-bench-"))
+    tags: list[str] = []
     if args.realistic:
-        env, source = realistic(work_root, env, source)
+        env, source, tags = realistic(work_root, env, source, copies=args.copies)
     elif args.branches > 0:
         env, source = widened(work_root, env, source, args.branches)
     from pytest_programbench.evaluation.rerunfailures import ensure_wheels
@@ -372,6 +394,11 @@ def main() -> None:
                 else:
                     best["all_seconds"] = row["all_seconds"]
     finally:
+        if tags:
+            import docker
+
+            for tag in tags:
+                docker.from_env().api.remove_image(tag, noprune=True)  # the tag only: the image is rpn's
         if not args.keep:
             shutil.rmtree(work_root, ignore_errors=True)
 
