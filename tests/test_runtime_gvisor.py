@@ -235,6 +235,10 @@ def test_the_proxy_client_builds_in_a_container_of_the_runtime(tmp_path: Path, m
     assert elf_problem(chosen.path.read_bytes(), "x86_64") is None
 
 
+# Where the local engine's containerd keeps each container's task (its shim's state) while the task exists.
+CONTAINERD_TASKS = Path("/var/run/docker/containerd/daemon/io.containerd.runtime.v2.task/moby")
+
+
 def test_the_window_ends_with_the_agents_processes_killed(runtime_client: tuple[str, Any], run_labels: Labels,
                                                          probe_image: str) -> None:
     """An agent that leaves processes: the sandbox is frozen, they are counted (runc), and it is killed, under either
@@ -253,9 +257,11 @@ def test_the_window_ends_with_the_agents_processes_killed(runtime_client: tuple[
             assert end.survivors == 2, end
             assert end.problem is None, end
         # runsc: `docker top` with ps options lists the host's processes, not the sandbox's (Docker 20.10), so the
-        # count is not the agent's (docs/gvisor.md); whether the engine refuses the paused kill varies.
+        # count is not the agent's (docs/gvisor.md). Thawed before its kill: the engine never kills it its own way
+        # (after a 10 s wait, leaving the containerd task and its shim behind).
     finally:
         box.close()
+    assert not (CONTAINERD_TASKS / box.id).exists(), f"the containerd task of {box.id[:12]} outlived its container"
 
 
 # ------------------------------------------------------------------------------------ a whole session under runsc

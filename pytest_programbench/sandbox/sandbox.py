@@ -804,7 +804,14 @@ class Sandbox:
     def _kill(self, frozen: bool, problems: list[str]) -> None:
         """SIGKILL; a paused container is killed too (the engine thaws it after the signal). Under gVisor the engine
         refuses to signal a paused container holding more than its init (it reads the frozen sandbox's host process as
-        a zombie), and may stop it all the same: thawed, it is killed at once, and said."""
+        a zombie): dockerd then waits 10 s, kills the sandbox's host process itself and cannot delete its containerd
+        task, whose shim stays for good. So a frozen runsc sandbox is thawed and killed at once, in two calls, as the
+        refusal ended anyway. Elsewhere a refused kill of a frozen sandbox is thawed and killed too, and said."""
+        if frozen and self._under_gvisor():
+            with contextlib.suppress(APIError):
+                self.engine.api.unpause(self.id)
+            self._handle.kill("SIGKILL")
+            return
         try:
             self._handle.kill("SIGKILL")
             return
@@ -819,6 +826,17 @@ class Sandbox:
         with contextlib.suppress(APIError):
             self._handle.kill("SIGKILL")
         problems.append("the engine would not kill the frozen sandbox: it was thawed and killed at once")
+
+    def _under_gvisor(self) -> bool:
+        """Whether the container runs under runsc (its runtime, or the engine's default, named so or at that path)."""
+        api = self.engine.api
+        try:
+            info = api.info()
+            runtime = str(api.inspect_container(self.id)["HostConfig"].get("Runtime") or info.get("DefaultRuntime"))
+        except (APIError, KeyError):
+            return False
+        path = str(((info.get("Runtimes") or {}).get(runtime) or {}).get("path") or "")
+        return "runsc" in runtime or PurePosixPath(path).name == "runsc"
 
     def _freeze(self, problems: list[str]) -> bool:
         """``docker pause``, tried FREEZE_ATTEMPTS times: cgroup v1's freezer gives up on a cgroup whose processes
