@@ -62,7 +62,8 @@ def test_setup_refusal_gives_lines_that_start_an_engine_of_its_own(docker_client
     shutil.copytree(TESTBED, copy, ignore=shutil.ignore_patterns(".state", "__pycache__"))
     tag = f"pbtest-{uuid.uuid4().hex[:8]}"
     calculator = f"programbench/{CALCULATOR.replace('__', '_1776_')}:{tag}"
-    base = next(i for i in docker_client.images.list() if any(t.startswith("pb-testbed-base:") for t in i.tags))
+    # Listed by name: a listing of every image gets each one after the list, and other tests remove theirs meanwhile.
+    base = docker_client.images.list(name="pb-testbed-base")[0]
     base.tag(calculator)  # no test-bed label: another process's image
     try:
         refused = _setup(copy, tag)
