@@ -370,9 +370,10 @@ def storage_refused(api: Any, exc: Exception) -> None:
 # enters "pingpong" mode after this many exchanges and then holds its ACKs up to 40 ms, so the peer's next small write
 # waits for them (Nagle). pytest-rerunfailures' status exchange between the xdist controller and each worker (a set,
 # then a get, per test, over loopback) meets that on every test of every branch: 40 ms a test, 3.4 s of a 170-test
-# branch's 4.2 s (the tests themselves: 0.8 s). The threshold is the host kernel's (1, 3 in some kernels; a
-# per-namespace sysctl in recent ones), so the official's time here is the host's, never its score: every test's
-# own timeout starts after the exchange. A kernel without it refuses the container at its start: made again without.
+# branch's 4.2 s (the tests themselves: 0.8 s). The threshold is the host kernel's (its default has changed between
+# kernels; a per-namespace sysctl in recent ones), so the official's time here is the host's, never its score: the
+# official's timeout-retry plugin re-arms each test's timeout at its setup, after the exchange. A kernel without the
+# sysctl refuses the container at its start: made again without.
 QUICK_ACK_SYSCTL = "net.ipv4.tcp_pingpong_thresh"
 QUICK_ACK_EXCHANGES = "255"  # its largest value: a socket falls back into the mode after 255 quick answers at most
 
