@@ -156,18 +156,10 @@ def test_the_made_ahead_container_is_older_as_documented(testbed: Testbed, offic
     root = custom_rpn(testbed, tmp_path / "task", active=branches, extra_tests={
         first: ("test_aaa_age.py", AGE_TEST + SLOW_TEST, [AGE_NAME, SLOW_NAME]),
         second: ("test_aaa_age.py", AGE_TEST, [AGE_NAME])})
-    task, instance = load(root)
+    instance = load(root)[1]
     assert get_active_branches(instance) == branches  # evaluated in this order: the slow one first
-    archive = rpn_archive(testbed, tmp_path / "s.tar.gz", GOOD_COMPILE)
     official_blobs(root / "blobs")
-    summary, official = run_official_cli(instance, archive, tmp_path / "official")
-    assert official is not None, summary
-    assert summary.score == 1.0, statuses(official)
-    outcomes: dict[str, EvaluationOutcome] = {}
-    for prefetch in ("1", "0"):
-        monkeypatch.setenv(PREFETCH.name, prefetch)
-        (work := tmp_path / f"ours-{prefetch}").mkdir()
-        outcomes[prefetch] = run_ours(task, archive, root / "blobs", work)
+    official, outcomes = official_then_ours_by_switch(testbed, root, tmp_path, monkeypatch, PREFETCH.name)
     made_ahead = get_active_branches(instance)[1]  # the first branch's container is made at its turn
     ahead, at_its_turn = outcomes["1"].result, outcomes["0"].result
     assert ahead is not None
@@ -199,23 +191,31 @@ def test_quick_acks_are_visible_as_documented(testbed: Testbed, official_blobs: 
     reading it scores differently, and PYTEST_PROGRAMBENCH_QUICK_ACKS=0 restores the official's (the kernel's)."""
     root = custom_rpn(testbed, tmp_path / "task", active=[BRANCH],
                       extra_tests={BRANCH: ("test_aaa_acks.py", ACK_TEST, [ACK_NAME])})
-    task, instance = load(root)
-    archive = rpn_archive(testbed, tmp_path / "s.tar.gz", GOOD_COMPILE)
     official_blobs(root / "blobs")
-    summary, official = run_official_cli(instance, archive, tmp_path / "official")
-    assert official is not None, summary
-    assert summary.score == 1.0, statuses(official)
-    outcomes: dict[str, EvaluationOutcome] = {}
-    for quick in ("1", "0"):
-        monkeypatch.setenv(QUICK_ACKS.name, quick)
-        (work := tmp_path / f"ours-{quick}").mkdir()
-        outcomes[quick] = run_ours(task, archive, root / "blobs", work)
+    official, outcomes = official_then_ours_by_switch(testbed, root, tmp_path, monkeypatch, QUICK_ACKS.name)
     quick_acks, kernels = outcomes["1"].result, outcomes["0"].result
     assert quick_acks is not None
     assert kernels is not None
     assert statuses(kernels) == statuses(official)
     assert {t for t, status in statuses(quick_acks).items() if status != "passed"} == {f"{BRANCH}/{ACK_NAME}"}
     assert "pingpong threshold 255" in str([e["output"] for e in quick_acks.log if e["step"] == "run_tests"])
+
+
+def official_then_ours_by_switch(testbed: Testbed, root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  switch: str) -> tuple[EvaluationResult, dict[str, EvaluationOutcome]]:
+    """The good rpn submission on the task copy at ``root``: the official's result (it must score 1.0), then ours
+    with the environment switch ``switch`` on ("1") and off ("0")."""
+    task, instance = load(root)
+    archive = rpn_archive(testbed, tmp_path / "s.tar.gz", GOOD_COMPILE)
+    summary, official = run_official_cli(instance, archive, tmp_path / "official")
+    assert official is not None, summary
+    assert summary.score == 1.0, statuses(official)
+    outcomes: dict[str, EvaluationOutcome] = {}
+    for value in ("1", "0"):
+        monkeypatch.setenv(switch, value)
+        (work := tmp_path / f"ours-{value}").mkdir()
+        outcomes[value] = run_ours(task, archive, root / "blobs", work)
+    return official, outcomes
 
 
 def ages(result: EvaluationResult) -> list[float]:
