@@ -259,6 +259,12 @@ def _remove_containers(api: Any, containers: list[dict[str, Any]], judge: Callab
             break
 
 
+def is_stand_in(info: Mapping[str, Any]) -> bool:
+    """Whether a volume (``inspect_volume``/``volumes`` entry) is the engine's stand-in for a removed grader volume:
+    a grader volume's name and no labels at all (ours are labelled when they are made)."""
+    return str(info.get("Name", "")).startswith(GRADER_VOLUME_PREFIX) and not info.get("Labels")
+
+
 def _remove_stand_ins(api: Any, report: ReapReport) -> None:
     """Remove the engine's unused stand-ins for removed grader volumes: a volume of a grader volume's name without
     the run's label, which the engine made for a container created after the real one was removed (the run's
@@ -270,8 +276,7 @@ def _remove_stand_ins(api: Any, report: ReapReport) -> None:
         report.errors.append(f"cannot list the engine's volumes: {exc}")
         return
     for info in listed:
-        stand_in = str(info.get("Name", "")).startswith(GRADER_VOLUME_PREFIX) and not info.get("Labels")
-        if stand_in and _remove_volume(api, info, report):
+        if is_stand_in(info) and _remove_volume(api, info, report):
             report.volumes.append(str(info["Name"]))
 
 

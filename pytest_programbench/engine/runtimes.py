@@ -26,6 +26,15 @@ def default(api: Any) -> str:
     return str(api.info().get("DefaultRuntime") or "runc")
 
 
+def is_gvisor(api: Any, runtime: str | None) -> bool:
+    """Whether ``runtime`` (None or empty: the engine's default) is gVisor's: named ``runsc``, or at a path of that
+    name (a runtime registered under a name of its own)."""
+    info = api.info()
+    name = runtime or str(info.get("DefaultRuntime") or "runc")
+    path = str(((info.get("Runtimes") or {}).get(name) or {}).get("path") or "")
+    return "runsc" in name or path.rsplit("/", 1)[-1] == "runsc"
+
+
 def missing(api: Any, runtime: str, engine_name: str) -> str | None:
     """Why ``runtime`` cannot be used on the engine ``engine_name`` (None: it is registered there)."""
     have = registered(api)

@@ -40,6 +40,7 @@ from pytest_programbench import GRADER_VOLUME_PREFIX, RUN_LABEL, TASK_LABEL
 from pytest_programbench.engine.archive_out import REGULAR, CappedStream, Member
 from pytest_programbench.engine.container import Container
 from pytest_programbench.engine.facts import facts
+from pytest_programbench.engine.reaper import is_stand_in
 from pytest_programbench.engine.tar_in import TarIn
 
 # The official's plugin directory: it puts it first on the hidden tests' PYTHONPATH (eval.py, run_tests).
@@ -193,7 +194,7 @@ def remove_stand_in(api: Any, name: str) -> None:
     """Remove volume ``name`` when it is the engine's stand-in (no grader label); the engine refuses while a container
     uses it (the reaper removes it later)."""
     with contextlib.suppress(NotFound, APIError):
-        if GRADER_VOLUME_LABEL not in (api.inspect_volume(name).get("Labels") or {}):
+        if is_stand_in(api.inspect_volume(name)):
             api.remove_volume(name)
 
 

@@ -39,6 +39,7 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import Mount
 
 from pytest_programbench.core.environment import SANDBOX_STORAGE
+from pytest_programbench.engine import runtimes
 from pytest_programbench.engine.archive_out import CappedStream, TooLarge
 from pytest_programbench.engine.container import Container, ExecReader, OutputCap, Sinks
 from pytest_programbench.engine.docker_engine import Labels
@@ -831,12 +832,9 @@ class Sandbox:
         """Whether the container runs under runsc (its runtime, or the engine's default, named so or at that path)."""
         api = self.engine.api
         try:
-            info = api.info()
-            runtime = str(api.inspect_container(self.id)["HostConfig"].get("Runtime") or info.get("DefaultRuntime"))
+            return runtimes.is_gvisor(api, api.inspect_container(self.id)["HostConfig"].get("Runtime"))
         except (APIError, KeyError):
             return False
-        path = str(((info.get("Runtimes") or {}).get(runtime) or {}).get("path") or "")
-        return "runsc" in runtime or PurePosixPath(path).name == "runsc"
 
     def _freeze(self, problems: list[str]) -> bool:
         """``docker pause``, tried FREEZE_ATTEMPTS times: cgroup v1's freezer gives up on a cgroup whose processes
