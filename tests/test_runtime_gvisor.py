@@ -368,7 +368,7 @@ def test_a_session_under_runsc_solves_the_tasks_end_to_end(pytester: pytest.Pyte
     """``--pb-runtime runsc``: a scripted agent through the proxy (checking the reference is unreadable by any file
     and behind any process), the evaluation and the audit solve the fixture tasks; every container the session
     made ran under runsc (inspected as each create returned, against the engine's own event stream of the run's
-    creates), and nothing is left."""
+    creates), and nothing is left: no container, no containerd task."""
     _require_runsc(docker_client)
     check = pytester.path / "check"
     check.mkdir()
@@ -428,3 +428,6 @@ def test_a_session_under_runsc_solves_the_tasks_end_to_end(pytester: pytest.Pyte
     kinds = {_kind(line) for line in lines}
     assert kinds == {"sandbox", "compile", "install", "branch", "audit", "grader volume helper"}, kinds
     assert leaked(docker_client, run_dir) == []
+    # Each went with its containerd task: the compile container, frozen for its commit, is thawed before its removal
+    # (removed frozen, the engine waits 10 s and leaves the task and its shim for good).
+    assert [cid[:12] for cid in engine_said if (CONTAINERD_TASKS / cid).exists()] == []

@@ -12,7 +12,8 @@ each used to do them its own way. They are done here once:
   middle still counts).
 * :class:`Container` is a container id on an API client: start an exec, poll its exit status, put a tar, stream a
   path out (:mod:`.archive_out`, the response closed on every path so an early stop never leaves the engine holding
-  the container's lock), read one file within a cap and a timeout, kill, remove idempotently.
+  the container's lock), read one file within a cap and a timeout, kill, remove idempotently, and thaw a frozen
+  gVisor container before either (the engine's own way leaks its containerd shim).
 
 What each caller adds stays with it: the sandbox its proxy, users and layout; the evaluation layer what the
 official ``Evaluator`` expects (``bash -lc``, its result dicts, its timeout teardown, ``docker cp``'s messages).
@@ -31,6 +32,7 @@ from typing import IO, Any
 
 from docker.errors import APIError, NotFound
 
+from pytest_programbench.engine import runtimes
 from pytest_programbench.engine.archive_out import Archive, Member, first_member
 from pytest_programbench.engine.exec_stream import ExecStream
 from pytest_programbench.engine.tar_in import TarIn
@@ -222,6 +224,20 @@ class Container:
             self.api.kill(self.id)
         else:
             self.api.kill(self.id, signal)
+
+    def thaw_under_gvisor(self) -> bool:
+        """Thaw this paused container when it runs under gVisor (its runtime, or the engine's default, named
+        ``runsc`` or at a path of that name); whether it did. Asked to kill or remove a frozen runsc container,
+        dockerd cannot signal it, waits 10 s, kills the sandbox's host process itself and cannot delete its
+        containerd task, whose shim then stays for good. The caller kills or removes it at once after."""
+        try:
+            if not runtimes.is_gvisor(self.api, self.api.inspect_container(self.id)["HostConfig"].get("Runtime")):
+                return False
+        except (APIError, KeyError):
+            return False
+        with contextlib.suppress(APIError):
+            self.api.unpause(self.id)
+        return True
 
     def remove(self) -> bool:
         """``docker rm -f -v``; True when it is gone (also when it was already, or its removal is under way).

@@ -579,7 +579,7 @@ class SdkContainerEnvironment:
         self.renewed.append(image_ref)
         old = self.container_id
         try:
-            self.box.remove()
+            self._remove_box()
         except APIError as exc:
             raise RuntimeError(f"removing the container {old[:12]} after its commit failed: "
                                f"{_api_error_text(exc)}") from exc
@@ -1138,9 +1138,17 @@ class SdkContainerEnvironment:
 
     def _remove_now(self) -> None:
         try:
-            self._removed = self.box.remove()
+            self._removed = self._remove_box()
         except Exception as exc:
             log.warning("removing container %s failed (the sweep will retry): %s", self.container_id[:12], exc)
+
+    def _remove_box(self) -> bool:
+        """``docker rm -f``; a paused container under gVisor is thawed first (the engine's removal of a frozen runsc
+        container waits 10 s and leaves its containerd shim). Its processes run for that moment with its image
+        already committed."""
+        if self.paused:
+            self.box.thaw_under_gvisor()
+        return self.box.remove()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown

@@ -39,7 +39,6 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import Mount
 
 from pytest_programbench.core.environment import SANDBOX_STORAGE
-from pytest_programbench.engine import runtimes
 from pytest_programbench.engine.archive_out import CappedStream, TooLarge
 from pytest_programbench.engine.container import Container, ExecReader, OutputCap, Sinks
 from pytest_programbench.engine.docker_engine import Labels
@@ -803,14 +802,10 @@ class Sandbox:
         return WindowEnd(survivors=survivors, problem="; ".join(problems) or None)
 
     def _kill(self, frozen: bool, problems: list[str]) -> None:
-        """SIGKILL; a paused container is killed too (the engine thaws it after the signal). Under gVisor the engine
-        refuses to signal a paused container holding more than its init (it reads the frozen sandbox's host process as
-        a zombie): dockerd then waits 10 s, kills the sandbox's host process itself and cannot delete its containerd
-        task, whose shim stays for good. So a frozen runsc sandbox is thawed and killed at once, in two calls, as the
-        refusal ended anyway. Elsewhere a refused kill of a frozen sandbox is thawed and killed too, and said."""
-        if frozen and self._under_gvisor():
-            with contextlib.suppress(APIError):
-                self.engine.api.unpause(self.id)
+        """SIGKILL; a paused container is killed too (the engine thaws it after the signal). A frozen runsc sandbox
+        is thawed and killed at once, in two calls (``Container.thaw_under_gvisor`` says why). Elsewhere a refused
+        kill of a frozen sandbox is thawed and killed too, and said."""
+        if frozen and self._handle.thaw_under_gvisor():
             self._handle.kill("SIGKILL")
             return
         try:
@@ -827,14 +822,6 @@ class Sandbox:
         with contextlib.suppress(APIError):
             self._handle.kill("SIGKILL")
         problems.append("the engine would not kill the frozen sandbox: it was thawed and killed at once")
-
-    def _under_gvisor(self) -> bool:
-        """Whether the container runs under runsc (its runtime, or the engine's default, named so or at that path)."""
-        api = self.engine.api
-        try:
-            return runtimes.is_gvisor(api, api.inspect_container(self.id)["HostConfig"].get("Runtime"))
-        except (APIError, KeyError):
-            return False
 
     def _freeze(self, problems: list[str]) -> bool:
         """``docker pause``, tried FREEZE_ATTEMPTS times: cgroup v1's freezer gives up on a cgroup whose processes
