@@ -1,7 +1,7 @@
 """Evaluation wall time: the official ``programbench eval`` against ``pytest --pb-submissions`` on the same submissions.
 
-    python bench/bench_eval.py [--repeat N] [--variant good] [--branches N | --realistic] [--only NAME]...
-                               [--skip NAME]...
+    python bench/bench_eval.py [--repeat N] [--variant good] [--branches N | --realistic] [--copies N]
+                               [--only NAME]... [--skip NAME]...
 
 Runs, on copies of the test bed's run directory ``testbed/.state/submissions/<variant>`` (all four fixture tasks):
 
@@ -22,6 +22,11 @@ configurations run in turn N times (ours and the official's interleaved) and the
 
 ``--realistic`` replaces the tasks by one of the medians of the real tasks: the test bed's rpn (its image and good
 submission) with ten branches of 170 generated tests each, every test running the executable once.
+
+``--copies N`` runs every task N times over (the realistic one with ``--realistic``): copies under ids
+``pbcopyK__...`` (``pbrealK__...``) with their own blobs and submissions, their images extra tags of the originals'
+(removed after). The issue's scale bench is "100 tasks at 4 workers, or the same run over copies of the fixture
+tasks": on two cores, ``--copies 5`` (twenty tasks) at ``-n 2`` against ``-w 2``.
 
 ``--branches N`` gives each of the test bed's own three tasks N active branches (its own repeated under new ids,
 blobs copied), the shape of a real task (about ten branches; the fixtures have two or three), and leaves out the
@@ -176,20 +181,57 @@ def realistic(work: Path, env: dict[str, str], source: Path, branches: int = 10,
     return {**env, "PB_TESTBED_TASKS_DIR": str(tasks_root), "PB_TESTBED_BLOB_DIR": str(blobs_root)}, runs, tags
 
 
-def _realistic_copy(tasks_root: Path, blobs_root: Path, runs: Path, name: str, k: int) -> str:
-    """Copy ``k`` of the realistic task ``name``: its directory, blobs and submission under a new id, its image an
-    extra tag of the original's (returned)."""
+def _task_copy(tasks_root: Path, blobs_root: Path, runs: Path, name: str, prefix: str) -> str:
+    """A copy of task ``name`` under the id ``<prefix>__<the rest of name>``: its directory, blobs and submission, its
+    image an extra tag of the original's (returned, for removal)."""
     import docker
 
     org, _, rest = name.partition("__")
-    copy = f"pbreal{k}__{rest}"
+    copy = f"{prefix}__{rest}"
     shutil.copytree(tasks_root / name, tasks_root / copy)  # the id is the directory's name
     shutil.copytree(blobs_root / name, blobs_root / copy)
     shutil.copytree(runs / name, runs / copy)
     image = docker.from_env().images.get(f"programbench/{org}_1776_{rest}:task_cleanroom_v6")
-    repository = f"programbench/pbreal{k}_1776_{rest}"
+    repository = f"programbench/{prefix}_1776_{rest}"
     image.tag(repository, "task_cleanroom_v6")
     return f"{repository}:task_cleanroom_v6"
+
+
+def _realistic_copy(tasks_root: Path, blobs_root: Path, runs: Path, name: str, k: int) -> str:
+    """Copy ``k`` of the realistic task ``name`` (ids ``pbrealK__...``)."""
+    return _task_copy(tasks_root, blobs_root, runs, name, f"pbreal{k}")
+
+
+def copied(work: Path, env: dict[str, str], source: Path, tasks_dir: Path,
+           copies: int) -> tuple[dict[str, str], Path, list[str]]:
+    """The run directory's tasks ``copies`` times (issue 39's "the same run over copies of the fixture tasks"): the
+    originals, and copies ``pbcopyK__...`` (K = 1 .. copies - 1) of each, in a tasks, blob and run directory of their
+    own; each copy's image is an extra tag of its original's. Returns the environment pointing at them, the run
+    directory, and the image tags made."""
+    tasks_root, blobs_root, runs = work / "copy-tasks", work / "copy-blobs", work / "copy-runs" / source.name
+    bed_blobs = Path(env["PB_TESTBED_BLOB_DIR"])
+    tags: list[str] = []
+    names = sorted(task.name for task in source.iterdir() if task.is_dir())
+    for name in names:
+        shutil.copytree(tasks_dir / name, tasks_root / name)  # tasks_dir: the packaged ones and the test bed's
+        shutil.copytree(bed_blobs / name, blobs_root / name)
+        shutil.copytree(source / name, runs / name)
+    try:
+        for k in range(1, copies):
+            tags += [_task_copy(tasks_root, blobs_root, runs, name, f"pbcopy{k}") for name in names]
+    except BaseException:
+        _untag(tags)
+        raise
+    return {**env, "PB_TESTBED_TASKS_DIR": str(tasks_root), "PB_TESTBED_BLOB_DIR": str(blobs_root)}, runs, tags
+
+
+def _untag(tags: list[str]) -> None:
+    """Remove the copies' image tags (the tags only: the images are the originals')."""
+    import docker
+
+    api = docker.from_env().api
+    for tag in tags:
+        api.remove_image(tag, noprune=True)
 
 
 def scores_from_eval_json(run_dir: Path, tasks_dir: Path) -> dict[str, float]:
@@ -330,7 +372,7 @@ def main() -> None:
     parser.add_argument("--realistic", action="store_true",
                         help="only the realistic task: rpn with 10 branches of 170 generated tests each")
     parser.add_argument("--copies", type=int, default=1,
-                        help="with --realistic: this many copies of the realistic task (for -n 2 against -w 2)")
+                        help="this many copies of the tasks (of the realistic task with --realistic)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
 
@@ -344,6 +386,10 @@ def main() -> None:
         env, source, tags = realistic(work_root, env, source, copies=args.copies)
     elif args.branches > 0:
         env, source = widened(work_root, env, source, args.branches)
+    if args.copies > 1 and not args.realistic:
+        (work_root / "originals").mkdir()
+        env, source, tags = copied(work_root, env, source, merged_tasks_dir(work_root / "originals", env),
+                                   args.copies)
     from pytest_programbench.evaluation.rerunfailures import ensure_wheels
 
     wheels = ensure_wheels()
@@ -394,11 +440,7 @@ def main() -> None:
                 else:
                     best["all_seconds"] = row["all_seconds"]
     finally:
-        if tags:
-            import docker
-
-            for tag in tags:
-                docker.from_env().api.remove_image(tag, noprune=True)  # the tag only: the image is rpn's
+        _untag(tags)
         if not args.keep:
             shutil.rmtree(work_root, ignore_errors=True)
 
