@@ -7,6 +7,7 @@ capability mode, daemon.py's docstring). They need the test bed's engine with ru
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -22,8 +23,9 @@ from typing import Any
 import pytest
 
 from pytest_programbench import RUN_LABEL
+from pytest_programbench.engine import reaper
 from pytest_programbench.engine.backpressure import Backpressure
-from pytest_programbench.engine.docker_engine import EngineRun, Engines, Labels
+from pytest_programbench.engine.docker_engine import EngineRun, Engines, Labels, sweep
 from pytest_programbench.evaluation import harness_material
 from pytest_programbench.sandbox import proxy_build
 from pytest_programbench.sandbox.proxy_build import ProxyBuildError, build_client, elf_problem
@@ -32,6 +34,7 @@ from tests.conftest import Testbed
 from tests.proxy_support import BASE_IMAGE, CATLIKE, agent, open_sandbox, require_image
 from tests.runtime_observer import CREATES
 from tests.test_evaluate_only import leaked
+from tests.test_reliability_reaper import doomed_owner, fake_run_id
 
 pytestmark = pytest.mark.docker
 
@@ -262,6 +265,37 @@ def test_the_window_ends_with_the_agents_processes_killed(runtime_client: tuple[
     finally:
         box.close()
     assert not (CONTAINERD_TASKS / box.id).exists(), f"the containerd task of {box.id[:12]} outlived its container"
+
+
+@pytest.mark.parametrize("remover", ["the run's sweep", "a later session's reaper"])
+def test_a_frozen_runsc_container_left_behind_goes_with_its_containerd_task(remover: str, docker_client: Any) -> None:
+    """A run's container left frozen under runsc (its worker killed while the compile container was paused for its
+    commit, or while the sandbox was frozen) is removed by the run's sweep or, its run dead, by another session's
+    reaper: with its containerd task. Removed frozen, the engine waits 10 s and leaves the task and its shim."""
+    _require_runsc(docker_client)
+    api = docker_client.api
+    run = fake_run_id()
+    with doomed_owner() as (owner, end_owner):
+        created = api.create_container(BASE_IMAGE, command=["sleep", "600"], labels={RUN_LABEL: run, **owner.labels()},
+                                       host_config=api.create_host_config(network_mode="none", runtime="runsc"))
+        cid = str(created["Id"])
+        try:
+            api.start(cid)
+            api.pause(cid)
+            assert api.inspect_container(cid)["State"]["Paused"] is True
+            if remover == "the run's sweep":
+                report: Any = sweep(run, engine=docker_client)
+            else:
+                end_owner()
+                report = reaper.reap_dead_runs(None, engine=docker_client, slot_dirs=False, runs=[run])
+            assert report.errors == []
+            assert cid[:12] in report.containers
+        finally:
+            with contextlib.suppress(Exception):
+                api.unpause(cid)
+            with contextlib.suppress(Exception):
+                api.remove_container(cid, force=True)
+    assert not (CONTAINERD_TASKS / cid).exists(), f"the containerd task of {cid[:12]} outlived its container"
 
 
 # ------------------------------------------------------------------------------------ a whole session under runsc

@@ -239,9 +239,12 @@ class Container:
             self.api.unpause(self.id)
         return True
 
-    def remove(self) -> bool:
+    def remove(self, *, paused: bool = False) -> bool:
         """``docker rm -f -v``; True when it is gone (also when it was already, or its removal is under way).
+        ``paused``: the caller knows it frozen, and it is thawed first under gVisor (:meth:`thaw_under_gvisor`).
         Other engine errors propagate (a 409 of another kind among them: the caller decides)."""
+        if paused:
+            self.thaw_under_gvisor()
         try:
             self.api.remove_container(self.id, force=True, v=True)
         except NotFound:

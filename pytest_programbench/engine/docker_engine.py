@@ -62,6 +62,7 @@ from pytest_programbench.core.environment import (
 )
 from pytest_programbench.engine import disk
 from pytest_programbench.engine.backpressure import Backpressure
+from pytest_programbench.engine.container import Container
 from pytest_programbench.engine.engine_api import open_client
 from pytest_programbench.engine.errors import EngineConnectionError, EngineRestarted, EngineUnavailable
 from pytest_programbench.engine.facts import EngineFacts
@@ -788,10 +789,8 @@ def sweep(run_id: str, *, engine: DockerEngine, task: str | None = None) -> Swee
         filters.append(f"{TASK_LABEL}={task}")
     for info in api.containers(all=True, filters={"label": filters}):
         try:
-            api.remove_container(info["Id"], force=True, v=True)
+            Container(api, info["Id"]).remove(paused=info.get("State") == "paused")
             report.containers.append(info["Id"][:12])
-        except NotFound:
-            pass
         except APIError as exc:
             report.errors.append(f"container {info['Id'][:12]}: {exc}")
     for info in api.images(all=True, filters={"label": filters}):

@@ -42,6 +42,7 @@ from pytest_programbench import GRADER_VOLUME_PREFIX, RUN_LABEL
 from pytest_programbench.core import environment
 from pytest_programbench.core.run_identity import RUN_MARKER
 from pytest_programbench.engine.backpressure import stale_slot_dirs
+from pytest_programbench.engine.container import Container
 from pytest_programbench.engine.errors import EngineUnavailable
 from pytest_programbench.engine.ownership import EXPIRES_LABEL, OWNER_LABEL, Owner, boot_id, process_alive
 from pytest_programbench.engine.protocol import DockerEngine
@@ -247,13 +248,10 @@ def _remove_containers(api: Any, containers: list[dict[str, Any]], judge: Callab
         if not judge(info):
             continue
         try:
-            api.remove_container(info["Id"], force=True, v=True)
+            Container(api, info["Id"]).remove(paused=info.get("State") == "paused")
             report.containers.append(info["Id"][:12])
-        except NotFound:
-            pass
         except APIError as exc:
-            if "already in progress" not in str(exc):
-                report.errors.append(f"container {info['Id'][:12]}: {exc}")
+            report.errors.append(f"container {info['Id'][:12]}: {exc}")
         except (EngineUnavailable, RequestException) as exc:
             report.errors.append(f"container {info['Id'][:12]}: {exc}")
             break

@@ -1143,12 +1143,9 @@ class SdkContainerEnvironment:
             log.warning("removing container %s failed (the sweep will retry): %s", self.container_id[:12], exc)
 
     def _remove_box(self) -> bool:
-        """``docker rm -f``; a paused container under gVisor is thawed first (the engine's removal of a frozen runsc
-        container waits 10 s and leaves its containerd shim). Its processes run for that moment with its image
-        already committed."""
-        if self.paused:
-            self.box.thaw_under_gvisor()
-        return self.box.remove()
+        """``docker rm -f``; a paused one thawed first under gVisor (``Container.thaw_under_gvisor``): its processes
+        run for that moment, its image already committed."""
+        return self.box.remove(paused=self.paused)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown
