@@ -63,6 +63,8 @@ export HF_HUB_OFFLINE=1
 # every later process reads whatever the setting (tests/test_invocation.py: 27.6 core-s cold, 20.0 with them).
 env -u PYTHONDONTWRITEBYTECODE "$PY" -m pytest tests --co -q -n 1 -p no:cacheprovider > .ci/out/rewrite-cache.log 2>&1 \
     || { cat .ci/out/rewrite-cache.log; echo "test suite: collecting the suite failed"; exit 1; }
+# The shared engine's account before the suite: what it leaves is checked against it at the end.
+"$PY" -m tests.engine_leftovers snapshot .ci/out/leftovers.json
 serial=(tests/test_chaos_engine.py tests/test_chaos.py tests/test_load.py tests/test_engines.py tests/test_registry.py)
 clocked=(tests/test_model_outage.py tests/test_agent_clock.py tests/test_cli_agents.py tests/test_mini_swe_agent.py)
 status=0
@@ -91,7 +93,11 @@ mypy_status=0
 wait "$mypy_pid" || mypy_status=$?
 echo "== types (mypy, strict): exit status $mypy_status"
 cat .ci/out/mypy.log
+# No container, grader volume or containerd shim of the suite's left on the shared engine (tests/engine_leftovers.py).
+leftovers_status=0
+"$PY" -m tests.engine_leftovers check .ci/out/leftovers.json || leftovers_status=$?
 echo "test suite: done at $((SECONDS - started)) s"
+[ "$leftovers_status" = 0 ] || status=$leftovers_status
 [ "$mypy_status" = 0 ] || status=$mypy_status
 [ "$clocked_status" = 0 ] || status=$clocked_status
 [ "$own_status" = 0 ] || status=$own_status

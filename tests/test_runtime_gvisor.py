@@ -31,6 +31,7 @@ from pytest_programbench.sandbox import proxy_build
 from pytest_programbench.sandbox.proxy_build import ProxyBuildError, build_client, elf_problem
 from pytest_programbench.sandbox.sandbox import Sandbox
 from tests.conftest import Testbed
+from tests.engine_leftovers import CONTAINERD_TASKS
 from tests.proxy_support import BASE_IMAGE, CATLIKE, agent, open_sandbox, require_image
 from tests.runtime_observer import CREATES
 from tests.test_evaluate_only import leaked
@@ -238,8 +239,6 @@ def test_the_proxy_client_builds_in_a_container_of_the_runtime(tmp_path: Path, m
     assert elf_problem(chosen.path.read_bytes(), "x86_64") is None
 
 
-# Where the local engine's containerd keeps each container's task (its shim's state) while the task exists.
-CONTAINERD_TASKS = Path("/var/run/docker/containerd/daemon/io.containerd.runtime.v2.task/moby")
 
 
 def test_the_window_ends_with_the_agents_processes_killed(runtime_client: tuple[str, Any], run_labels: Labels,
