@@ -239,8 +239,6 @@ def test_the_proxy_client_builds_in_a_container_of_the_runtime(tmp_path: Path, m
     assert elf_problem(chosen.path.read_bytes(), "x86_64") is None
 
 
-
-
 def test_the_window_ends_with_the_agents_processes_killed(runtime_client: tuple[str, Any], run_labels: Labels,
                                                          probe_image: str) -> None:
     """An agent that leaves processes: the sandbox is frozen, they are counted (runc), and it is killed, under either
