@@ -16,6 +16,10 @@ Runs, on copies of the test bed's run directory ``testbed/.state/submissions/<va
 * ``pytest -n 1, reruns off`` — the plugin without wheels (``PYTEST_PROGRAMBENCH_WHEELS`` pointing nowhere): the
   like-for-like comparison with the offline ``official`` row.
 * ``pytest -n 1, audit off``, ``pytest -n 2, audit off`` — the plugin, reruns on, ``--pb-audit-hidden-tests off``.
+* ``floor``, ``floor -w 2`` — the official's container work and nothing else (``bench/floor.py``): compile and every
+  active branch's tests, run as the official runs them, in containers made as ours are, the rerunfailures install
+  made before the clock starts. No evaluator that gives the official's scores does less; its ratio bounds every
+  other row's.
 
 Every row records the machine's one-minute load average before and after it; with ``--repeat N`` the
 configurations run in turn N times (ours and the official's interleaved) and the best of each is kept.
@@ -341,6 +345,17 @@ def run_plugin(name: str, source: Path, work: Path, tasks_dir: Path, env: dict[s
             "breakdown": step_breakdown(output), "load": [load, load_average()]}
 
 
+def run_floor_row(name: str, source: Path, work: Path, tasks_dir: Path, env: dict[str, str], wheels: str,
+                  workers: int) -> dict[str, Any]:
+    from floor import run_floor
+
+    output = work / "floor-output"
+    load = load_average()
+    seconds = run_floor(source, output, tasks_dir, Path(env["PB_TESTBED_BLOB_DIR"]), Path(wheels), workers)
+    return {"name": name, "seconds": seconds, "returncode": 0, "scores": scores_from_eval_json(output, tasks_dir),
+            "breakdown": {}, "load": [load, load_average()]}
+
+
 def select_skipped(names: list[str], skip: list[str], only: list[str]) -> set[str]:
     """The configurations to leave out. Names hold commas ("pytest -n 1, reruns off"), so a value is taken whole
     when it names a configuration and split on commas otherwise (the old ``--skip a,b`` form)."""
@@ -410,6 +425,8 @@ def main() -> None:
                                                            audit=False)),
         ("pytest -n 2, audit off", lambda w, t: run_plugin("pytest -n 2, audit off", source, w, t, env, 2, True,
                                                            audit=False)),
+        ("floor", lambda w, t: run_floor_row("floor", source, w, t, env, str(wheels.directory), 1)),
+        ("floor -w 2", lambda w, t: run_floor_row("floor -w 2", source, w, t, env, str(wheels.directory), 2)),
         # The audit's branches all after the official's (PYTEST_PROGRAMBENCH_AUDIT_EARLY=0): what the early start saves.
         ("pytest -n 1, audit late", lambda w, t: run_plugin("pytest -n 1, audit late", source, w, t, env, 1, True,
                                                             audit_early=False)),
@@ -419,8 +436,9 @@ def main() -> None:
     names = [name for name, _run in configs]
     skip = select_skipped(names, args.skip, args.only)
     if not wheels.available:
-        skip |= {"official+wheels", "official+wheels -w 2", "pytest -n 1", "pytest -n 2", "pytest -n 1, audit off",
-                 "pytest -n 2, audit off", "pytest -n 1, audit late", "pytest -n 2, audit late"}
+        skip |= {"official+wheels", "official+wheels -w 2", "floor", "floor -w 2", "pytest -n 1", "pytest -n 2",
+                 "pytest -n 1, audit off", "pytest -n 2, audit off", "pytest -n 1, audit late",
+                 "pytest -n 2, audit late"}
     rows: dict[str, dict[str, Any]] = {}
     try:
         tasks_dir = merged_tasks_dir(work_root, env)
@@ -462,7 +480,8 @@ def main() -> None:
         print(f"{name:26s} {row['seconds']:8.1f} {ratio:>11s} {ratio_w:>14s} {mean:11.3f} {load:>11s}")
     for name, theirs in (("pytest -n 2", "official -w 2"), ("pytest -n 2, reruns off", "official -w 2"),
                          ("pytest -n 2", "official+wheels -w 2"), ("pytest -n 2, audit off", "official+wheels -w 2"),
-                         ("pytest -n 2, audit late", "official+wheels -w 2"), ("pytest -n 1", "official+wheels"),
+                         ("pytest -n 2, audit late", "official+wheels -w 2"), ("floor -w 2", "official+wheels -w 2"),
+                         ("floor", "official+wheels"), ("pytest -n 1", "official+wheels"),
                          ("pytest -n 1, audit off", "official+wheels"), ("pytest -n 1, audit late", "official+wheels")):
         parallel = rows.get(theirs, {}).get("seconds")
         if parallel and name in rows:
