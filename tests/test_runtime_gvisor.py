@@ -20,10 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
 from pytest_programbench import RUN_LABEL
-from pytest_programbench.engine import reaper
+from pytest_programbench.engine import reaper, runtimes
 from pytest_programbench.engine.backpressure import Backpressure
 from pytest_programbench.engine.docker_engine import EngineRun, Engines, Labels, sweep
 from pytest_programbench.evaluation import harness_material
@@ -462,3 +463,24 @@ def test_a_session_under_runsc_solves_the_tasks_end_to_end(pytester: pytest.Pyte
     # Each went with its containerd task: the compile container, frozen for its commit, is thawed before its removal
     # (removed frozen, the engine waits 10 s and leaves the task and its shim for good).
     assert [cid[:12] for cid in engine_said if (CONTAINERD_TASKS / cid).exists()] == []
+
+
+def test_the_engines_runtimes_are_asked_once_per_client(docker_client: Any) -> None:
+    """Every task asks the default runtime (pb-meta.json) and whether its compile container's is gVisor's; the engine
+    runs ``runc --version`` and ``docker-init --version`` for each ``docker info``: asked once per client."""
+    api = docker.from_env().api  # a client of its own: nothing asked yet
+    asked: list[None] = []
+    real_info = api.info
+
+    def counted_info() -> Any:
+        asked.append(None)
+        return real_info()
+
+    api.info = counted_info  # type: ignore[method-assign]
+    _require_runsc(docker_client)
+    assert runtimes.default(api) == "runc"
+    assert runtimes.is_gvisor(api, "runsc")
+    assert not runtimes.is_gvisor(api, None)
+    assert not runtimes.is_gvisor(api, "runc")
+    assert runtimes.default(api) == "runc"
+    assert len(asked) == 1

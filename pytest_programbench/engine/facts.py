@@ -27,6 +27,8 @@ class EngineFacts:
     # once it did: its containers are made without it from then on.
     quick_acks_refused: str | None = None
     docker_root: object = NOT_ASKED  # a Path, None (not on this machine) or NOT_ASKED
+    # The default runtime and each registered runtime's path (engine/runtimes.py), once asked.
+    runtimes: tuple[str, dict[str, str]] | None = None
     # The grader's read-only volumes made on this engine (evaluation/harness_material.py): (run, content) -> name.
     grader_volumes: dict[tuple[str, str], str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
