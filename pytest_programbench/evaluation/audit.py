@@ -341,7 +341,9 @@ class AuditEvaluator(SdkEvaluator):
 
     def _new_env(self, image: str, *, serial_pytest: bool = False) -> SdkContainerEnvironment:  # type: ignore[override]
         # Always the official's serial mode (one xdist worker for `-n auto`): the audit runs ten tests, for which
-        # more workers only add their start-up (one per core of the host, however many that is).
+        # more workers only add their start-up (one per core of the host, however many that is). Never none (`-n 0`,
+        # the tests in pytest's own process): a worker imports what that process does not (xdist's optional
+        # setproctitle: test_attacks_on_the_audit_end_flagged's shadow module), and the audit measures those imports.
         try:
             return super()._new_env(image, serial_pytest=True)
         except EngineUnavailable:
