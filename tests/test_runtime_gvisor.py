@@ -468,7 +468,9 @@ def test_a_session_under_runsc_solves_the_tasks_end_to_end(pytester: pytest.Pyte
 def test_the_engines_runtimes_are_asked_once_per_client(docker_client: Any) -> None:
     """Every task asks the default runtime (pb-meta.json) and whether its compile container's is gVisor's; the engine
     runs ``runc --version`` and ``docker-init --version`` for each ``docker info``: asked once per client."""
-    api = docker.from_env().api  # a client of its own: nothing asked yet
+    _require_runsc(docker_client)
+    client = docker.from_env()  # a client of its own: nothing asked yet
+    api = client.api
     asked: list[None] = []
     real_info = api.info
 
@@ -477,10 +479,12 @@ def test_the_engines_runtimes_are_asked_once_per_client(docker_client: Any) -> N
         return real_info()
 
     api.info = counted_info  # type: ignore[method-assign]
-    _require_runsc(docker_client)
-    assert runtimes.default(api) == "runc"
-    assert runtimes.is_gvisor(api, "runsc")
-    assert not runtimes.is_gvisor(api, None)
-    assert not runtimes.is_gvisor(api, "runc")
-    assert runtimes.default(api) == "runc"
+    try:
+        assert runtimes.default(api) == "runc"
+        assert runtimes.is_gvisor(api, "runsc")
+        assert not runtimes.is_gvisor(api, None)
+        assert not runtimes.is_gvisor(api, "runc")
+        assert runtimes.default(api) == "runc"
+    finally:
+        client.close()
     assert len(asked) == 1
