@@ -1,24 +1,26 @@
 """The floor: the official's container work and nothing else, for ``bench_eval.py``'s ``floor`` rows.
 
-An evaluator that gives the official's score has to compile the submission and run every active branch's ``run.sh``
-the way ``programbench eval`` runs it, each in a container of its own. This does exactly that and nothing more, as
-cheaply as the engine allows, so that its time is a lower bound for any such evaluator on this machine:
+An evaluator that gives the official's score has to run every step ``programbench eval`` runs in a container, each
+branch in a container of its own. This runs exactly those steps and nothing more, with as few engine operations as
+they allow, so that its time is a lower bound for any such evaluator on this machine:
 
 * per task, once and *before* the clock starts: an image of the task's with pytest-rerunfailures 16.4 installed and the
   official's timeout-retry plugin in place (the install costs the floor nothing);
-* on the clock, per task: a container of that image, the submission put in by the engine, ``compile.sh`` run (one
-  exec), the container committed and removed; per active branch, in turn: a container of the committed image, the
-  branch's tests put in by the engine, the official's test command (timeout method patched, the timeout-retry plugin
-  and ``--reruns=2 --reruns-delay=1``, ``PYTEST_XDIST_AUTO_NUM_WORKERS`` and ``--max-worker-restart=4`` as the official
-  sets them; one exec), ``eval/results.xml`` read by the engine, the container removed; then the committed image.
+* on the clock, per task: a container of that image, the workspace wiped (one exec), the submission put in by the
+  engine, then one exec for the rest of the official's compile phase (files matching ``eval_clean_hashes`` removed,
+  a stale ``./executable`` removed, the synthetic git repository, the DNS block, ``compile.sh``, the DNS restored, the
+  executable moved aside and hashed), the container committed and removed; per active branch, in turn: a container
+  of the committed image, the branch's tests put in by the engine, one exec for the official's branch steps (the
+  executable restored and its hash verified, stale results removed, the timeout method patched, the timeout-retry
+  plugin's directory, then the official's test command: the plugin and ``--reruns=2 --reruns-delay=1``,
+  ``PYTEST_XDIST_AUTO_NUM_WORKERS`` and ``--max-worker-restart=4`` as the official sets them), ``eval/results.xml``
+  read by the engine, the container removed; then the committed image.
 
-Left out, each of which the official does: wiping the workspace, removing ``eval_clean_hashes`` files and a stale
-executable, the git repository ``seed_git`` makes, the DNS block around ``compile.sh``, moving and hashing the
-executable and verifying the hash per branch, the install, retries, and every check of ours. Containers are made as
-ours are (``--init``, two CPUs, the engine's default network, the quick-ACK sysctl where the kernel takes it), so
-the tests run under the same conditions as in ``pytest -n 2``. The results are scored the official way
-(``_process_branch_xml``) and written as ``<id>/<id>.eval.json``, so the bench checks that the floor's scores equal
-the official's.
+Left out: the install (made before the clock), retries, what the official does on the host (its docker CLI
+processes), and every check of ours. Containers are made as ours are (``--init``, two CPUs, the engine's default
+network, the quick-ACK sysctl where the kernel takes it), so the tests run under the same conditions as in ``pytest
+-n 2``. The results are scored the official way (``_process_branch_xml``) and written as ``<id>/<id>.eval.json``, so
+the bench checks that the floor's scores equal the official's.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 import docker
 from docker.errors import APIError, NotFound
 from programbench.constants import WORKSPACE_DIR
-from programbench.eval.eval import EvaluationResult, _process_branch_xml
+from programbench.eval.eval import EvaluationResult, Evaluator, _process_branch_xml
 from programbench.eval.pytest_timeout_retry import (
     PYTEST_TIMEOUT_RETRY_PLUGIN_DIR,
     PYTEST_TIMEOUT_RETRY_PLUGIN_MODULE,
@@ -56,9 +58,33 @@ LABEL = "pytest-programbench.bench-floor"  # every container and image made here
 CPUS = 2
 QUICK_ACKS = {"net.ipv4.tcp_pingpong_thresh": "255"}  # as ours (container_layer.QUICK_ACK_SYSCTL)
 WHEELS_MOUNT = "/tmp/pb-floor-wheels"
-# The official's test command with reruns on (eval.py, _run_test_branch), its timeout-method patch before it.
+STASHED = Evaluator._stashed_executable
+# The official's steps (eval.py 1.2.5), each phase's in one exec: the compile phase after the submission is in (the
+# eval_clean_hashes removal is put in front per task), and a branch's after its tests are in.
+COMPILE_COMMAND = (
+    "rm -f ./executable && "
+    "{ if [ ! -d .git ]; then "
+    "GIT_AUTHOR_DATE='2000-01-01T00:00:00Z' GIT_COMMITTER_DATE='2000-01-01T00:00:00Z' "
+    "git -c init.defaultBranch=gold init -q && "
+    "git -c user.email=gold@local -c user.name=gold -c commit.gpgsign=false add -A && "
+    "GIT_AUTHOR_DATE='2000-01-01T00:00:00Z' GIT_COMMITTER_DATE='2000-01-01T00:00:00Z' "
+    "git -c user.email=gold@local -c user.name=gold -c commit.gpgsign=false commit -q --allow-empty -m gold; "
+    "fi; } && "
+    "cp -f /etc/resolv.conf /etc/resolv.conf.programbench-build-bak && "
+    "printf '%s\\n' 'nameserver 0.0.0.0' > /etc/resolv.conf && cat /etc/resolv.conf >/dev/null && "
+    "{ chmod +x ./compile.sh && ./compile.sh; built=$?; "
+    "cat /etc/resolv.conf.programbench-build-bak > /etc/resolv.conf && rm -f /etc/resolv.conf.programbench-build-bak; "
+    "[ $built = 0 ]; } && "
+    f"mv ./executable {STASHED} && sha256sum {STASHED}"
+)
+BRANCH_STEPS = (
+    f"rm -f ./executable && mv {STASHED} ./executable && chmod +x ./executable && sha256sum ./executable && "
+    "rm -f eval/results.xml results.xml && "
+    "{ test -f eval/run.sh && sed -i 's/--timeout-method=thread/--timeout-method=signal/g' eval/run.sh || true; } && "
+    f"mkdir -p {shlex.quote(PYTEST_TIMEOUT_RETRY_PLUGIN_DIR)} && "
+)
+# The official's test command with reruns on (eval.py, _run_test_branch).
 TEST_COMMAND = (
-    "test -f eval/run.sh && sed -i 's/--timeout-method=thread/--timeout-method=signal/g' eval/run.sh; "
     'export PROGRAMBENCH_PYTEST_ORIGINAL_PYTHONPATH="${PYTHONPATH-}" && '
     'export PROGRAMBENCH_PYTEST_ORIGINAL_ADDOPTS="${PYTEST_ADDOPTS-}" && '
     f'export PYTHONPATH="{PYTEST_TIMEOUT_RETRY_PLUGIN_DIR}${{PYTHONPATH:+:$PYTHONPATH}}" && '
@@ -145,15 +171,19 @@ class Floor:
         result = EvaluationResult(solution_branch="submission", test_branches=active)
         with self.container(self.prepared[instance_id]) as cid:
             archive = self.source / instance_id / "submission.tar.gz"
+            self._exec(cid, f"rm -rf {WORKSPACE_DIR}/* {WORKSPACE_DIR}/.[!.]*")
             self.api.put_archive(cid, WORKSPACE_DIR, archive.read_bytes())
-            self._exec(cid, "rm -f ./executable; chmod +x ./compile.sh && ./compile.sh")
+            hashes = "|".join(instance.get("eval_clean_hashes") or [])
+            remove = (f"find {WORKSPACE_DIR} -type f -exec sha256sum {{}} + 2>/dev/null | grep -E \"^({hashes})  \" "
+                      "| cut -c67- | xargs -I% rm -fv %; ") if hashes else ""
+            self._exec(cid, remove + COMPILE_COMMAND)
             committed = self._commit(cid, "pb-floor-compiled")
         try:
             for branch in active:
                 with self.container(committed) as cid:
                     self.api.put_archive(cid, WORKSPACE_DIR, (self.blob_dir / instance_id / "tests" /
                                                               f"{branch}.tar.gz").read_bytes())
-                    self._exec(cid, TEST_COMMAND)
+                    self._exec(cid, BRANCH_STEPS + TEST_COMMAND)
                     xml = self._results(cid)
                 results, _warnings = _process_branch_xml(
                     xml, branch, tests_by_branch, instance_id, ignored_tests=get_ignored_tests(instance),
