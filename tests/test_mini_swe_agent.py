@@ -359,8 +359,8 @@ def test_hard_stop_abandons_a_hung_agent(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(mini_swe_agent, "STOP_WAIT", 0.2)
     release = threading.Event()
 
-    def hang(_command: Any, _kwargs: Any) -> Any:  # a docker exec that never comes back in time
-        release.wait(30)
+    def hang(_command: Any, _kwargs: Any) -> Any:  # a docker exec that never comes back in time: it outlasts the clock
+        release.wait(3 * clock)
         return exec_result("late\n")
 
     box = FakeSandbox(probe_or(hang))
