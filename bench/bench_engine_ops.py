@@ -16,6 +16,7 @@ import sys
 import time
 
 import docker
+from bench_eval import read_env  # run as a script of bench/: the test bed's base image
 
 LABEL = "pytest-programbench.bench-engine-ops"
 OPERATIONS = ("life", "exec", "archive", "commit")
@@ -25,9 +26,6 @@ def main() -> None:
     if len(sys.argv) != 3 or sys.argv[1] not in OPERATIONS:
         sys.exit(f"usage: bench_engine_ops.py {{{'|'.join(OPERATIONS)}}} N")
     operation, n = sys.argv[1], int(sys.argv[2])
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-    from bench_eval import read_env  # the test bed's base image
-
     image = read_env()["PB_TESTBED_BASE"]
     api = docker.from_env().api
     started = time.monotonic()

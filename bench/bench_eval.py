@@ -16,10 +16,10 @@ Runs, on copies of the test bed's run directory ``testbed/.state/submissions/<va
 * ``pytest -n 1, reruns off`` — the plugin without wheels (``PYTEST_PROGRAMBENCH_WHEELS`` pointing nowhere): the
   like-for-like comparison with the offline ``official`` row.
 * ``pytest -n 1, audit off``, ``pytest -n 2, audit off`` — the plugin, reruns on, ``--pb-audit-hidden-tests off``.
-* ``floor``, ``floor -w 2`` — the official's container work and nothing else (``bench/floor.py``): compile and every
-  active branch's tests, run as the official runs them, in containers made as ours are, the rerunfailures install
-  made before the clock starts. No evaluator that gives the official's scores does less; its ratio bounds every
-  other row's.
+* ``floor``, ``floor -w 2`` — the official's container work and nothing else (``bench/floor.py``): every step the
+  official runs in a container, each phase in one exec, in containers made as ours are, the rerunfailures install
+  made before the clock starts. With both cores busy no evaluator that gives the official's scores does less, so
+  ``floor -w 2`` bounds the equal-parallelism rows; serially it bounds nothing (ours overlaps its branches).
 
 Every row records the machine's one-minute load average before and after it; with ``--repeat N`` the
 configurations run in turn N times (ours and the official's interleaved) and the best of each is kept.

@@ -54,6 +54,9 @@ from programbench.utils.load_data import (
     load_all_instances,
 )
 
+# The official's step commands as the evaluation layer pins them (tests/test_step_batch.py).
+from pytest_programbench.evaluation.container_layer import HASH_COMMAND, SEED_GIT_COMMAND, VERIFY_HASH_COMMAND
+
 LABEL = "pytest-programbench.bench-floor"  # every container and image made here (removed at the end)
 CPUS = 2
 QUICK_ACKS = {"net.ipv4.tcp_pingpong_thresh": "255"}  # as ours (container_layer.QUICK_ACK_SYSCTL)
@@ -62,23 +65,16 @@ STASHED = Evaluator._stashed_executable
 # The official's steps (eval.py 1.2.5), each phase's in one exec: the compile phase after the submission is in (the
 # eval_clean_hashes removal is put in front per task), and a branch's after its tests are in.
 COMPILE_COMMAND = (
-    "rm -f ./executable && "
-    "{ if [ ! -d .git ]; then "
-    "GIT_AUTHOR_DATE='2000-01-01T00:00:00Z' GIT_COMMITTER_DATE='2000-01-01T00:00:00Z' "
-    "git -c init.defaultBranch=gold init -q && "
-    "git -c user.email=gold@local -c user.name=gold -c commit.gpgsign=false add -A && "
-    "GIT_AUTHOR_DATE='2000-01-01T00:00:00Z' GIT_COMMITTER_DATE='2000-01-01T00:00:00Z' "
-    "git -c user.email=gold@local -c user.name=gold -c commit.gpgsign=false commit -q --allow-empty -m gold; "
-    "fi; } && "
+    f"rm -f ./executable && {{ {SEED_GIT_COMMAND}; }} && "
     "cp -f /etc/resolv.conf /etc/resolv.conf.programbench-build-bak && "
     "printf '%s\\n' 'nameserver 0.0.0.0' > /etc/resolv.conf && cat /etc/resolv.conf >/dev/null && "
     "{ chmod +x ./compile.sh && ./compile.sh; built=$?; "
     "cat /etc/resolv.conf.programbench-build-bak > /etc/resolv.conf && rm -f /etc/resolv.conf.programbench-build-bak; "
     "[ $built = 0 ]; } && "
-    f"mv ./executable {STASHED} && sha256sum {STASHED}"
+    f"mv ./executable {STASHED} && {HASH_COMMAND}"
 )
 BRANCH_STEPS = (
-    f"rm -f ./executable && mv {STASHED} ./executable && chmod +x ./executable && sha256sum ./executable && "
+    f"rm -f ./executable && mv {STASHED} ./executable && chmod +x ./executable && {VERIFY_HASH_COMMAND} && "
     "rm -f eval/results.xml results.xml && "
     "{ test -f eval/run.sh && sed -i 's/--timeout-method=thread/--timeout-method=signal/g' eval/run.sh || true; } && "
     f"mkdir -p {shlex.quote(PYTEST_TIMEOUT_RETRY_PLUGIN_DIR)} && "
